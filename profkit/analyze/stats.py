@@ -1,0 +1,517 @@
+"""Statistics of the plain-vs-EXPLAIN-ANALYZE benchmark (pure functions over tables).
+
+Input is the ``timings`` table (profkit/tables.py): one row per execution of a query,
+with ``build``, ``mode`` (``plain``, ``analyze_notiming``, ``analyze_timing``, ...),
+``run_id``, ``rep`` and the measured ``client_ms`` / ``server_ms``.
+
+Overhead of a mode, as in the seed (explain-analyze-87pct-overhead-cut.txt)::
+
+    overhead % = (time(mode) - time(plain)) / time(plain) * 100      (same build)
+
+The seed used means of 10 runs; this module reports the median-based overhead by
+default (robust to the odd disturbed run on a noisy VM, which the seed's author could
+not control) and the mean-based one beside it.
+
+Confidence intervals come from ``scipy.stats.bootstrap`` (BCa, 95 %, seeded).
+
+Pairing decision (and what ``overhead_pct`` is)
+-----------------------------------------------
+The benchmark runner interleaves builds and modes: repetition *r* runs plain,
+TIMING OFF and TIMING ON back to back, so slow drift of the machine (another
+process, frequency, host steal time; ±30 % run to run was seen on this VM) hits all
+of them alike. When every ``(run_id, rep)`` key of the plain sample also occurs exactly
+once in the mode's sample, the samples are **paired** and
+
+    overhead_pct = median over r of (mode_r − plain_r) / plain_r × 100
+
+with a bootstrap that resamples repetitions jointly (``paired=True``). Otherwise (a
+repetition lost to a crash, runs not interleaved) ``overhead_pct`` is the ratio of the
+medians, (median(mode) − median(plain)) / median(plain) × 100, with the two samples
+resampled independently. ``overhead_median_pct`` (ratio of medians) and
+``overhead_mean_pct`` (ratio of means, the seed's formula) are always reported too;
+without drift all three agree to within the noise.
+
+Why not the ratio of medians with a paired bootstrap: a simulation (n = 10, 1 %
+noise, 150 experiments, 95 % BCa intervals, true overhead 30 %) gave coverage of
+0.94 / 0.85 / 0.79 at 0 / 3 / 10 % shared drift per repetition — the interval is too
+narrow because the two medians come from different repetitions. The independent
+bootstrap of the ratio of medians covers (0.98–1.0) but is 3–12× wider, throwing the
+interleaving away. The median of per-repetition overheads covered 0.89–0.94 at every
+drift with the narrow width (2.4 points), so it is the estimator when pairs exist.
+The ``paired`` column says which was used.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import warnings
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from profkit import tables
+from profkit.errors import ComparisonError
+
+Metric = Literal["server_ms", "client_ms"]
+Center = Literal["median", "mean"]
+
+BASELINE_MODE = "plain"
+
+#: Column order of ``summary.csv`` (fixed by issue 4; readers depend on it).
+SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
+    "build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
+    "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct",
+)
+
+#: Columns of the DataFrame :func:`summarize` returns.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "build", "mode", "n", "median_ms", "mean_ms", "variance", "std_ms",
+    "overhead_pct", "ci_low_pct", "ci_high_pct",
+    "overhead_median_pct", "overhead_mean_pct", "center", "paired", "ci_method", "metric",
+)
+
+# Modes in the order the seed presents them (Query-1, -2, -3); others follow sorted.
+_MODE_ORDER = ("plain", "analyze_notiming", "analyze_timing")
+
+
+@dataclass(frozen=True)
+class BootstrapCI:
+    """A bootstrap confidence interval of a statistic and how it was obtained."""
+
+    low: float
+    high: float
+    method: str  # "BCa", "percentile" (fallback when BCa is degenerate) or "none"
+    paired: bool
+
+
+def _cell_rng(seed: int, *parts: str) -> np.random.Generator:
+    """A generator seeded from *seed* and the cell's name.
+
+    Each (build, mode) cell gets its own stream, so adding a build to a run does not
+    change the intervals of the others (a single shared generator would).
+    """
+    key = zlib.crc32("\0".join(parts).encode())
+    return np.random.default_rng([seed, key])
+
+
+def _center_fn(center: Center) -> Callable[..., np.ndarray]:
+    if center == "median":
+        return np.median
+    if center == "mean":
+        return np.mean
+    raise ComparisonError(f"center must be 'median' or 'mean', not {center!r}")
+
+
+def _pct(new: np.ndarray | float, base: np.ndarray | float) -> np.ndarray | float:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.asarray(new) - base) / base * 100.0
+
+
+def _bootstrap(
+    samples: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    *,
+    paired: bool,
+    rng: np.random.Generator,
+    confidence: float,
+    n_resamples: int,
+) -> BootstrapCI:
+    """Run scipy's bootstrap; fall back to the percentile method when BCa degenerates.
+
+    BCa needs a jackknife with spread; with tiny or tied samples (integer milliseconds,
+    identical instruction counts) it returns NaN and warns, and the percentile interval
+    is then the honest answer.
+    """
+    if min(len(s) for s in samples) < 2:
+        return BootstrapCI(math.nan, math.nan, "none", paired)
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sps.DegenerateDataWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = sps.bootstrap(
+                tuple(samples), statistic, paired=paired, vectorized=True, axis=-1,
+                confidence_level=confidence, n_resamples=n_resamples, method=method,
+                rng=rng,
+            )
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return BootstrapCI(lo, hi, method, paired)
+    # Both degenerate: every resample gives the same value (e.g. constant samples).
+    value = float(statistic(*[s[np.newaxis, :] for s in samples], axis=-1)[0])
+    return BootstrapCI(value, value, "degenerate", paired)
+
+
+def _check_timings(timings: pd.DataFrame, metric: str) -> pd.DataFrame:
+    if not isinstance(timings, pd.DataFrame):
+        raise ComparisonError(
+            f"timings must be a pandas DataFrame (the 'timings' table), not {type(timings).__name__}"
+        )
+    if metric not in ("server_ms", "client_ms"):
+        raise ComparisonError(f"metric must be 'server_ms' or 'client_ms', not {metric!r}")
+    df = tables.validate(timings, "timings")
+    workloads = sorted(df["workload"].dropna().unique())
+    if len(workloads) > 1:
+        raise ComparisonError(
+            f"timings mix workloads {workloads}; overheads compare modes of one workload: "
+            "filter first, e.g. timings[timings.workload == 'nested_loop']"
+        )
+    return df[df[metric].notna()]
+
+
+def _keyed(df: pd.DataFrame, metric: str) -> pd.Series:
+    """Metric values indexed by (run_id, rep) in repetition order."""
+    s = df.sort_values(["run_id", "rep", "order"]).set_index(["run_id", "rep"])[metric]
+    return s.astype("float64")
+
+
+def _pair(base: pd.Series, other: pd.Series) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Align two samples by (run_id, rep) when they pair one-to-one (see module doc)."""
+    if (
+        base.index.is_unique
+        and other.index.is_unique
+        and len(base) == len(other)
+        and set(base.index) == set(other.index)
+    ):
+        other = other.reindex(base.index)
+        return base.to_numpy(), other.to_numpy(), True
+    return base.to_numpy(), other.to_numpy(), False
+
+
+def _mode_sort_key(mode: str) -> tuple[int, str]:
+    return (_MODE_ORDER.index(mode) if mode in _MODE_ORDER else len(_MODE_ORDER), mode)
+
+
+def build_order(builds: Sequence[str]) -> list[str]:
+    """Builds in the seed's order (vanilla, step1, step2, step3), others after, sorted."""
+    known = ("vanilla", "step1", "step2", "step3")
+    return sorted(
+        dict.fromkeys(builds),
+        key=lambda b: (known.index(b) if b in known else len(known), b),
+    )
+
+
+def summarize(
+    timings: pd.DataFrame,
+    metric: Metric = "server_ms",
+    *,
+    center: Center = "median",
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 20250801,
+    pair: Literal["auto", "never"] = "auto",
+) -> pd.DataFrame:
+    """Per build and mode: n, mean, sample variance, median and overhead vs plain.
+
+    Returns one row per (build, mode) with :data:`SUMMARY_COLUMNS`:
+
+    - ``variance`` is the sample variance (ddof=1, as the seed reports), in ms².
+    - ``overhead_pct`` is the overhead by *center* (median by default) with its
+      bootstrap CI ``ci_low_pct``/``ci_high_pct``; ``overhead_median_pct`` and
+      ``overhead_mean_pct`` give both definitions. For ``plain`` it is 0 and the CI
+      is empty (NaN).
+    - ``paired`` tells whether the CI resampled repetitions jointly (module doc).
+
+    Raises :class:`ComparisonError` when a build has non-plain rows but no plain rows
+    (an overhead needs its baseline) or when the timings mix workloads.
+    An empty table gives an empty summary with the columns.
+    """
+    stat_fn = _center_fn(center)
+    df = _check_timings(timings, metric)
+    if df.empty:
+        return _empty_summary()
+    if pair not in ("auto", "never"):
+        raise ComparisonError(f"pair must be 'auto' or 'never', not {pair!r}")
+
+    def ratio_stat(base: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
+        return _pct(stat_fn(other, axis=axis), stat_fn(base, axis=axis))
+
+    def paired_stat(base: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
+        return stat_fn(_pct(other, base), axis=axis)
+
+    rows: list[dict[str, object]] = []
+    for build in build_order(df["build"].unique().tolist()):
+        bdf = df[df["build"] == build]
+        modes = sorted(bdf["mode"].unique(), key=_mode_sort_key)
+        base_df = bdf[bdf["mode"] == BASELINE_MODE]
+        if base_df.empty:
+            raise ComparisonError(
+                f"build {build!r} has rows for modes {modes} but none for {BASELINE_MODE!r}: "
+                "an overhead needs the plain query of the same build; re-run the benchmark "
+                "with the plain mode included"
+            )
+        base = _keyed(base_df, metric)
+        for mode in modes:
+            cur = _keyed(bdf[bdf["mode"] == mode], metric)
+            vals = cur.to_numpy()
+            n = len(vals)
+            row: dict[str, object] = {
+                "build": build, "mode": mode, "n": n,
+                "median_ms": float(np.median(vals)),
+                "mean_ms": float(np.mean(vals)),
+                "variance": float(np.var(vals, ddof=1)) if n > 1 else math.nan,
+                "std_ms": float(np.std(vals, ddof=1)) if n > 1 else math.nan,
+                "center": center, "metric": metric,
+            }
+            if mode == BASELINE_MODE:
+                row.update(
+                    overhead_pct=0.0, ci_low_pct=math.nan, ci_high_pct=math.nan,
+                    overhead_median_pct=0.0, overhead_mean_pct=0.0,
+                    paired=False, ci_method="none",
+                )
+            else:
+                b, o, paired = _pair(base, cur)
+                paired = paired and pair == "auto"
+                stat = paired_stat if paired else ratio_stat
+                ci = _bootstrap(
+                    (b, o), stat, paired=paired,
+                    rng=_cell_rng(seed, build, mode, metric, center),
+                    confidence=confidence, n_resamples=n_resamples,
+                )
+                row.update(
+                    overhead_pct=float(stat(b, o)),
+                    ci_low_pct=ci.low, ci_high_pct=ci.high,
+                    overhead_median_pct=float(_pct(np.median(o), np.median(b))),
+                    overhead_mean_pct=float(_pct(np.mean(o), np.mean(b))),
+                    paired=ci.paired, ci_method=ci.method,
+                )
+            rows.append(row)
+    out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+    return out.astype({"n": "int64", "paired": "bool"})
+
+
+def _empty_summary() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype="float64") for c in SUMMARY_COLUMNS})
+    return out.astype({
+        "build": "string", "mode": "string", "n": "int64", "center": "string",
+        "paired": "bool", "ci_method": "string", "metric": "string",
+    })
+
+
+@dataclass(frozen=True)
+class BuildComparison:
+    """Whether build *b* differs from build *a* in one mode.
+
+    ``time_*``: the mode's per-execution times of the two builds (Mann–Whitney U,
+    two-sided, and the ratio of medians b/a).
+    ``overhead_*``: overhead % of the mode over each build's own plain query, and the
+    bootstrap CI of the difference b − a in percentage points. ``overhead_p_value`` is a
+    Mann–Whitney U test on per-repetition overheads (mode_r / plain_r − 1), available
+    when each build's samples pair by repetition. For ``mode == "plain"`` the overhead
+    fields are NaN.
+    """
+
+    a: str
+    b: str
+    mode: str
+    metric: str
+    n_a: int
+    n_b: int
+    median_a_ms: float
+    median_b_ms: float
+    time_ratio: float
+    time_u: float
+    time_p_value: float
+    overhead_a_pct: float
+    overhead_b_pct: float
+    overhead_diff_pct: float
+    diff_ci_low_pct: float
+    diff_ci_high_pct: float
+    overhead_p_value: float
+    paired: bool
+    ci_method: str
+
+    @property
+    def overhead_differs(self) -> bool:
+        """True when the CI of the overhead difference excludes zero."""
+        lo, hi = self.diff_ci_low_pct, self.diff_ci_high_pct
+        return math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0)
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["overhead_differs"] = self.overhead_differs
+        return d
+
+
+def compare_builds(
+    timings: pd.DataFrame,
+    a: str,
+    b: str,
+    mode: str = "analyze_notiming",
+    metric: Metric = "server_ms",
+    *,
+    center: Center = "median",
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 20250801,
+) -> BuildComparison:
+    """Test whether builds *a* and *b* differ in *mode*: times and overhead over plain.
+
+    Overheads are estimated as in :func:`summarize`: when each build's plain and mode
+    samples pair by repetition, from per-repetition overheads (resampled jointly across
+    the two builds when they ran in the same repetitions); otherwise as ratios of
+    medians with the four samples resampled independently (``paired`` False).
+    """
+    stat_fn = _center_fn(center)
+    df = _check_timings(timings, metric)
+    for name in (a, b):
+        if name not in set(df["build"]):
+            known = build_order(df["build"].unique().tolist())
+            raise ComparisonError(f"no timings for build {name!r}; builds present: {known}")
+    if a == b:
+        raise ComparisonError(f"compare two different builds, not {a!r} with itself")
+
+    def sample(build: str, m: str) -> pd.Series:
+        s = _keyed(df[(df["build"] == build) & (df["mode"] == m)], metric)
+        if s.empty:
+            raise ComparisonError(
+                f"build {build!r} has no {m!r} timings; modes present: "
+                f"{sorted(df.loc[df['build'] == build, 'mode'].unique())}"
+            )
+        return s
+
+    ma, mb = sample(a, mode), sample(b, mode)
+    va, vb = ma.to_numpy(), mb.to_numpy()
+    if len(va) >= 1 and len(vb) >= 1:
+        mw = sps.mannwhitneyu(va, vb, alternative="two-sided")
+        u, p = float(mw.statistic), float(mw.pvalue)
+    else:  # pragma: no cover - sample() guarantees non-empty
+        u = p = math.nan
+    med_a, med_b = float(np.median(va)), float(np.median(vb))
+
+    nan = math.nan
+    ov_a = ov_b = diff = lo = hi = p_ov = nan
+    paired, method = False, "none"
+    if mode != BASELINE_MODE:
+        pa, pb = sample(a, BASELINE_MODE), sample(b, BASELINE_MODE)
+        pa_arr, ma_arr, ok_a = _pair(pa, ma)
+        pb_arr, mb_arr, ok_b = _pair(pb, mb)
+        rng = _cell_rng(seed, a, b, mode, metric, center)
+        if ok_a and ok_b:
+            # Same estimator as summarize(): per-repetition overheads within each build.
+            # They are the units resampled; jointly when both builds ran in the same
+            # repetitions (interleaved), else each build's independently.
+            r_a = pd.Series(_pct(ma_arr, pa_arr), index=pa.index)
+            r_b = pd.Series(_pct(mb_arr, pb_arr), index=pb.index)
+            ra, rb, joint = _pair(r_a, r_b)
+
+            def diff_rep(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+                return stat_fn(y, axis=axis) - stat_fn(x, axis=axis)
+
+            ov_a, ov_b = float(stat_fn(ra)), float(stat_fn(rb))
+            ci = _bootstrap((ra, rb), diff_rep, paired=joint, rng=rng,
+                            confidence=confidence, n_resamples=n_resamples)
+            p_ov = float(sps.mannwhitneyu(ra, rb, alternative="two-sided").pvalue)
+            paired = True
+        else:
+            ov_a = float(_pct(stat_fn(va), stat_fn(pa.to_numpy())))
+            ov_b = float(_pct(stat_fn(vb), stat_fn(pb.to_numpy())))
+
+            def diff_ratio(p_a: np.ndarray, m_a: np.ndarray, p_b: np.ndarray,
+                           m_b: np.ndarray, axis: int = -1) -> np.ndarray:
+                oa = _pct(stat_fn(m_a, axis=axis), stat_fn(p_a, axis=axis))
+                ob = _pct(stat_fn(m_b, axis=axis), stat_fn(p_b, axis=axis))
+                return ob - oa
+
+            ci = _bootstrap([pa.to_numpy(), va, pb.to_numpy(), vb], diff_ratio, paired=False,
+                            rng=rng, confidence=confidence, n_resamples=n_resamples)
+            paired = False
+        diff = ov_b - ov_a
+        lo, hi, method = ci.low, ci.high, ci.method
+
+    return BuildComparison(
+        a=a, b=b, mode=mode, metric=metric, n_a=len(va), n_b=len(vb),
+        median_a_ms=med_a, median_b_ms=med_b,
+        time_ratio=med_b / med_a if med_a else nan,
+        time_u=u, time_p_value=p,
+        overhead_a_pct=ov_a, overhead_b_pct=ov_b, overhead_diff_pct=diff,
+        diff_ci_low_pct=lo, diff_ci_high_pct=hi, overhead_p_value=p_ov,
+        paired=paired, ci_method=method,
+    )
+
+
+def compare_chain(
+    timings: pd.DataFrame,
+    builds: Sequence[str] | None = None,
+    mode: str = "analyze_notiming",
+    metric: Metric = "server_ms",
+    **kwargs: object,
+) -> pd.DataFrame:
+    """:func:`compare_builds` for each neighbouring pair (vanilla→step1→step2→step3).
+
+    One row per pair (columns of :class:`BuildComparison` plus ``overhead_differs``):
+    the question "does each step lower the overhead beyond noise?".
+    """
+    df = _check_timings(timings, metric)
+    names = list(builds) if builds is not None else build_order(df["build"].unique().tolist())
+    rows = [
+        compare_builds(timings, x, y, mode, metric, **kwargs).as_dict()  # type: ignore[arg-type]
+        for x, y in itertools.pairwise(names)
+    ]
+    cols = [*BuildComparison.__dataclass_fields__, "overhead_differs"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def attach_instructions(summary: pd.DataFrame, instr_counts: pd.DataFrame | None) -> pd.DataFrame:
+    """Add ``instr`` and ``instr_overhead_pct`` to a :func:`summarize` table.
+
+    *instr_counts* is an ``instr_counts`` table (one execution per row; if a
+    (build, mode) was counted more than once the median is used: callgrind counts
+    repeat to within a few hundred instructions). Cells without a count stay NaN;
+    ``instr_overhead_pct`` = (instr(mode) − instr(plain)) / instr(plain) × 100.
+    """
+    out = summary.copy()
+    out["instr"] = pd.array([pd.NA] * len(out), dtype="Int64")
+    out["instr_overhead_pct"] = math.nan
+    if instr_counts is None or instr_counts.empty or out.empty:
+        return out
+    ic = tables.validate(instr_counts, "instr_counts")
+    ic = ic[ic["instructions"].notna()]
+    per = ic.groupby(["build", "mode"])["instructions"].median().round()
+    for i, row in out.iterrows():
+        key = (row["build"], row["mode"])
+        if key not in per.index:
+            continue
+        out.at[i, "instr"] = int(per[key])
+        base_key = (row["build"], BASELINE_MODE)
+        if base_key in per.index and per[base_key] > 0:
+            out.at[i, "instr_overhead_pct"] = float(_pct(per[key], per[base_key]))
+    return out
+
+
+def summary_csv(
+    summary: pd.DataFrame,
+    instr_counts: pd.DataFrame | None = None,
+    path: str | Path | None = None,
+) -> str:
+    """The ``summary.csv`` text (columns :data:`SUMMARY_CSV_COLUMNS`; NaN → empty cell).
+
+    *summary* comes from :func:`summarize`. If it already has ``instr`` columns
+    (from :func:`attach_instructions`) and *instr_counts* is None they are kept.
+    When *path* is given the text is also written there.
+    """
+    if "instr" not in summary.columns or instr_counts is not None:
+        summary = attach_instructions(summary, instr_counts)
+    missing = [c for c in SUMMARY_CSV_COLUMNS if c not in summary.columns]
+    if missing:
+        raise ComparisonError(
+            f"summary lacks columns {missing}: pass the output of profkit.analyze.stats.summarize"
+        )
+    out = summary.loc[:, list(SUMMARY_CSV_COLUMNS)].copy()
+    # Rounded so that the file is readable and diffs between runs are meaningful;
+    # the DataFrame keeps full precision.
+    for c, nd in (("median_ms", 4), ("mean_ms", 4), ("variance", 6), ("overhead_pct", 3),
+                  ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3)):
+        out[c] = out[c].astype("float64").round(nd)
+    buf = io.StringIO()
+    out.to_csv(buf, index=False, na_rep="", lineterminator="\n")
+    text = buf.getvalue()
+    if path is not None:
+        Path(path).write_text(text)
+    return text

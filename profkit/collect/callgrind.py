@@ -1,0 +1,453 @@
+"""Count the instructions a PostgreSQL backend executes for ONE execution of a query.
+
+This VM has no hardware performance counters, so the stable measure reviewers prefer
+(seeds/specialize-indexonlyscan-thread.txt: "I'd rather go by the instruction counts,
+those are stable") comes from valgrind's callgrind. Where ``perf stat -e instructions``
+works (bare metal), :func:`perf_stat_instructions` counts the real CPU's instructions
+instead; :func:`instruction_counter` says which one to use, and the runner records it.
+
+How (callgrind)
+---------------
+The queries run in PostgreSQL's single-user mode (``postgres --single -j -D DATADIR
+DBNAME``, statements on stdin) under ::
+
+    valgrind --tool=callgrind --toggle-collect=exec_simple_query
+             --dump-after=exec_simple_query --collect-atstart=no ...
+
+- **Scope** ``exec_simple_query``: collection is on only inside it, i.e. parse,
+  analysis, planning, executor start/run/end, result output and commit of each
+  statement; backend start-up, recovery and shutdown checkpoint are not counted.
+  ``PortalRun`` would be wrong: a plain SELECT is planned *before* PortalRun
+  (pg_plan_queries in exec_simple_query) but EXPLAIN plans *inside* it, so the modes
+  would not cover the same work. Planning is identical in all modes, so including it
+  only adds the same few hundred thousand instructions to every mode's count; that
+  lowers the overhead % slightly (the denominator grows), by ~0.02 % at scale 0.05.
+  The executor-only count (inclusive cost of ``standard_ExecutorRun``) is taken from
+  the same profile by the parser, so both scopes are reported.
+- **One execution each**: ``--dump-after`` writes one profile per statement
+  (``callgrind.out.1``, ``.2``, ...). A warm-up statement (by default the workload's
+  plain query) runs first and its dump is discarded, so catalog caches, shared buffers
+  and hint bits are as warm as in the timed benchmark.
+- Single-user mode needs the data directory to itself: :func:`collect_callgrind`
+  takes the data directory of a *stopped* cluster; :func:`collect_callgrind_cluster`
+  stops a running :class:`~profkit.pg.cluster.Cluster`, runs, and starts it again
+  (connections to it must be reopened afterwards).
+- postgres refuses to run as root: valgrind runs as the cluster's OS user.
+
+Under valgrind ``clock_gettime`` is a real system call whose kernel work is not
+counted, so callgrind **understates** what TIMING costs (MACHINE.md): report the
+TIMING-on instruction overhead next to the wall-clock one, never alone.
+
+This module only runs the tool and writes raw artifacts plus ``callgrind-session.json``;
+:mod:`profkit.parse.callgrind` (``instr_counts_from_session``) turns them into the
+``instr_counts`` table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from profkit.errors import ClusterError, CommandFailed, ProbeError, ProfkitError
+from profkit.run import Background, OSUser, format_argv, run, which
+
+if TYPE_CHECKING:  # the cluster module needs psycopg; only its type is used here
+    from profkit.pg.cluster import Cluster
+
+DEFAULT_TOGGLE = "exec_simple_query"
+SESSION_FILE = "callgrind-session.json"
+WARMUP = "_warmup"
+
+# Same planner conditions as the benchmark cluster (profkit.pg.cluster.BENCH_SETTINGS);
+# single-user mode reads postgresql.conf too, these only make a bare datadir match.
+DEFAULT_SETTINGS: dict[str, str] = {"max_parallel_workers_per_gather": "0", "jit": "off"}
+
+
+class CallgrindError(ProbeError):
+    """callgrind could not count instructions; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class CallgrindQuery:
+    """One measured statement of a session and its raw profile."""
+
+    mode: str
+    sql: str
+    out_file: str  # path of its callgrind.out dump
+    seconds: float  # wall time of this statement under callgrind (from the dump times)
+
+
+@dataclass(frozen=True)
+class CallgrindSession:
+    """What one valgrind run wrote: one profile per measured query, plus metadata."""
+
+    out_dir: str
+    toggle: str
+    argv: list[str]
+    valgrind_version: str
+    postgres: str
+    datadir: str
+    dbname: str
+    warmup_sql: str | None
+    queries: list[CallgrindQuery]
+    elapsed_s: float  # whole valgrind run (start-up, warm-up, queries, shutdown)
+    started_at: str
+    stdout_path: str
+    valgrind_log: str
+    settings: dict[str, str] = field(default_factory=dict)
+    tool: str = "callgrind"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CallgrindSession:
+        """Read a session back from its directory or its ``callgrind-session.json``."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / SESSION_FILE
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise CallgrindError(f"no callgrind session at {p}: run collect_callgrind first") \
+                from None
+        data["queries"] = [CallgrindQuery(**q) for q in data["queries"]]
+        return cls(**data)
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "instruction_counter": "callgrind", "valgrind": self.valgrind_version,
+            "scope": self.toggle, "warmup": self.warmup_sql is not None,
+            "command": format_argv(self.argv), "single_user": True,
+        }
+
+
+def _sql_statement(sql: str) -> str:
+    """One statement in ``postgres --single -j`` input: ends with ';' and an empty line.
+
+    With -j a semicolon followed by an empty line ends a statement, so blank lines
+    inside the query are squeezed out (they are insignificant in SQL).
+    """
+    body = "\n".join(ln for ln in sql.strip().splitlines() if ln.strip())
+    body = body.rstrip().rstrip(";").rstrip()
+    if not body:
+        raise CallgrindError("empty SQL statement given to count instructions of")
+    return body + ";\n\n"
+
+
+def _valgrind_version(valgrind: str) -> str:
+    return run([valgrind, "--version"], timeout=30, what="valgrind").stdout.strip()
+
+
+def _postmaster_running(datadir: Path) -> int | None:
+    """Pid of a live postmaster using *datadir*, else None (a stale pid file is fine)."""
+    pidfile = datadir / "postmaster.pid"
+    try:
+        first = pidfile.read_text().splitlines()[0]
+        pid = int(first.strip())
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+    except PermissionError:
+        return -1
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def collect_callgrind(
+    *,
+    postgres: str | os.PathLike[str],
+    datadir: str | os.PathLike[str],
+    os_user: OSUser,
+    queries: Mapping[str, str],
+    out_dir: str | os.PathLike[str],
+    dbname: str = "postgres",
+    warmup_sql: str | None = "",
+    toggle: str = DEFAULT_TOGGLE,
+    settings: Mapping[str, str] | None = None,
+    timeout: float = 1800,
+) -> CallgrindSession:
+    """Run *queries* (mode -> SQL) once each in a single-user backend under callgrind.
+
+    *postgres* is the server binary (``build.postgres``); *datadir* must belong to a
+    stopped cluster. *warmup_sql* runs first and is not counted: ``""`` (default) means
+    "the first query of *queries*", ``None`` means no warm-up. Raw profiles, the
+    backend's output and valgrind's log go to *out_dir*; the returned session (also
+    written as ``callgrind-session.json`` there) says which file is which query.
+
+    Raises :class:`CallgrindError` when the datadir is in use, a statement fails, or
+    callgrind wrote fewer profiles than statements.
+    """
+    if not queries:
+        raise CallgrindError("no queries given: pass a mapping like wl.queries")
+    datadir = Path(datadir)
+    out = Path(out_dir)
+    postgres = Path(postgres)
+    if not postgres.exists():
+        raise CallgrindError(f"postgres binary {postgres} does not exist; build it first "
+                             "(profkit build NAME)")
+    if not (datadir / "PG_VERSION").exists():
+        raise CallgrindError(f"{datadir} is not a PostgreSQL data directory (no PG_VERSION)")
+    pid = _postmaster_running(datadir)
+    if pid is not None:
+        raise ClusterError(
+            f"data directory {datadir} is in use by a running postmaster (pid {pid}); "
+            "single-user mode needs it to itself: stop the cluster first, or pass the "
+            "Cluster to collect_callgrind_cluster(), which stops and restarts it"
+        )
+    valgrind = which("valgrind")
+    version = _valgrind_version(valgrind)
+    out.mkdir(parents=True, exist_ok=True)
+
+    stmts: list[tuple[str, str]] = []  # (mode, sql) in execution order
+    if warmup_sql is not None:
+        stmts.append((WARMUP, warmup_sql or next(iter(queries.values()))))
+    stmts.extend(queries.items())
+    stdin = "".join(_sql_statement(sql) for _, sql in stmts)
+
+    sets = {**DEFAULT_SETTINGS, **(settings or {})}
+    # valgrind runs as the unprivileged user: it writes into a private scratch
+    # directory the user owns; results are moved into *out_dir* afterwards.
+    scratch = Path(tempfile.mkdtemp(prefix="profkit-callgrind-"))
+    try:
+        if os.geteuid() == 0:
+            os.chown(scratch, os_user.uid, os_user.gid)
+        base = scratch / "callgrind.out"
+        argv = [
+            valgrind, "--tool=callgrind", f"--callgrind-out-file={base}",
+            f"--toggle-collect={toggle}", f"--dump-after={toggle}", "--collect-atstart=no",
+            f"--log-file={scratch / 'valgrind.log'}",
+            str(postgres), "--single", "-j", "-D", str(datadir),
+        ]
+        for k, v in sets.items():
+            argv += ["-c", f"{k}={v}"]
+        argv.append(dbname)
+        started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        t0 = time.time()
+        try:
+            cp = run(argv, user=os_user, input=stdin, timeout=timeout, cwd=scratch,
+                     check=False, merge_stderr=True, what="valgrind --tool=callgrind")
+        except CommandFailed as e:
+            raise CallgrindError(
+                f"callgrind run did not finish within {timeout:.0f} s: lower the scale, or "
+                f"raise timeout=. {e}"
+            ) from None
+        elapsed = time.time() - t0
+        backend_out = cp.stdout or ""
+        vlog = _read(scratch / "valgrind.log")
+        (out / "single-user.out").write_text(backend_out)
+        (out / "valgrind.log").write_text(vlog)
+        if cp.returncode != 0:
+            raise CallgrindError(
+                f"postgres --single under valgrind exited with {cp.returncode}; backend output "
+                f"and valgrind log are in {out}. Tail:\n{_tail(backend_out + vlog)}"
+            )
+        errors = [ln for ln in backend_out.splitlines() if re.search(r"\b(ERROR|FATAL):", ln)]
+        if errors:
+            raise CallgrindError(
+                "a statement failed in the single-user backend (its profile would be cut): "
+                + "; ".join(errors[:3]) + f". Full output: {out / 'single-user.out'}"
+            )
+        dumps = sorted(scratch.glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+        if len(dumps) != len(stmts):
+            raise CallgrindError(
+                f"callgrind wrote {len(dumps)} profiles for {len(stmts)} statements: is "
+                f"{toggle!r} a function of this postgres binary (built with symbols)? "
+                f"valgrind log: {out / 'valgrind.log'}"
+            )
+        measured: list[CallgrindQuery] = []
+        prev_mtime = None
+        for (mode, sql), dump in zip(stmts, dumps, strict=True):
+            mtime = dump.stat().st_mtime
+            secs = mtime - (prev_mtime if prev_mtime is not None else t0)
+            prev_mtime = mtime
+            dest = out / f"callgrind.{_safe(mode)}.out"
+            shutil.move(str(dump), dest)
+            # valgrind wrote it as the unprivileged user with mode 0600; the profile
+            # belongs to whoever ran profkit, like the rest of profiles/<run>/.
+            if os.geteuid() == 0:
+                os.chown(dest, os.geteuid(), os.getegid())
+            os.chmod(dest, 0o644)
+            if mode != WARMUP:
+                measured.append(CallgrindQuery(mode, sql, str(dest), round(secs, 3)))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    session = CallgrindSession(
+        out_dir=str(out), toggle=toggle, argv=[str(a) for a in argv], valgrind_version=version,
+        postgres=str(postgres), datadir=str(datadir), dbname=dbname,
+        warmup_sql=None if warmup_sql is None else stmts[0][1], queries=measured,
+        elapsed_s=round(elapsed, 3), started_at=started_at,
+        stdout_path=str(out / "single-user.out"), valgrind_log=str(out / "valgrind.log"),
+        settings=dict(sets),
+    )
+    (out / SESSION_FILE).write_text(session.to_json())
+    return session
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _tail(text: str, n: int = 15) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+@contextmanager
+def postmaster_stopped(cluster: Cluster) -> Iterator[Path]:
+    """Stop *cluster*'s postmaster (keeping its data directory), yield it, start again.
+
+    Connections to the cluster die with the stop; open new ones afterwards.
+    """
+    # Cluster has no public pause/resume yet: stop the postmaster by pid through its
+    # Background handle (fast shutdown, escalating) and relaunch the same datadir,
+    # socket and port with Cluster._launch (the method Cluster.start uses).
+    proc = getattr(cluster, "proc", None)
+    if proc is None or not proc.alive():
+        raise ClusterError(f"cluster {cluster.name} is not running; start it first")
+    pause = getattr(cluster, "pause", None)
+    if callable(pause):
+        pause()
+    else:
+        proc.stop(timeout=60)
+    try:
+        yield cluster.datadir
+    finally:
+        resume = getattr(cluster, "resume", None)
+        if callable(resume):
+            resume()
+        else:
+            cluster._launch()
+
+
+def collect_callgrind_cluster(
+    cluster: Cluster,
+    queries: Mapping[str, str],
+    out_dir: str | os.PathLike[str],
+    **kwargs: Any,
+) -> CallgrindSession:
+    """:func:`collect_callgrind` on a running Cluster: stop it, count, start it again.
+
+    The workload must already be loaded (``wl.load(conn, scale)``); ``kwargs`` go to
+    :func:`collect_callgrind` (warmup_sql, toggle, settings, timeout, dbname).
+    """
+    with postmaster_stopped(cluster) as datadir:
+        return collect_callgrind(
+            postgres=cluster.build.postgres, datadir=datadir, os_user=cluster.os_user,
+            queries=queries, out_dir=out_dir, **kwargs,
+        )
+
+
+# ---------------------------------------------------------------------------
+# perf stat (machines with hardware counters)
+
+_NOT_COUNTED = ("<not supported>", "<not counted>")
+
+
+def perf_stat_instructions_available(event: str = "instructions:u") -> bool:
+    """True when ``perf stat -e EVENT`` counts on this machine (False in most VMs).
+
+    Runs ``perf stat -x, -e EVENT true`` and looks for ``<not supported>``; False too
+    when perf is missing or not permitted (perf_event_paranoid).
+    """
+    try:
+        perf = which("perf")
+        cp = run([perf, "stat", "-x,", "-e", event, "true"], timeout=30, check=False,
+                 what="perf stat")
+    except ProfkitError:
+        return False
+    if cp.returncode != 0:
+        return False
+    try:
+        value, _unit = parse_perf_stat_csv(cp.stderr, event)
+    except ProbeError:
+        return False
+    return value > 0
+
+
+def parse_perf_stat_csv(text: str, event: str) -> tuple[float, str]:
+    """Value and unit of *event* in ``perf stat -x,`` output.
+
+    Producer: ``perf stat -x, -e instructions:u -p PID`` (stderr or ``-o FILE``).
+    Example::
+
+        4153264,,instructions:u,1095204,100.00,,
+        -> (4153264.0, "")
+    """
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split(",")
+        if len(fields) < 3 or fields[2] != event:
+            continue
+        raw = fields[0].strip()
+        if raw in _NOT_COUNTED:
+            raise ProbeError(
+                f"perf stat cannot count {event!r} here ({raw}): no hardware performance "
+                "counters (typical in a VM). Count instructions with callgrind instead "
+                "(profkit.collect.callgrind.collect_callgrind)."
+            )
+        try:
+            return float(raw), fields[1].strip()
+        except ValueError:
+            raise ProbeError(f"perf stat printed {raw!r} for {event!r}, not a number") from None
+    raise ProbeError(f"perf stat output has no line for event {event!r}:\n{text[:500]}")
+
+
+def perf_stat_instructions(
+    backend_pid: int,
+    execute: Callable[[], object],
+    *,
+    out_path: str | os.PathLike[str],
+    event: str = "instructions:u",
+    settle_s: float = 0.3,
+) -> float:
+    """Count *event* in backend *backend_pid* while *execute()* runs one query.
+
+    ``perf stat -x, -e EVENT -p PID -o OUT_PATH`` is started in the background, given
+    *settle_s* to attach, *execute* is called (e.g. ``lambda: conn.execute(sql)``),
+    then perf is stopped with SIGINT by pid and its CSV parsed. The count includes the
+    backend's protocol handling of the statement, nothing else (the backend is idle
+    otherwise). On this VM ``instructions`` is not supported: a software event such as
+    ``task-clock`` exercises the same path.
+    """
+    perf = which("perf")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bg = Background([perf, "stat", "-x,", "-e", event, "-p", str(backend_pid), "-o", str(out)],
+                    what="perf stat")
+    bg.start()
+    try:
+        time.sleep(settle_s)
+        if not bg.alive():
+            raise ProbeError(f"perf stat exited at once (pid {backend_pid} gone? permissions?); "
+                             f"output: {_read(out)[:300]}")
+        execute()
+    finally:
+        bg.stop(timeout=10)
+    value, _unit = parse_perf_stat_csv(_read(out), event)
+    return value
+
+
+def instruction_counter() -> str:
+    """``"perf_stat"`` where hardware instruction counters work, else ``"callgrind"``."""
+    return "perf_stat" if perf_stat_instructions_available() else "callgrind"

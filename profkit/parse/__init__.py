@@ -1,0 +1,78 @@
+"""Parsers: raw profiler output (text files) → tidy tables. Pure: no processes, no I/O
+beyond reading the given file.
+
+- :mod:`profkit.parse.perf_script` — ``perf script`` text → folded stacks (streaming)
+- :mod:`profkit.parse.folded` — folded stacks read/write/diff, ``stacks``/``functions``
+  tables, the instrumentation family and its share
+- :mod:`profkit.parse.gprof` — ``gprof BINARY gmon.out`` text → ``functions`` and
+  ``call_edges``
+
+:func:`load_stacks` opens either stack format by sniffing its first lines.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from profkit.errors import ParseError
+from profkit.parse.folded import (
+    INSTRUMENTATION_FUNCTIONS,
+    diff_folded,
+    functions_table,
+    instrumentation_share,
+    is_instrumentation,
+    read_folded,
+    stacks_table,
+    write_folded,
+)
+
+__all__ = [
+    "INSTRUMENTATION_FUNCTIONS",
+    "detect_stack_format",
+    "diff_folded",
+    "functions_table",
+    "instrumentation_share",
+    "is_instrumentation",
+    "load_stacks",
+    "read_folded",
+    "stacks_table",
+    "write_folded",
+]
+
+_FOLDED_LINE = re.compile(rb"^\S.*\s\d+(?:\.\d+)?\s*$")
+
+
+def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf-script"]:
+    """``"perf-script"`` or ``"folded"``, from the first non-blank lines of *path*."""
+    p = Path(path)
+    opener: Any = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rb") as f:
+            head = [ln for ln in (f.readline() for _ in range(50)) if ln.strip()][:10]
+    except OSError as e:
+        raise ParseError(f"cannot read {p}: {e.strerror}") from None
+    if not head:
+        return "folded"  # empty: either parser gives an empty profile
+    if head[0].startswith(b"PERFILE"):
+        raise ParseError(f"{p} is a perf.data file: run `perf script -i {p} > {p}.txt` and "
+                         "pass the text")
+    if any(ln[:1] == b"\t" for ln in head):
+        return "perf-script"
+    if all(_FOLDED_LINE.match(ln) for ln in head if not ln.startswith(b"#")):
+        return "folded"
+    return "perf-script"  # e.g. samples printed without callchains
+
+
+def load_stacks(path: str | os.PathLike[str], **perf_kwargs: Any) -> dict[str, float]:
+    """Folded stacks from a folded file or a ``perf script`` text (``.gz`` allowed).
+
+    *perf_kwargs* go to :func:`profkit.parse.perf_script.fold_perf_script` (``vdso=``...).
+    """
+    if detect_stack_format(path) == "folded":
+        return read_folded(path)
+    from profkit.parse.perf_script import fold_perf_script
+
+    return fold_perf_script(path, **perf_kwargs).counts

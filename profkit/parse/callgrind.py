@@ -1,0 +1,400 @@
+"""Parse callgrind's profile data file into the ``functions`` table.
+
+Producer: ``valgrind --tool=callgrind --callgrind-out-file=FILE [--toggle-collect=FN] PROG``
+(format: valgrind's docs/callgrind-format, "Callgrind Format Specification").
+
+Example (two lines of input, one row of output)::
+
+    fn=(3) ExecNestLoop
+    1120 4000200021
+    ->  function="ExecNestLoop", module="postgres", calls=<sum of calls= into it>,
+        self=4000200021 (instructions), total=<inclusive>, self_share=self/totals
+
+What is read:
+
+- ``events:`` names the cost columns; the chosen event (``Ir`` = instructions executed)
+  is summed. ``totals:`` (end of each part) gives the whole profile's cost;
+  ``summary:`` (header) is the same number, kept for cross-checking.
+- ``fn=`` opens a function's block; the cost lines that follow are its *self* cost.
+  A cost line right after ``calls=N ...`` is the *inclusive* cost of that call arc
+  and is not self cost.
+- Name compression: ``(id) name`` defines an id, a later ``(id)`` reuses it; fn/cfn,
+  ob/cob and fl/fi/fe/cfi/cfl keep separate tables, as the specification says.
+- Recursion: callgrind names the 2nd and deeper nested activations of a function
+  ``name'2`` (``--separate-recs``, default 2). They are merged into ``name``.
+
+Inclusive cost (``total``): the sum of the inclusive costs of call arcs into the
+function's outermost activation (the un-suffixed name, which callgrind only uses when
+no other activation of it is on the stack), so nested activations are not counted twice
+— the usual pitfall of summing self + callees for recursive executor functions
+(ExecProcNodeInstr -> ExecNestLoop -> ExecProcNodeInstr). A function with no recorded
+incoming arc (the ``--toggle-collect`` root, ``main``) gets self + arcs to other
+functions. ``calls`` counts every call into it, nested ones included (as gprof does).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from profkit import tables
+from profkit.errors import ParseError
+
+TOOL = "callgrind"
+UNIT = "instructions"
+
+_REC_SUFFIX = re.compile(r"'\d+$")
+_NAME = re.compile(r"^\((\d+)\)(?:\s(.*))?$")
+# spec: position lines start with a number, "+", "-", "*" or "0x"
+_COST_START = frozenset("0123456789+-*")
+
+
+@dataclass(frozen=True)
+class CallgrindProfile:
+    """One parsed callgrind output file (all its parts combined)."""
+
+    events: tuple[str, ...]
+    event: str  # the event the table's costs are in
+    totals: int  # cost of the chosen event over the whole profile
+    summary: int | None  # the header's summary: value, if present
+    parts: int
+    header: dict[str, str] = field(default_factory=dict)
+    functions: pd.DataFrame = field(default_factory=lambda: tables.empty("functions"))
+
+    def inclusive(self, function: str) -> int:
+        """Inclusive cost of *function* (see module doc); KeyError if absent."""
+        rows = self.functions[self.functions["function"] == function]
+        if rows.empty:
+            raise KeyError(function)
+        return int(rows["total"].sum())
+
+    def self_cost(self, function: str) -> int:
+        rows = self.functions[self.functions["function"] == function]
+        return int(rows["self"].sum()) if not rows.empty else 0
+
+
+class _Names:
+    """A callgrind name-compression table."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.by_id: dict[str, str] = {}
+
+    def resolve(self, value: str, lineno: int) -> str:
+        m = _NAME.match(value)
+        if not m:  # uncompressed name
+            return value
+        ident, name = m.group(1), m.group(2)
+        if name is not None:
+            self.by_id[ident] = name
+            return name
+        try:
+            return self.by_id[ident]
+        except KeyError:
+            raise ParseError(
+                f"callgrind output line {lineno}: {self.kind} id ({ident}) used before it was "
+                "defined; the file is corrupt or was cut at the start"
+            ) from None
+
+
+def _int(tok: str, lineno: int) -> int:
+    try:
+        return int(tok, 16) if tok.startswith("0x") else int(tok)
+    except ValueError:
+        raise ParseError(f"callgrind output line {lineno}: {tok!r} is not a number") from None
+
+
+def parse_callgrind(
+    text: str,
+    *,
+    run_id: str = "",
+    build: str = "",
+    event: str = "Ir",
+    strict: bool = True,
+) -> CallgrindProfile:
+    """Parse callgrind output *text*; see the module docstring for the format.
+
+    With *strict* (default) a file without ``totals:`` (valgrind killed while writing,
+    disk full) raises :class:`ParseError`; with ``strict=False`` what was written is
+    returned and ``totals`` is the sum of the self costs read.
+    """
+    if not text.strip():
+        raise ParseError(
+            "callgrind output is empty: valgrind did not write a profile (killed before the "
+            "program exited?). Re-run the collection; the valgrind log says why it stopped."
+        )
+    lines = text.splitlines()
+    if not lines[0].startswith("# callgrind format") and not any(
+        ln.startswith("events:") for ln in lines[:200]
+    ):
+        raise ParseError(
+            "not a callgrind output file (no '# callgrind format' / 'events:' header): pass "
+            "the file written by valgrind --tool=callgrind --callgrind-out-file=FILE"
+        )
+
+    fn_names, ob_names, fl_names = _Names("fn"), _Names("ob"), _Names("file")
+    header: dict[str, str] = {}
+    events: tuple[str, ...] = ()
+    ev_idx = -1
+    npos = 1
+    totals = 0
+    saw_totals = False
+    summary: int | None = None
+    parts = 0
+
+    cur_fn: tuple[str, str] | None = None  # (object, raw name)
+    cur_ob = ""
+    cfn: str | None = None
+    cob: str | None = None
+    pending_call: int | None = None  # calls count waiting for its cost line
+
+    self_cost: dict[tuple[str, str], int] = defaultdict(int)
+    # (caller object, caller raw name) -> list of (callee object, callee raw, calls, cost)
+    arcs: list[tuple[tuple[str, str], tuple[str, str], int, int]] = []
+
+    def costs_of(tokens: list[str], lineno: int) -> int:
+        # Trailing zero costs may be omitted (spec); missing event column = 0.
+        vals = tokens[npos:]
+        if ev_idx < len(vals):
+            return _int(vals[ev_idx], lineno)
+        return 0
+
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        c0 = line[0]
+        if c0 in _COST_START or line.startswith("0x"):
+            if not events:
+                raise ParseError(f"callgrind output line {lineno}: cost line before 'events:'")
+            tokens = line.split()
+            cost = costs_of(tokens, lineno)
+            if pending_call is not None:
+                if cur_fn is None or cfn is None:
+                    raise ParseError(f"callgrind output line {lineno}: call cost outside a fn")
+                arcs.append((cur_fn, (cob if cob is not None else cur_ob, cfn),
+                             pending_call, cost))
+                pending_call = None
+                cob = None
+            else:
+                if cur_fn is None:
+                    raise ParseError(
+                        f"callgrind output line {lineno}: cost line before any 'fn=' line"
+                    )
+                self_cost[cur_fn] += cost
+            continue
+        key, sep, value = line.partition("=")
+        if sep and key in ("fn", "cfn", "ob", "cob", "fl", "fi", "fe", "cfi", "cfl", "calls",
+                           "jump", "jcnd", "cob"):
+            if key == "fn":
+                cur_fn = (cur_ob, fn_names.resolve(value, lineno))
+                self_cost.setdefault(cur_fn, 0)
+            elif key == "cfn":
+                cfn = fn_names.resolve(value, lineno)
+            elif key == "ob":
+                cur_ob = ob_names.resolve(value, lineno)
+            elif key == "cob":
+                cob = ob_names.resolve(value, lineno)
+            elif key in ("fl", "fi", "fe", "cfi", "cfl"):
+                fl_names.resolve(value, lineno)  # keep the table consistent
+            elif key == "calls":
+                parts_ = value.split()
+                if not parts_:
+                    raise ParseError(f"callgrind output line {lineno}: 'calls=' without count")
+                pending_call = _int(parts_[0], lineno)
+            # jump=/jcnd= (--collect-jumps) carry no cost of their own here
+            continue
+        hkey, hsep, hval = line.partition(":")
+        if hsep:
+            hkey, hval = hkey.strip(), hval.strip()
+            if hkey == "events":
+                events = tuple(hval.split())
+                if event not in events:
+                    raise ParseError(
+                        f"callgrind output has events {list(events)}, not {event!r}: "
+                        "choose one of those"
+                    )
+                ev_idx = events.index(event)
+            elif hkey == "positions":
+                npos = len(hval.split()) or 1
+            elif hkey == "summary":
+                if ev_idx >= 0:
+                    toks = hval.split()
+                    summary = (summary or 0) + (_int(toks[ev_idx], lineno)
+                                                if ev_idx < len(toks) else 0)
+            elif hkey == "totals":
+                toks = hval.split()
+                totals += _int(toks[ev_idx], lineno) if 0 <= ev_idx < len(toks) else 0
+                saw_totals = True
+            elif hkey == "part":
+                parts += 1
+                cur_fn, cfn, cob, pending_call = None, None, None, None
+            elif hkey not in header:
+                header[hkey] = hval
+            continue
+        raise ParseError(f"callgrind output line {lineno}: cannot parse {line[:80]!r}")
+
+    if not events:
+        raise ParseError("callgrind output has no 'events:' line: the file was cut in its header")
+    self_sum = sum(self_cost.values())
+    if not saw_totals:
+        if strict:
+            raise ParseError(
+                "callgrind output is truncated (no 'totals:' line at the end): valgrind was "
+                "stopped while writing, or the disk is full. The file is kept; re-run the "
+                "collection, or parse with strict=False to read what was written."
+            )
+        totals = self_sum
+    elif strict and totals != self_sum:
+        raise ParseError(
+            f"callgrind output inconsistent: totals {totals} but function self costs sum to "
+            f"{self_sum}; the file is corrupt"
+        )
+    df = _functions_table(self_cost, arcs, totals, run_id=run_id, build=build)
+    return CallgrindProfile(
+        events=events, event=event, totals=totals, summary=summary, parts=max(parts, 1),
+        header=header, functions=df,
+    )
+
+
+def _base(name: str) -> str:
+    return _REC_SUFFIX.sub("", name)
+
+
+def _functions_table(
+    self_cost: dict[tuple[str, str], int],
+    arcs: list[tuple[tuple[str, str], tuple[str, str], int, int]],
+    totals: int,
+    *,
+    run_id: str,
+    build: str,
+) -> pd.DataFrame:
+    def key(ob: str, fn: str) -> tuple[str, str]:
+        return (os.path.basename(ob), _base(fn))
+
+    selfs: dict[tuple[str, str], int] = defaultdict(int)
+    for (ob, fn), c in self_cost.items():
+        selfs[key(ob, fn)] += c
+    calls: dict[tuple[str, str], int] = defaultdict(int)
+    incoming_outer: dict[tuple[str, str], int] = defaultdict(int)
+    outgoing_other: dict[tuple[str, str], int] = defaultdict(int)
+    has_outer_arc: set[tuple[str, str]] = set()
+    for (cob_, cfn_), (tob, tfn), n, cost in arcs:
+        callee = key(tob, tfn)
+        caller = key(cob_, cfn_)
+        selfs.setdefault(callee, 0)
+        calls[callee] += n
+        if tfn == _base(tfn):  # outermost activation of the callee
+            incoming_outer[callee] += cost
+            has_outer_arc.add(callee)
+        if callee != caller:
+            outgoing_other[caller] += cost
+
+    rows = []
+    for k, s in selfs.items():
+        total = incoming_outer[k] if k in has_outer_arc else s + outgoing_other[k]
+        rows.append({
+            "run_id": run_id, "build": build, "tool": TOOL, "function": k[1], "module": k[0],
+            "calls": calls.get(k, pd.NA), "self": float(s), "total": float(total),
+            "self_share": (s / totals) if totals else math.nan, "unit": UNIT,
+        })
+    if not rows:
+        df = tables.empty("functions")
+        df["unit"] = pd.Series(dtype="string")
+        return df
+    df = pd.DataFrame(rows).sort_values(["self", "function"], ascending=[False, True])
+    df = df.reset_index(drop=True)
+    return tables.validate(df, "functions")
+
+
+def parse_callgrind_file(path: str | Path, **kwargs: object) -> CallgrindProfile:
+    """:func:`parse_callgrind` on a file; ``*.gz`` files are decompressed.
+
+    callgrind writes ASCII; undecodable bytes (odd symbol names) are replaced, not fatal.
+    """
+    p = Path(path)
+    try:
+        if p.suffix == ".gz":
+            import gzip
+
+            try:
+                text = gzip.decompress(p.read_bytes()).decode(errors="replace")
+            except (gzip.BadGzipFile, EOFError) as e:
+                raise ParseError(f"{p} is not a complete gzip file ({e}); re-compress the "
+                                 "callgrind output or pass the uncompressed file") from None
+        else:
+            text = p.read_text(errors="replace")
+    except FileNotFoundError:
+        raise ParseError(
+            f"callgrind output {p} does not exist: did valgrind run, and could its user write "
+            "to that directory?"
+        ) from None
+    return parse_callgrind(text, **kwargs)  # type: ignore[arg-type]
+
+
+#: function whose inclusive cost is the executor-only count (all modes call it once)
+EXECUTOR_FUNCTION = "standard_ExecutorRun"
+
+
+def instr_counts_from_session(
+    session: object,
+    *,
+    run_id: str = "",
+    build: str = "",
+    workload: str = "",
+) -> pd.DataFrame:
+    """The ``instr_counts`` table of a callgrind session (one row per measured query).
+
+    *session* is a :class:`profkit.collect.callgrind.CallgrindSession`, or the directory /
+    ``callgrind-session.json`` it wrote (so a notebook can start again from profiles/).
+    ``instructions`` is the whole ``--toggle-collect`` scope (``scope`` column, normally
+    exec_simple_query); extra columns: ``executor_instructions`` (inclusive cost of
+    standard_ExecutorRun: executor only, no parse/plan/EXPLAIN output), ``seconds``
+    (wall time under callgrind) and ``out_file``.
+
+    Example: callgrind.analyze_notiming.out with ``totals: 2780988128`` ->
+    ``mode=analyze_notiming, instructions=2780988128, tool=callgrind``.
+    """
+    import json
+
+    if isinstance(session, (str, Path)):
+        p = Path(session)
+        if p.is_dir():
+            p = p / "callgrind-session.json"
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ParseError(f"no callgrind session file at {p}") from None
+        toggle = data["toggle"]
+        queries = [(q["mode"], q["sql"], q["out_file"], q["seconds"]) for q in data["queries"]]
+    else:
+        toggle = session.toggle  # type: ignore[attr-defined]
+        queries = [(q.mode, q.sql, q.out_file, q.seconds)
+                   for q in session.queries]  # type: ignore[attr-defined]
+    rows = []
+    for mode, sql, out_file, seconds in queries:
+        prof = parse_callgrind_file(out_file, run_id=run_id, build=build)
+        if prof.totals == 0:
+            raise ParseError(
+                f"callgrind counted 0 instructions for {mode!r} ({out_file}): the toggle "
+                f"function {toggle!r} never ran; check the function name and the query"
+            )
+        try:
+            executor = prof.inclusive(EXECUTOR_FUNCTION)
+        except KeyError:
+            executor = None
+        rows.append({
+            "run_id": run_id, "build": build, "workload": workload, "query": sql,
+            "mode": mode, "instructions": prof.totals, "tool": TOOL, "scope": toggle,
+            "executor_instructions": executor, "seconds": seconds, "out_file": str(out_file),
+        })
+    if not rows:
+        return tables.empty("instr_counts")
+    df = pd.DataFrame(rows)
+    df["executor_instructions"] = df["executor_instructions"].astype("Int64")
+    return tables.validate(df, "instr_counts")

@@ -1,0 +1,287 @@
+"""Folded stacks: the ``frame;frame;leaf count`` text format, and tables derived from it.
+
+The format is FlameGraph's (``stackcollapse-*.pl`` output, ``perf script report
+stackcollapse``, ``py-spy record --format raw``): one line per distinct stack,
+frames root→leaf separated by ``;``, a space, and a count::
+
+    postgres;main;PostmasterMain;ExecProcNodeInstr;InstrStartNode 12
+    postgres;main;PostmasterMain;ExecProcNodeInstr;__vdso_clock_gettime 140
+
+In memory a folded profile is a ``dict[str, float]`` (stack → count); the
+helpers here read and write it, diff two of them, and turn one into the
+``stacks`` and ``functions`` tables of :mod:`profkit.tables`.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO
+
+import pandas as pd
+
+from profkit import tables
+from profkit.errors import ParseError
+
+# The instrumentation family of EXPLAIN ANALYZE, vanilla and patched builds:
+# - vanilla: ExecProcNodeInstr wraps every node and calls InstrStartNode/InstrStopNode,
+#   which read the clock through clock_gettime (glibc → vDSO);
+# - seed step 1/2/3 patches: ExecProcNodeInstrLite, PostExecProcNodeInstr;
+# - InstrEndLoop / InstrUpdateTupleCount: per-loop bookkeeping;
+# - the rdtsc ("tsc" clock source) patch set: pg_get_ticks[_fast], pg_ticks_to_ns and
+#   pg_clock_gettime[_ns] replace clock_gettime when they are not inlined.
+# `[vdso]` is what an unresolved vDSO frame is called (see profkit.parse.perf_script).
+INSTRUMENTATION_FUNCTIONS: frozenset[str] = frozenset({
+    "InstrStartNode",
+    "InstrStopNode",
+    "ExecProcNodeInstr",
+    "ExecProcNodeInstrLite",
+    "PostExecProcNodeInstr",
+    "InstrEndLoop",
+    "InstrUpdateTupleCount",
+    "clock_gettime",
+    "__clock_gettime",
+    "__vdso_clock_gettime",
+    "[vdso]",
+    "pg_get_ticks",
+    "pg_get_ticks_fast",
+    "pg_ticks_to_ns",
+    "pg_clock_gettime",
+    "pg_clock_gettime_ns",
+})
+
+# Longest names first so that the alternation prefers the most specific entry; a name
+# matches when it *starts with* an entry: "clock_gettime@@GLIBC_2.17", "__clock_gettime64",
+# "InstrStopNode.part.0" (gcc clone suffixes) and "pg_get_ticks_fast" all belong.
+_INSTR_RE = re.compile(
+    "|".join(re.escape(n) for n in sorted(INSTRUMENTATION_FUNCTIONS, key=len, reverse=True))
+)
+
+
+def is_instrumentation(function: str) -> bool:
+    """True if *function* belongs to the instrumentation family (prefix match)."""
+    return _INSTR_RE.match(function) is not None
+
+
+# --------------------------------------------------------------------------- reading
+
+Source = str | os.PathLike[str] | IO[bytes] | IO[str] | Iterable[bytes] | Iterable[str]
+
+
+def open_lines(source: Source) -> tuple[Iterable[bytes | str], IO | None]:
+    """Return an iterable of lines for *source* and the file to close (or None).
+
+    A path opens in binary mode (``.gz`` transparently) so lines stream without decoding
+    the whole text; file objects and iterables of lines are used as they are.
+    """
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        try:
+            if path.suffix == ".gz":
+                f: IO[bytes] = gzip.open(path, "rb")  # noqa: SIM115 - caller closes
+            else:
+                f = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - caller closes
+        except OSError as e:
+            raise ParseError(f"cannot read {path}: {e.strerror}") from None
+        return f, f
+    return source, None  # type: ignore[return-value]
+
+
+def read_folded(source: Source) -> dict[str, float]:
+    """Read folded stacks (``a;b;c 12``) into ``{stack: count}``.
+
+    Producer: ``stackcollapse-perf.pl``, ``perf script report stackcollapse``,
+    ``profkit parse perf-script``, ``py-spy record --format raw``. Example::
+
+        postgres;ExecProcNodeInstr;InstrStopNode 7     ->   {"postgres;ExecProcNodeInstr;
+        postgres;ExecAgg 3                                  InstrStopNode": 7, "postgres;ExecAgg": 3}
+
+    Repeated stacks are summed; blank lines and ``#`` comments are skipped. Counts may
+    be integers or decimals (weights). A line without a trailing count raises
+    :class:`ParseError` with its line number.
+    """
+    lines, to_close = open_lines(source)
+    out: dict[str, float] = {}
+    try:
+        for lineno, raw in enumerate(lines, 1):
+            line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            line = line.rstrip("\r\n")
+            if not line.strip() or line.startswith("#"):
+                continue
+            stack, sep, count_s = line.rpartition(" ")
+            if not sep or not stack.strip():
+                raise ParseError(f"folded stacks, line {lineno}: expected 'frame;frame;leaf "
+                                 f"COUNT', got {line[:120]!r}")
+            try:
+                count = float(count_s)
+            except ValueError:
+                raise ParseError(f"folded stacks, line {lineno}: expected a number after the "
+                                 f"last space, got {count_s[:40]!r} (is the file truncated?)"
+                                 ) from None
+            if not math.isfinite(count) or count < 0:
+                raise ParseError(f"folded stacks, line {lineno}: count {count_s!r} is not a "
+                                 "finite non-negative number")
+            stack = stack.rstrip()
+            out[stack] = out.get(stack, 0.0) + count
+    finally:
+        if to_close is not None:
+            to_close.close()
+    return out
+
+
+def _fmt_count(c: float) -> str:
+    return str(int(c)) if float(c).is_integer() else repr(float(c))
+
+
+def iter_folded_lines(counts: Mapping[str, float]) -> Iterator[str]:
+    """Yield ``"stack count"`` lines sorted by stack (the order stackcollapse tools use)."""
+    for stack in sorted(counts):
+        yield f"{stack} {_fmt_count(counts[stack])}"
+
+
+def format_folded(counts: Mapping[str, float]) -> str:
+    """The folded text of *counts* (sorted by stack, newline-terminated; "" when empty)."""
+    return "".join(line + "\n" for line in iter_folded_lines(counts))
+
+
+def write_folded(counts: Mapping[str, float], dest: str | os.PathLike[str] | IO[str]) -> None:
+    """Write *counts* as folded text to a path or a text file object."""
+    if isinstance(dest, str | os.PathLike):
+        with open(dest, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in iter_folded_lines(counts))
+    else:
+        dest.writelines(line + "\n" for line in iter_folded_lines(counts))
+
+
+def as_counts(stacks: Mapping[str, float] | pd.DataFrame | str | os.PathLike[str]
+              ) -> dict[str, float]:
+    """Accept a counts mapping, a ``stacks`` table, or a folded file path."""
+    if isinstance(stacks, pd.DataFrame):
+        if not {"stack", "weight"} <= set(stacks.columns):
+            raise ParseError("a stacks DataFrame needs 'stack' and 'weight' columns")
+        return {str(k): float(v) for k, v in stacks.groupby("stack")["weight"].sum().items()}
+    if isinstance(stacks, str | os.PathLike):
+        return read_folded(stacks)
+    return dict(stacks)
+
+
+# --------------------------------------------------------------------------- diff
+
+def diff_folded(a: Mapping[str, float] | pd.DataFrame | str | os.PathLike[str],
+                b: Mapping[str, float] | pd.DataFrame | str | os.PathLike[str],
+                *, normalise: bool = True) -> pd.DataFrame:
+    """Per-stack counts of two profiles, A ("before") scaled to B's total.
+
+    Like FlameGraph's ``difffolded.pl -n``: a stack missing on one side counts 0 there.
+    Columns: ``stack``, ``count_a``, ``count_b`` (raw), ``a_norm`` (A × total_B/total_A,
+    or A itself with ``normalise=False``), ``delta`` = ``count_b - a_norm`` (positive:
+    more samples in B, i.e. slower), ``delta_share`` = ``delta / total_B``.
+    Sorted by stack.
+    """
+    ca, cb = as_counts(a), as_counts(b)
+    ta, tb = sum(ca.values()), sum(cb.values())
+    scale = (tb / ta) if (normalise and ta > 0 and tb > 0) else 1.0
+    keys = sorted(set(ca) | set(cb))
+    df = pd.DataFrame({
+        "stack": pd.Series(keys, dtype="string"),
+        "count_a": pd.Series([ca.get(k, 0.0) for k in keys], dtype="float64"),
+        "count_b": pd.Series([cb.get(k, 0.0) for k in keys], dtype="float64"),
+    })
+    df["a_norm"] = df["count_a"] * scale
+    df["delta"] = df["count_b"] - df["a_norm"]
+    df["delta_share"] = df["delta"] / tb if tb > 0 else 0.0
+    return df
+
+
+def format_diff_folded(diff: pd.DataFrame) -> str:
+    """difffolded.pl's text: ``stack count_a count_b`` with A already normalised."""
+    return "".join(f"{s} {_fmt_count(round(a, 6))} {_fmt_count(b)}\n"
+                   for s, a, b in zip(diff["stack"], diff["a_norm"], diff["count_b"],
+                                      strict=True))
+
+
+# --------------------------------------------------------------------------- tables
+
+def stacks_table(counts: Mapping[str, float], *, run_id: str = "", build: str = "",
+                 tool: str = "perf", unit: str = "samples") -> pd.DataFrame:
+    """The ``stacks`` table of a folded profile (one row per distinct stack, sorted)."""
+    keys = sorted(counts)
+    n = len(keys)
+    df = pd.DataFrame({
+        "run_id": [run_id] * n, "build": [build] * n, "tool": [tool] * n,
+        "stack": keys, "weight": [float(counts[k]) for k in keys], "unit": [unit] * n,
+    })
+    return tables.validate(df if n else tables.empty("stacks"), "stacks")
+
+
+def functions_table(counts: Mapping[str, float], *, modules: Mapping[str, str] | None = None,
+                    root_is_process: bool = False, run_id: str = "", build: str = "",
+                    tool: str = "perf") -> pd.DataFrame:
+    """Self and total samples per function, from folded stacks.
+
+    ``self``: samples where the function is the leaf. ``total``: samples where it is on
+    the stack at all, counted once per stack even under recursion (``fib;fib;fib 1``
+    adds 1 to fib's total, not 3). ``self_share``/``total_share``: divided by all samples.
+    With ``root_is_process`` the root frame is the process name (stackcollapse-perf's
+    comm) and is not a function; a stack made of only that frame still counts in the
+    denominator. ``calls`` is NA: sampling does not count calls. Sorted by self, then
+    total, descending, then name.
+    """
+    modules = modules or {}
+    self_w: dict[str, float] = {}
+    total_w: dict[str, float] = {}
+    grand = 0.0
+    for stack, w in counts.items():
+        grand += w
+        frames = stack.split(";")
+        if root_is_process:
+            frames = frames[1:]
+        if not frames:
+            continue
+        leaf = frames[-1]
+        self_w[leaf] = self_w.get(leaf, 0.0) + w
+        for f in set(frames):
+            total_w[f] = total_w.get(f, 0.0) + w
+    names = sorted(total_w, key=lambda f: (-self_w.get(f, 0.0), -total_w[f], f))
+    n = len(names)
+    df = pd.DataFrame({
+        "run_id": [run_id] * n, "build": [build] * n, "tool": [tool] * n,
+        "function": names,
+        "module": [modules.get(f, "") for f in names],
+        "calls": pd.array([pd.NA] * n, dtype="Int64"),
+        "self": [self_w.get(f, 0.0) for f in names],
+        "total": [total_w[f] for f in names],
+    })
+    df["self_share"] = df["self"] / grand if grand else 0.0
+    df["total_share"] = df["total"] / grand if grand else 0.0
+    if not n:
+        df = tables.empty("functions")
+        df["total_share"] = pd.Series(dtype="float64")
+    return tables.validate(df, "functions")
+
+
+def instrumentation_share(functions_df: pd.DataFrame) -> float:
+    """Share of all samples (self time) spent in :data:`INSTRUMENTATION_FUNCTIONS`.
+
+    Sums ``self_share`` over functions matching :func:`is_instrumentation`; self time,
+    not total, because ExecProcNodeInstr is on the stack of nearly every executor sample.
+    """
+    if functions_df.empty:
+        return 0.0
+    mask = functions_df["function"].astype(str).map(is_instrumentation)
+    return float(functions_df.loc[mask, "self_share"].sum())
+
+
+def instrumentation_functions(functions_df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of *functions_df* that belong to the instrumentation family."""
+    mask = functions_df["function"].astype(str).map(is_instrumentation)
+    return functions_df.loc[mask].reset_index(drop=True)
+
+
+def text_lines(source: str) -> Iterable[str]:
+    """Lines of an in-memory text (for tests and notebooks)."""
+    return io.StringIO(source)

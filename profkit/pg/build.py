@@ -1,0 +1,448 @@
+"""Cached PostgreSQL builds.
+
+A build is a source + an ordered list of patches + configure options + CFLAGS.
+Its cache key is the sha256 of all of those plus the compiler's identity, so
+an unchanged build is never rebuilt.  Each build gets its own patched copy of
+the source and its own VPATH build tree under ``<cache>/builds/<name>-<key>``;
+compilation goes through ccache with ``CCACHE_BASEDIR`` at the cache root and
+``CCACHE_NOHASHDIR``, so a patched build recompiles only the translation units
+whose preprocessed text its patch changes (everything else is a ccache hit).
+``--enable-depend`` is always on: without it a changed header (instrument.h!)
+recompiles nothing and the binary silently goes stale.
+
+A build directory is trusted only when its ``COMPLETE`` marker exists; the
+marker is written last.  A failed step removes the directory (the log is kept
+under ``<cache>/logs``), so no half-made entry is ever reused.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import html
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from profkit import paths
+from profkit.errors import BuildError, CommandFailed, PatchError
+from profkit.pg.source import Source, get_source
+from profkit.run import run, which
+
+RECIPE_VERSION = "2"
+# Every build is configured with the same (never used) prefix and installed
+# with DESTDIR: PostgreSQL's installs are relocatable (paths are computed from
+# the binary's location), and a constant prefix keeps pg_config_paths.h — and
+# so libpq, src/port, src/common — identical across variants: ccache hits.
+CONFIGURED_PREFIX = "/opt/profkit/pgsql"
+PATCH_ROOT = Path(__file__).resolve().parent.parent / "patches"
+
+# -O2 with frame pointers everywhere (leaf functions too) so perf's frame
+# pointer call graphs are whole; -g for DWARF (probes read struct offsets).
+BASE_CFLAGS = "-O2 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer"
+# Lazy binding so ltrace sees PLT calls (Ubuntu's toolchain defaults to BIND_NOW).
+BASE_LDFLAGS = "-Wl,-z,lazy"
+BASE_CONFIGURE = ("--enable-depend",)
+CONTRIB = ("pg_stat_statements", "auto_explain")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    name: str
+    patches: tuple[str, ...] = ()
+    configure_opts: tuple[str, ...] = ()
+    cflags: str = BASE_CFLAGS
+    ldflags: str = BASE_LDFLAGS
+    description: str = ""
+
+
+def _patch_presets() -> dict[str, tuple[tuple[str, ...], str]]:
+    """Preset name -> (patch names, description) from the patch library."""
+    try:
+        from profkit import patches as lib
+    except ImportError:
+        return {}
+    presets = getattr(lib, "PRESETS", {})
+    descr = getattr(lib, "DESCRIPTIONS", {})
+    return {k: (tuple(v), descr.get(k, "")) for k, v in presets.items()}
+
+
+def presets() -> dict[str, BuildSpec]:
+    out = {
+        "vanilla": BuildSpec("vanilla", description="unpatched, -O2 -g, frame pointers"),
+        "gprof": BuildSpec("gprof", configure_opts=("--enable-profiling",),
+                           description="unpatched, --enable-profiling (gprof: gmon.out per backend)"),
+    }
+    for name, (patch_names, descr) in _patch_presets().items():
+        if name in out:
+            continue
+        out[name] = BuildSpec(name, patches=patch_names, description=descr)
+        # every patched variant also exists with gprof: "<name>+gprof"
+    for name in list(out):
+        if name != "gprof" and out[name].patches:
+            out[f"{name}+gprof"] = BuildSpec(
+                f"{name}+gprof", patches=out[name].patches, configure_opts=("--enable-profiling",),
+                description=out[name].description + " + --enable-profiling")
+    return out
+
+
+def resolve_spec(name_or_spec: str | BuildSpec) -> BuildSpec:
+    if isinstance(name_or_spec, BuildSpec):
+        return name_or_spec
+    p = presets()
+    if name_or_spec in p:
+        return p[name_or_spec]
+    raise BuildError(
+        f"unknown build {name_or_spec!r}; known presets: {', '.join(sorted(p))}", step="spec")
+
+
+def patch_path(name: str, major: str) -> Path:
+    p = Path(name)
+    if p.suffix == ".patch" and p.exists():
+        return p.resolve()
+    cand = PATCH_ROOT / f"pg{major}" / f"{name}.patch"
+    if cand.exists():
+        return cand
+    raise PatchError(f"patch {name!r} not found (looked for {cand})", step="patch")
+
+
+@dataclass
+class Build:
+    name: str
+    key: str
+    dir: Path
+    source: dict
+    spec: dict
+    patches: list[dict] = field(default_factory=list)
+    pg_config: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    compiler: str = ""
+    built_at: str = ""
+
+    @property
+    def prefix(self) -> Path:
+        return self.dir / "install" / CONFIGURED_PREFIX.lstrip("/")
+
+    @property
+    def bindir(self) -> Path:
+        return self.prefix / "bin"
+
+    @property
+    def postgres(self) -> Path:
+        return self.bindir / "postgres"
+
+    @property
+    def build_tree(self) -> Path:
+        return self.dir / "build"
+
+    @property
+    def src_tree(self) -> Path:
+        return self.dir / "src"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "build.log"
+
+    @property
+    def version(self) -> str:
+        return self.pg_config.get("VERSION", self.source.get("version", "?"))
+
+    @property
+    def profiling(self) -> bool:
+        return "--enable-profiling" in self.spec.get("configure_opts", [])
+
+    def provenance(self) -> dict:
+        return {
+            "build": self.name, "key": self.key, "source": self.source,
+            "patches": self.patches, "configure_opts": self.spec.get("configure_opts"),
+            "cflags": self.spec.get("cflags"), "ldflags": self.spec.get("ldflags"),
+            "compiler": self.compiler, "pg_config": self.pg_config, "built_at": self.built_at,
+            "postgres": str(self.postgres),
+        }
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["dir"] = str(self.dir)
+        return json.dumps(d, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dir(cls, d: Path) -> "Build":
+        data = json.loads((d / "build.json").read_text())
+        data["dir"] = Path(data["dir"])
+        return cls(**data)
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ("build", self.name), ("PostgreSQL", self.version), ("source", self.source.get("detail")),
+            ("patches", ", ".join(f"{p['name']} ({p['sha256'][:10]})" for p in self.patches) or "none"),
+            ("configure", " ".join(self.spec.get("configure_opts", []))),
+            ("CFLAGS", self.pg_config.get("CFLAGS", self.spec.get("cflags"))),
+            ("key", self.key[:16]), ("install", str(self.prefix)),
+        ]
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows)
+        return f"<table>{body}</table>"
+
+    def __repr__(self) -> str:
+        return f"<Build {self.name} PostgreSQL {self.version} key={self.key[:12]} at {self.dir}>"
+
+
+def compiler_identity() -> str:
+    cp = run([which("gcc"), "--version"], timeout=30)
+    return cp.stdout.splitlines()[0].strip()
+
+
+def cache_key(spec: BuildSpec, source: Source, patch_files: Sequence[Path], compiler: str) -> str:
+    h = hashlib.sha256()
+    for part in (RECIPE_VERSION, source.identity, spec.cflags, spec.ldflags,
+                 " ".join(BASE_CONFIGURE + spec.configure_opts), compiler, ",".join(CONTRIB)):
+        h.update(part.encode() + b"\0")
+    for pf in patch_files:
+        h.update(pf.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def ccache_env() -> dict[str, str]:
+    return {
+        "CCACHE_DIR": os.environ.get("CCACHE_DIR", str(paths.sub("ccache"))),
+        "CCACHE_BASEDIR": str(paths.cache_dir()),
+        "CCACHE_NOHASHDIR": "1",
+        "CCACHE_MAXSIZE": os.environ.get("CCACHE_MAXSIZE", "8G"),
+    }
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def find_build(name_or_spec: str | BuildSpec, source: str | None = None) -> Build | None:
+    """The cached build, or None (never builds)."""
+    spec = resolve_spec(name_or_spec)
+    src = get_source(source)
+    major = src.version.split(".")[0].replace("devel", "")
+    files = [patch_path(p, major) for p in spec.patches]
+    key = cache_key(spec, src, files, compiler_identity())
+    d = paths.sub("builds") / f"{_safe_name(spec.name)}-{key[:12]}"
+    if (d / "COMPLETE").exists():
+        return Build.from_dir(d)
+    return None
+
+
+def get_build(name_or_spec: str | BuildSpec, *, source: str | None = None,
+              progress: Progress | None = None, jobs: int | None = None) -> Build:
+    """Return the build, building it first if it is not cached."""
+    spec = resolve_spec(name_or_spec)
+    say = progress or (lambda s: None)
+    src = get_source(source)
+    major = src.version.split(".")[0].replace("devel", "")
+    files = [patch_path(p, major) for p in spec.patches]
+    compiler = compiler_identity()
+    key = cache_key(spec, src, files, compiler)
+    root = paths.sub("builds")
+    d = root / f"{_safe_name(spec.name)}-{key[:12]}"
+    lock_path = root / f".{d.name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (d / "COMPLETE").exists():
+            say(f"{spec.name}: cached ({d.name})")
+            return Build.from_dir(d)
+        return _do_build(spec, src, files, compiler, key, d, say, jobs or os.cpu_count() or 2)
+
+
+def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path) -> list[dict]:
+    applied = []
+    for pf in files:
+        base = ["patch", "-p1", "--batch", "--forward", "-d", str(tree), "-i", str(pf)]
+        dry = run([*base, "--dry-run"], check=False, timeout=120)
+        with open(log_path, "a") as log:
+            log.write(f"$ patch -p1 < {pf.name} (dry run)\n{dry.stdout}{dry.stderr}\n")
+        if dry.returncode != 0:
+            raise PatchError(describe_patch_failure(pf, dry.stdout + dry.stderr), step="patch",
+                             log_path=str(log_path))
+        run(base, timeout=120, stdout_path=log_path, merge_stderr=True)
+        applied.append({"name": pf.stem, "file": str(pf), "sha256": _sha256(pf)})
+    return applied
+
+
+def describe_patch_failure(patch_file: Path, output: str) -> str:
+    """Name the patch, the file and the rejected hunks (with their @@ headers)."""
+    hunks_by_file: dict[str, list[str]] = {}
+    current = None
+    for line in output.splitlines():
+        m = re.match(r"(?:checking|patching) file (.+)", line)
+        if m:
+            current = m.group(1).strip()
+        m = re.match(r"Hunk #(\d+) FAILED at (\d+)", line)
+        if m and current:
+            hunks_by_file.setdefault(current, []).append(f"hunk #{m.group(1)} (at line {m.group(2)})")
+    headers = _hunk_headers(patch_file)
+    parts = []
+    for f, hunks in hunks_by_file.items():
+        detail = []
+        for h in hunks:
+            n = int(re.search(r"#(\d+)", h).group(1))
+            hdr = headers.get(f, [])
+            detail.append(f"{h}: {hdr[n - 1]}" if 0 < n <= len(hdr) else h)
+        parts.append(f"{f}: " + "; ".join(detail))
+    missing = re.findall(r"can't find file to patch|No file to patch", output)
+    reversed_ = "Reversed (or previously applied) patch detected" in output
+    why = "; ".join(parts) if parts else output.strip().splitlines()[-1] if output.strip() else "?"
+    if missing:
+        why = "a file it patches does not exist in this source; " + why
+    if reversed_:
+        why = "it is already applied (or reversed); " + why
+    return (f"patch {patch_file.name} does not apply: {why}. The patch was written for the "
+            "default source (PostgreSQL 18, Debian's postgresql-18); rebase it onto this "
+            "source or build from the version it targets.")
+
+
+def _hunk_headers(patch_file: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in patch_file.read_text(errors="replace").splitlines():
+        if line.startswith("+++ "):
+            name = line[4:].split("\t")[0].strip()
+            cur = name.split("/", 1)[1] if "/" in name else name
+            out.setdefault(cur, [])
+        elif line.startswith("@@") and cur is not None:
+            out[cur].append(line.strip())
+    return out
+
+
+def _sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _ccache_stats(env: dict[str, str]) -> dict[str, int]:
+    cp = run(["ccache", "--print-stats"], env=env, check=False, timeout=30)
+    stats = {}
+    for line in cp.stdout.splitlines():
+        k, _, v = line.partition("\t")
+        if v.strip().isdigit():
+            stats[k] = int(v)
+    return stats
+
+
+def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str, key: str,
+              d: Path, say: Progress, jobs: int) -> Build:
+    for tool in ("make", "patch", "ccache", "bison", "flex"):
+        which(tool)
+    if d.exists():
+        shutil.rmtree(d)  # no COMPLETE marker: never trusted
+    d.mkdir(parents=True)
+    log_path = d / "build.log"
+    step = "copy source"
+    env = {**ccache_env(), "CC": "ccache gcc", "LC_ALL": "C"}
+    timings: dict[str, float] = {}
+    stats_before = _ccache_stats(env)
+    try:
+        t0 = time.monotonic()
+        say(f"{spec.name}: copying source {src.version}")
+        shutil.copytree(src.path, d / "src", symlinks=True,
+                        ignore=shutil.ignore_patterns(".git"))
+        step = "patch"
+        applied = []
+        if files:
+            say(f"{spec.name}: applying {', '.join(f.stem for f in files)}")
+            applied = _apply_patches(d / "src", files, log_path)
+        timings["prepare_s"] = time.monotonic() - t0
+
+        step = "configure"
+        (d / "build").mkdir()
+        say(f"{spec.name}: configure")
+        t0 = time.monotonic()
+        configure = [str(d / "src" / "configure"), f"--prefix={CONFIGURED_PREFIX}", *BASE_CONFIGURE,
+                     *spec.configure_opts, f"CFLAGS={spec.cflags}", f"LDFLAGS={spec.ldflags}",
+                     "CC=ccache gcc"]
+        with open(log_path, "a") as log:
+            log.write("$ " + " ".join(configure) + "\n")
+        run(configure, cwd=d / "build", env=env, timeout=1800, stdout_path=log_path,
+            merge_stderr=True, what="configure")
+        timings["configure_s"] = time.monotonic() - t0
+
+        step = "make"
+        say(f"{spec.name}: make -j{jobs} (log: {log_path})")
+        t0 = time.monotonic()
+        run(["make", f"-j{jobs}", "-s"], cwd=d / "build", env=env, timeout=3 * 3600,
+            stdout_path=log_path, merge_stderr=True, what="make")
+        for c in CONTRIB:
+            run(["make", f"-j{jobs}", "-s", "-C", f"contrib/{c}"], cwd=d / "build", env=env,
+                timeout=1800, stdout_path=log_path, merge_stderr=True, what=f"make contrib/{c}")
+        timings["make_s"] = time.monotonic() - t0
+
+        step = "install"
+        say(f"{spec.name}: make install")
+        t0 = time.monotonic()
+        env["DESTDIR"] = str(d / "install")
+        run(["make", "-s", "install"], cwd=d / "build", env=env, timeout=1800,
+            stdout_path=log_path, merge_stderr=True, what="make install")
+        for c in CONTRIB:
+            run(["make", "-s", "-C", f"contrib/{c}", "install"], cwd=d / "build", env=env,
+                timeout=600, stdout_path=log_path, merge_stderr=True, what="make install contrib")
+        timings["install_s"] = time.monotonic() - t0
+
+        step = "pg_config"
+        pg_config = read_pg_config(
+            d / "install" / CONFIGURED_PREFIX.lstrip("/") / "bin" / "pg_config")
+    except CommandFailed as e:
+        failed_log = _keep_log(d, log_path, spec.name)
+        shutil.rmtree(d, ignore_errors=True)
+        raise BuildError(
+            f"build {spec.name!r} failed at step '{step}' (log: {failed_log}):\n{e.output_tail}",
+            step=step, log_path=str(failed_log)) from None
+    except PatchError as e:
+        failed_log = _keep_log(d, log_path, spec.name)
+        shutil.rmtree(d, ignore_errors=True)
+        raise PatchError(f"build {spec.name!r} failed at step 'patch': {e} (log: {failed_log})",
+                         step="patch", log_path=str(failed_log)) from None
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    stats_after = _ccache_stats(env)
+    timings["ccache"] = {k: stats_after.get(k, 0) - stats_before.get(k, 0)
+                         for k in ("direct_cache_hit", "preprocessed_cache_hit", "cache_miss")}
+    b = Build(
+        name=spec.name, key=key, dir=d, source=src.to_dict(), spec=asdict(spec), patches=applied,
+        pg_config=pg_config, timings=timings, compiler=compiler,
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    (d / "build.json").write_text(b.to_json())
+    (d / "COMPLETE").write_text(key + "\n")
+    total = timings["prepare_s"] + timings["configure_s"] + timings["make_s"] + timings["install_s"]
+    say(f"{spec.name}: built in {total:.0f} s (make {timings['make_s']:.0f} s, "
+        f"ccache hits {timings['ccache']['direct_cache_hit'] + timings['ccache']['preprocessed_cache_hit']}, "
+        f"misses {timings['ccache']['cache_miss']})")
+    return b
+
+
+def _keep_log(d: Path, log_path: Path, name: str) -> Path:
+    logs = paths.sub("logs")
+    dest = logs / f"{d.name}-failed-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    if log_path.exists():
+        shutil.copy(log_path, dest)
+    else:
+        dest.write_text(f"(no log written for {name})\n")
+    return dest
+
+
+def read_pg_config(pg_config: Path) -> dict[str, str]:
+    cp = run([pg_config], timeout=30)
+    out = {}
+    for line in cp.stdout.splitlines():
+        k, sep, v = line.partition(" = ")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def list_builds() -> list[Build]:
+    out = []
+    for d in sorted(paths.sub("builds").iterdir()):
+        if (d / "COMPLETE").exists() and (d / "build.json").exists():
+            out.append(Build.from_dir(d))
+    return out

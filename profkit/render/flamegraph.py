@@ -1,0 +1,583 @@
+"""Folded stacks → a self-contained, interactive flamegraph SVG (written here, no vendored JS).
+
+The idea is Brendan Gregg's flame graph (FlameGraph's flamegraph.pl): one box per
+distinct stack prefix, the root at the bottom, a box's width proportional to the
+samples of the stacks that pass through it, children sorted by name. What the SVG does:
+
+- **zoom**: click a frame and it fills the width; its ancestors stay (faded, full width),
+  frames outside it hide; "Reset Zoom" (or a click on ``all``) restores;
+- **search**: the "Search" control (or ``/`` / Ctrl-F while the pointer is over the
+  graph) prompts for a regular expression; matching frames turn magenta and the matched
+  share of all samples (overlaps counted once) is shown at the bottom right;
+- **tooltips**: each frame has an SVG ``<title>`` (name, samples, %) and hovering writes
+  the same text into the details line at the bottom left;
+- **provenance**: a title and a subtitle built from the caller's dict (build, PostgreSQL
+  version, query, tool, samples, date, ...); the full dict is also embedded as JSON in
+  ``<metadata>``;
+- **colours**: a hash of the function name (MD5, so stable across runs and machines)
+  picks a colour in a warm palette; the instrumentation family
+  (:data:`profkit.parse.folded.INSTRUMENTATION_FUNCTIONS`) is always teal;
+- **differential** (``diff_against=A``): widths from B (the "after" profile), colours
+  from the difference of each frame's samples with A normalised to B's total — red: more
+  samples in B (slower), blue: fewer (faster), intensity proportional to the change, as
+  in FlameGraph's difffolded.pl + flamegraph.pl. By default the difference is of *self*
+  samples (FlameGraph's choice; ``diff_basis="total"`` colours whole subtrees). Frames
+  present only in A cannot be drawn with B's widths; their samples are counted in the
+  subtitle. Instrumentation frames keep a teal outline.
+
+Several graphs in one HTML page do not interfere: every id, CSS class and the JS API
+object carry a per-graph prefix (a content hash plus a per-process counter). The JS API
+of a graph is ``window["fg_<prefix>"]`` with ``zoom(name_or_index)``, ``reset()``,
+``search(regex) -> matched %``, ``clearSearch()``. :func:`to_iframe_html` wraps an SVG in
+an ``<iframe srcdoc>`` for notebooks; :class:`FlameGraph` has ``_repr_html_`` (that
+iframe) and a text ``__repr__``.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import itertools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from profkit.errors import ProfkitError
+from profkit.parse.folded import as_counts, is_instrumentation
+
+INSTRUMENTATION_COLOR = "rgb(0,168,160)"
+SEARCH_COLOR = "rgb(230,0,230)"
+ROOT_NAME = "all"
+_FONT_WIDTH = 0.59          # average glyph width / font size for Verdana-like fonts
+_counter = itertools.count()
+
+StacksLike = Mapping[str, float] | pd.DataFrame | str | os.PathLike[str] | Any
+
+
+class RenderError(ProfkitError):
+    pass
+
+
+# --------------------------------------------------------------------------- model
+
+@dataclass
+class _Node:
+    name: str
+    total: float = 0.0
+    self: float = 0.0
+    children: dict[str, _Node] = field(default_factory=dict)
+
+
+def _counts_of(stacks: StacksLike) -> dict[str, float]:
+    counts = getattr(stacks, "counts", None)  # PerfFolding and similar
+    if isinstance(counts, Mapping):
+        return {str(k): float(v) for k, v in counts.items()}
+    try:
+        return as_counts(stacks)
+    except (TypeError, ValueError) as e:
+        raise RenderError(f"cannot render {type(stacks).__name__}: expected folded stacks "
+                          "(a {stack: count} mapping, a stacks DataFrame or a folded file)"
+                          ) from e
+
+
+def _tree(counts: Mapping[str, float]) -> _Node:
+    root = _Node(ROOT_NAME)
+    for stack, w in counts.items():
+        if w <= 0:
+            continue
+        root.total += w
+        node = root
+        for name in stack.split(";"):
+            child = node.children.get(name)
+            if child is None:
+                child = node.children[name] = _Node(name)
+            child.total += w
+            node = child
+        node.self += w
+    return root
+
+
+def _path_values(node: _Node, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], tuple[float, float]]:
+    """path → (total, self) for every node below *node* (the root excluded)."""
+    out: dict[tuple[str, ...], tuple[float, float]] = {}
+    stack = [(node, prefix)]
+    while stack:
+        n, p = stack.pop()
+        for c in n.children.values():
+            cp = (*p, c.name)
+            out[cp] = (c.total, c.self)
+            stack.append((c, cp))
+    return out
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One drawn box: offsets in samples (``x``, ``w``), ``depth`` 0 = the root."""
+
+    name: str
+    depth: int
+    x: float
+    w: float
+    self: float
+    path: tuple[str, ...]
+    a_norm: float | None = None     # differential: A's value, normalised to B's total
+    delta: float | None = None      # differential: B − A_norm on the chosen basis
+
+
+def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0) -> list[Frame]:
+    """Frames of the merged stack tree, root first, children by name; frames narrower
+    than *min_fraction* of the total (and their descendants) are left out."""
+    root = _tree(counts)
+    if root.total <= 0:
+        return []
+    out: list[Frame] = [Frame(ROOT_NAME, 0, 0.0, root.total, root.self, ())]
+    todo: list[tuple[_Node, int, float, tuple[str, ...]]] = [(root, 0, 0.0, ())]
+    limit = min_fraction * root.total
+    while todo:
+        node, depth, x, path = todo.pop()
+        cx = x
+        for name in sorted(node.children):
+            c = node.children[name]
+            if c.total >= limit and c.total > 0:
+                cp = (*path, name)
+                out.append(Frame(name, depth + 1, cx, c.total, c.self, cp))
+                todo.append((c, depth + 1, cx, cp))
+            cx += c.total
+    return out
+
+
+# --------------------------------------------------------------------------- colours
+
+def frame_color(name: str) -> str:
+    """The fill of a frame: teal for instrumentation, else a warm colour from the name's
+    MD5 (deterministic across processes, unlike ``hash()``)."""
+    if is_instrumentation(name):
+        return INSTRUMENTATION_COLOR
+    h = hashlib.md5(name.encode("utf-8", "surrogatepass")).digest()
+    v1, v2, v3 = h[0] / 255.0, h[1] / 255.0, h[2] / 255.0
+    # FlameGraph's "hot" family: red high, green spread, little blue
+    r = 205 + int(50 * v3)
+    g = int(230 * v1)
+    b = int(55 * v2)
+    return f"rgb({r},{g},{b})"
+
+
+def diff_color(delta: float, max_abs: float) -> str:
+    """Red for more samples in B, blue for fewer; white-ish for no change."""
+    if max_abs <= 0 or abs(delta) < 1e-12:
+        return "rgb(245,245,245)"
+    k = min(1.0, abs(delta) / max_abs)
+    fade = round(235 * (1.0 - k))
+    return f"rgb(255,{fade},{fade})" if delta > 0 else f"rgb({fade},{fade},255)"
+
+
+def _label(name: str, width_px: float, font_size: float) -> str:
+    n = int(width_px / (font_size * _FONT_WIDTH))
+    if n < 3:
+        return ""
+    if len(name) <= n:
+        return name
+    return name[: n - 2] + ".."
+
+
+# --------------------------------------------------------------------------- SVG
+
+def _fmt(v: float) -> str:
+    return f"{v:.2f}".rstrip("0").rstrip(".") if v != int(v) else str(int(v))
+
+
+def _num(v: float) -> str:
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+def _prefix(payload: str, id_prefix: str | None) -> str:
+    if id_prefix:
+        if not id_prefix.replace("_", "").isalnum() or not id_prefix[0].isalpha():
+            raise RenderError(f"id_prefix {id_prefix!r} must be letters, digits and _ "
+                              "and start with a letter")
+        return id_prefix
+    h = hashlib.sha1(f"{payload}\0{os.getpid()}\0{next(_counter)}".encode()).hexdigest()
+    return "fg" + h[:10]
+
+
+def render(
+    stacks: StacksLike,
+    *,
+    title: str = "Flame Graph",
+    provenance: Mapping[str, Any] | None = None,
+    subtitle: str | None = None,
+    diff_against: StacksLike | None = None,
+    diff_basis: Literal["self", "total"] = "self",
+    width: int = 1200,
+    frame_height: int = 16,
+    font_size: float = 12.0,
+    min_width_px: float = 0.1,
+    count_name: str = "samples",
+    id_prefix: str | None = None,
+) -> str:
+    """Render folded stacks (mapping, ``stacks`` DataFrame, folded path or a PerfFolding)
+    as an SVG string. See the module docstring for what the graph does.
+
+    ``diff_against``: the "before" profile; the result is differential (widths from
+    *stacks*, colours from the normalised difference). ``provenance``: facts printed in
+    the subtitle (unless ``subtitle`` is given) and embedded as JSON.
+    """
+    counts = _counts_of(stacks)
+    a_counts = _counts_of(diff_against) if diff_against is not None else None
+    provenance = dict(provenance or {})
+    pad = 10.0
+    plot_w = width - 2 * pad
+    min_fraction = (min_width_px / plot_w) if plot_w > 0 else 0.0
+    frames = layout(counts, min_fraction=min_fraction)
+    total = frames[0].w if frames else 0.0
+
+    only_in_a = 0.0
+    max_abs = 0.0
+    if a_counts is not None and frames:
+        ta = sum(v for v in a_counts.values() if v > 0)
+        scale = total / ta if ta > 0 else 0.0
+        a_vals = _path_values(_tree(a_counts))
+        b_paths = {f.path for f in frames}
+        only_in_a = sum(v[1] for p, v in a_vals.items() if p not in b_paths) * scale
+        with_diff: list[Frame] = []
+        for f in frames:
+            if f.depth == 0:  # "all": equal totals after normalising
+                with_diff.append(Frame(f.name, 0, f.x, f.w, f.self, f.path, ta * scale, 0.0))
+                continue
+            at, aself = a_vals.get(f.path, (0.0, 0.0))
+            an = (aself if diff_basis == "self" else at) * scale
+            bv = f.self if diff_basis == "self" else f.w
+            with_diff.append(Frame(f.name, f.depth, f.x, f.w, f.self, f.path, an, bv - an))
+        frames = with_diff
+        max_abs = max((abs(f.delta or 0.0) for f in frames if f.depth > 0), default=0.0)
+
+    payload = json.dumps([sorted(counts.items()), sorted((a_counts or {}).items()), title,
+                          provenance, subtitle, width], default=str)
+    p = _prefix(payload, id_prefix)
+    if subtitle is None:
+        subtitle = " · ".join(f"{k}: {v}" for k, v in provenance.items())
+    legend = ""
+    if a_counts is not None:
+        legend = (f"differential ({diff_basis} {count_name}): red = more than before (slower), "
+                  "blue = fewer (faster); before normalised to this total")
+        if only_in_a > 0:
+            legend += f"; {_num(round(only_in_a, 1))} only before, not drawn"
+
+    max_depth = max((f.depth for f in frames), default=0)
+    legend_y = 3 * font_size + 24     # below title and subtitle
+    ctl_y = legend_y + (font_size + 8 if legend else 0)
+    top = ctl_y + 10                  # frames start below the controls
+    bottom = 2 * font_size + 10       # details line
+    height = int(top + (max_depth + 1) * frame_height + bottom)
+    if not frames:
+        height = int(top + 3 * frame_height + bottom)
+
+    e = html.escape
+    out: list[str] = []
+    w = out.append
+    w('<?xml version="1.0" standalone="no"?>\n')
+    w(f'<svg version="1.1" id="{p}-svg" width="{width}" height="{height}" '
+      f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" '
+      f'xmlns:xlink="http://www.w3.org/1999/xlink" data-profkit-flamegraph="{p}" '
+      f'data-total="{_fmt(total)}" data-width="{width}" data-pad="{_fmt(pad)}" '
+      f'data-fontsize="{_fmt(font_size)}" data-diff="{1 if a_counts is not None else 0}">\n')
+    meta = json.dumps({"title": title, "provenance": provenance, "total": total,
+                       "count_name": count_name, "differential": a_counts is not None,
+                       "diff_basis": diff_basis if a_counts is not None else None},
+                      default=str, sort_keys=True)
+    w(f'<metadata id="{p}-provenance">{e(meta, quote=False)}</metadata>\n')
+    w(f"<style>\n"
+      f"#{p}-svg text {{ font-family: Verdana, 'DejaVu Sans', sans-serif; "
+      f"font-size: {_fmt(font_size)}px; fill: rgb(0,0,0); }}\n"
+      f"#{p}-svg .{p}-title {{ font-size: {_fmt(font_size + 5)}px; }}\n"
+      f"#{p}-svg .{p}-sub {{ fill: rgb(80,80,80); }}\n"
+      f"#{p}-svg .{p}-ctl {{ cursor: pointer; fill: rgb(40,40,160); }}\n"
+      f"#{p}-svg .{p}-ctl:hover {{ text-decoration: underline; }}\n"
+      f"#{p}-svg .{p}-f {{ cursor: pointer; }}\n"
+      f"#{p}-svg .{p}-f text {{ pointer-events: none; }}\n"
+      f"#{p}-svg .{p}-f:hover rect {{ stroke: rgb(0,0,0); stroke-width: 0.5; }}\n"
+      f"#{p}-svg .{p}-parent {{ opacity: 0.5; }}\n"
+      f"#{p}-svg .{p}-hide {{ display: none; }}\n"
+      f"#{p}-svg .{p}-instr rect {{ stroke: {INSTRUMENTATION_COLOR}; stroke-width: 1.5; }}\n"
+      f"</style>\n")
+    w(f'<rect x="0" y="0" width="{width}" height="{height}" fill="rgb(250,250,246)"/>\n')
+    w(f'<text class="{p}-title" id="{p}-title" x="{width / 2:.1f}" y="{font_size + 10:.1f}" '
+      f'text-anchor="middle">{e(title)}</text>\n')
+    max_sub = int(plot_w / (font_size * _FONT_WIDTH))
+    sub_text = subtitle if len(subtitle) <= max_sub else subtitle[: max_sub - 2] + ".."
+    w(f'<text class="{p}-sub" id="{p}-subtitle" x="{width / 2:.1f}" '
+      f'y="{2 * font_size + 16:.1f}" text-anchor="middle"><title>{e(subtitle)}</title>'
+      f'{e(sub_text)}</text>\n')
+    if legend:
+        w(f'<text class="{p}-sub" id="{p}-legend" x="{width / 2:.1f}" y="{legend_y:.1f}" '
+          f'text-anchor="middle">{e(legend)}</text>\n')
+    w(f'<text class="{p}-ctl {p}-hide" id="{p}-reset" x="{pad:.1f}" y="{ctl_y:.1f}">'
+      f'Reset Zoom</text>\n')
+    w(f'<text class="{p}-ctl" id="{p}-search" x="{width - pad:.1f}" y="{ctl_y:.1f}" '
+      f'text-anchor="end">Search</text>\n')
+    w(f'<text class="{p}-ctl {p}-hide" id="{p}-clear" x="{width - pad - 70:.1f}" '
+      f'y="{ctl_y:.1f}" text-anchor="end">Reset Search</text>\n')
+    w(f'<text id="{p}-details" x="{pad:.1f}" y="{height - font_size + 2:.1f}"> </text>\n')
+    w(f'<text id="{p}-matched" x="{width - pad:.1f}" y="{height - font_size + 2:.1f}" '
+      f'text-anchor="end"> </text>\n')
+
+    w(f'<g id="{p}-frames">\n')
+    if not frames:
+        w(f'<text id="{p}-empty" x="{width / 2:.1f}" y="{top + frame_height * 2:.1f}" '
+          f'text-anchor="middle">no samples</text>\n')
+    base_y = top + max_depth * frame_height
+    for i, f in enumerate(frames):
+        x = pad + f.x / total * plot_w
+        fw = f.w / total * plot_w
+        y = base_y - f.depth * frame_height
+        pct = 100.0 * f.w / total
+        instr = is_instrumentation(f.name) if f.depth else False
+        if a_counts is not None:
+            fill = diff_color(f.delta or 0.0, max_abs) if f.depth else "rgb(245,245,245)"
+            an = f.a_norm or 0.0
+            bval = f.self if diff_basis == "self" else f.w
+            change = (f"{(f.delta or 0.0) / an * 100:+.1f}%" if an > 0 else "new")
+            tip = (f"{f.name} ({_num(f.w)} {count_name}, {pct:.2f}%; {diff_basis}: "
+                   f"{_num(bval)} vs {_num(round(an, 1))} before, "
+                   f"{(f.delta or 0.0):+,.1f} = {change})")
+        else:
+            fill = "rgb(235,235,235)" if f.depth == 0 else frame_color(f.name)
+            tip = f"{f.name} ({_num(f.w)} {count_name}, {pct:.2f}%)"
+        cls = f"{p}-f" + (f" {p}-instr" if instr and a_counts is not None else "")
+        attrs = (f'class="{cls}" id="{p}-f{i}" data-n="{e(f.name)}" data-x="{_fmt(f.x)}" '
+                 f'data-w="{_fmt(f.w)}" data-d="{f.depth}" data-s="{_fmt(f.self)}"')
+        if a_counts is not None:
+            attrs += f' data-delta="{(f.delta or 0.0):.3f}"'
+        w(f"<g {attrs}><title>{e(tip)}</title>"
+          f'<rect x="{x:.2f}" y="{y:.1f}" width="{fw:.2f}" height="{frame_height - 1}" '
+          f'fill="{fill}" rx="2" ry="2"/>'
+          f'<text x="{x + 3:.2f}" y="{y + frame_height - 4.5:.1f}">'
+          f"{e(_label(f.name, fw, font_size))}</text></g>\n")
+    w("</g>\n")
+    w('<script type="text/ecmascript"><![CDATA[\n')
+    w(_JS.replace("__P__", p).replace("__SEARCH_COLOR__", SEARCH_COLOR)
+      .replace("__COUNT__", count_name.replace('"', "")))
+    w("]]></script>\n</svg>\n")
+    return "".join(out)
+
+
+# The script below is this project's own. It keeps every name inside one closure and
+# publishes one object, window["fg_" + prefix], so graphs in one page stay independent.
+_JS = r"""
+(function () {
+  "use strict";
+  var P = "__P__";
+  var svg = document.getElementById(P + "-svg");
+  if (!svg) { return; }
+  var W = +svg.getAttribute("data-width"), PAD = +svg.getAttribute("data-pad");
+  var FS = +svg.getAttribute("data-fontsize"), TOTAL = +svg.getAttribute("data-total");
+  var PW = W - 2 * PAD;
+  var details = document.getElementById(P + "-details");
+  var matchedText = document.getElementById(P + "-matched");
+  var resetCtl = document.getElementById(P + "-reset");
+  var clearCtl = document.getElementById(P + "-clear");
+  var searchCtl = document.getElementById(P + "-search");
+  var holder = document.getElementById(P + "-frames");
+  var nodes = holder.querySelectorAll("g." + P + "-f");
+  var frames = [];
+  for (var i = 0; i < nodes.length; i++) {
+    var g = nodes[i], r = g.querySelector("rect");
+    frames.push({g: g, r: r, t: g.querySelector("text"), n: g.getAttribute("data-n"),
+                 x: +g.getAttribute("data-x"), w: +g.getAttribute("data-w"),
+                 d: +g.getAttribute("data-d"), fill: r.getAttribute("fill"),
+                 tip: g.querySelector("title").textContent});
+  }
+  var zoomed = null, term = null;
+
+  function label(name, w) {
+    var n = Math.floor(w / (FS * 0.59));
+    if (n < 3) { return ""; }
+    return name.length <= n ? name : name.substring(0, n - 2) + "..";
+  }
+  function place(f, x, w) {
+    f.r.setAttribute("x", x.toFixed(2));
+    f.r.setAttribute("width", w.toFixed(2));
+    f.t.setAttribute("x", (x + 3).toFixed(2));
+    f.t.textContent = label(f.n, w);
+  }
+  function cls(el, name, on) {
+    if (on) { el.classList.add(P + "-" + name); } else { el.classList.remove(P + "-" + name); }
+  }
+  function zoom(f) {
+    if (typeof f === "number") { f = frames[f]; }
+    else if (typeof f === "string") {
+      var best = null;
+      frames.forEach(function (c) { if (c.n === f && (!best || c.w > best.w)) { best = c; } });
+      f = best;
+    }
+    if (!f) { return false; }
+    if (f.d === 0) { reset(); return true; }
+    var x0 = f.x, w0 = f.w, eps = 1e-9 * TOTAL, k = PW / w0;
+    frames.forEach(function (c) {
+      var inside = c.x >= x0 - eps && c.x + c.w <= x0 + w0 + eps;
+      if (c.d >= f.d && inside) {
+        cls(c.g, "hide", false); cls(c.g, "parent", false);
+        place(c, PAD + (c.x - x0) * k, c.w * k);
+      } else if (c.d < f.d && c.x <= x0 + eps && c.x + c.w >= x0 + w0 - eps) {
+        cls(c.g, "hide", false); cls(c.g, "parent", true);
+        place(c, PAD, PW);
+      } else {
+        cls(c.g, "hide", true);
+      }
+    });
+    zoomed = f;
+    cls(resetCtl, "hide", false);
+    return true;
+  }
+  function reset() {
+    var k = PW / TOTAL;
+    frames.forEach(function (c) {
+      cls(c.g, "hide", false); cls(c.g, "parent", false);
+      place(c, PAD + c.x * k, c.w * k);
+    });
+    zoomed = null;
+    cls(resetCtl, "hide", true);
+  }
+  function search(re) {
+    var rx;
+    try { rx = (re instanceof RegExp) ? re : new RegExp(re); } catch (err) {
+      matchedText.textContent = "bad regex: " + err.message; return null;
+    }
+    var hits = [];
+    frames.forEach(function (c) {
+      if (c.d > 0 && rx.test(c.n)) { c.r.setAttribute("fill", "__SEARCH_COLOR__"); hits.push(c); }
+      else { c.r.setAttribute("fill", c.fill); }
+    });
+    // matched share of all samples: union of the hit intervals, overlaps counted once
+    hits.sort(function (a, b) { return a.x - b.x || b.w - a.w; });
+    var sum = 0, end = -1;
+    hits.forEach(function (c) {
+      var s = Math.max(c.x, end), e = c.x + c.w;
+      if (e > s) { sum += e - s; }
+      if (e > end) { end = e; }
+    });
+    var pct = TOTAL > 0 ? 100 * sum / TOTAL : 0;
+    term = String(re);
+    matchedText.textContent = "Matched: " + pct.toFixed(1) + "% (" + hits.length + " frames)";
+    cls(clearCtl, "hide", false);
+    return pct;
+  }
+  function clearSearch() {
+    frames.forEach(function (c) { c.r.setAttribute("fill", c.fill); });
+    matchedText.textContent = " ";
+    term = null;
+    cls(clearCtl, "hide", true);
+  }
+  function promptSearch() {
+    var t = window.prompt("Search frames (regular expression):", term || "");
+    if (t !== null && t !== "") { search(t); }
+  }
+  holder.addEventListener("click", function (ev) {
+    var g = ev.target.closest ? ev.target.closest("g." + P + "-f") : null;
+    if (!g) { return; }
+    for (var j = 0; j < frames.length; j++) {
+      if (frames[j].g === g) { zoom(frames[j]); break; }
+    }
+  });
+  holder.addEventListener("mouseover", function (ev) {
+    var g = ev.target.closest ? ev.target.closest("g." + P + "-f") : null;
+    if (g) { details.textContent = g.querySelector("title").textContent; }
+  });
+  holder.addEventListener("mouseout", function () { details.textContent = " "; });
+  resetCtl.addEventListener("click", reset);
+  clearCtl.addEventListener("click", clearSearch);
+  searchCtl.addEventListener("click", promptSearch);
+  svg.addEventListener("mouseenter", function () { window.__profkitActiveFlamegraph = P; });
+  window.addEventListener("keydown", function (ev) {
+    var active = window.__profkitActiveFlamegraph === P ||
+      document.querySelectorAll("svg[data-profkit-flamegraph]").length === 1;
+    if (!active) { return; }
+    if ((ev.key === "f" && (ev.ctrlKey || ev.metaKey)) || ev.key === "/") {
+      ev.preventDefault(); promptSearch();
+    } else if (ev.key === "Escape") { clearSearch(); reset(); }
+  });
+  window["fg_" + P] = {zoom: zoom, reset: reset, search: search, clearSearch: clearSearch,
+                       prefix: P, zoomed: function () { return zoomed ? zoomed.n : null; }};
+})();
+"""
+
+
+def write_svg(svg: str, path: str | os.PathLike[str]) -> Path:
+    """Write an SVG string to *path* (parents created)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(svg, encoding="utf-8")
+    return out
+
+
+def render_to_file(stacks: StacksLike, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+    """:func:`render` and write the SVG to *path*."""
+    return write_svg(render(stacks, **kwargs), path)
+
+
+def _svg_height(svg: str) -> int:
+    head = svg[: svg.find(">", svg.find("<svg")) + 1]
+    i = head.find(' height="')
+    if i < 0:
+        return 600
+    try:
+        return int(float(head[i + 9: head.find('"', i + 9)]))
+    except ValueError:
+        return 600
+
+
+def to_iframe_html(svg: str, *, height: int | None = None) -> str:
+    """An ``<iframe srcdoc=...>`` holding *svg*: isolated, so graphs never share ids or
+    scripts, and it scales to the cell's width."""
+    body = svg.split("?>", 1)[1].lstrip() if svg.startswith("<?xml") else svg
+    doc = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>html,body{margin:0;"
+           "padding:0;background:#fff}svg{width:100%;height:auto;display:block}</style>"
+           "</head><body>" + body + "</body></html>")
+    h = height or _svg_height(svg) + 8
+    return (f'<iframe srcdoc="{html.escape(doc, quote=True)}" '
+            f'style="width:100%;height:{h}px;border:0" '
+            f'sandbox="allow-scripts allow-modals"></iframe>')
+
+
+class FlameGraph:
+    """A rendered flamegraph for notebooks: ``_repr_html_`` shows it in an iframe,
+    ``repr()`` summarises it as text, :meth:`save` writes the SVG."""
+
+    def __init__(self, stacks: StacksLike, **kwargs: Any) -> None:
+        self.counts = _counts_of(stacks)
+        self.options = kwargs
+        diff = kwargs.get("diff_against")
+        self.diff_counts = _counts_of(diff) if diff is not None else None
+        self.svg = render(self.counts, **{**kwargs, "diff_against": self.diff_counts})
+
+    @property
+    def total(self) -> float:
+        return float(sum(v for v in self.counts.values() if v > 0))
+
+    def top_self(self, n: int = 5) -> list[tuple[str, float]]:
+        """The *n* functions with the most self samples, with their share."""
+        selfs: dict[str, float] = {}
+        for stack, v in self.counts.items():
+            leaf = stack.rsplit(";", 1)[-1]
+            selfs[leaf] = selfs.get(leaf, 0.0) + v
+        tot = self.total or 1.0
+        return [(k, v / tot) for k, v in sorted(selfs.items(), key=lambda kv: -kv[1])[:n]]
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return write_svg(self.svg, path)
+
+    def _repr_html_(self) -> str:
+        return to_iframe_html(self.svg)
+
+    def __repr__(self) -> str:
+        title = self.options.get("title", "Flame Graph")
+        kind = "differential flamegraph" if self.diff_counts is not None else "flamegraph"
+        if not self.counts or self.total <= 0:
+            return f"<{kind} {title!r}: no samples>"
+        tops = ", ".join(f"{k} {v:.1%}" for k, v in self.top_self())
+        return (f"<{kind} {title!r}: {_num(self.total)} samples, {len(self.counts)} stacks; "
+                f"top self: {tops}>")

@@ -1,0 +1,379 @@
+"""The one place profkit runs external programs.
+
+Why plain :mod:`subprocess` and not the ``sh`` package the design notes name:
+profkit must (a) know the pid of every process it starts so it can stop it by
+pid, (b) start servers and tracers in their own process group and signal the
+group, (c) drop privileges to an unprivileged OS user for initdb/postgres
+(``Popen(user=..., group=...)``, which makes the child *be* the server rather
+than a ``runuser`` parent), and (d) stop tracers with SIGINT and escalate.
+``sh`` hides the Popen object behind its own process wrapper and runs a
+background thread per command; for these four needs subprocess is the more
+direct tool, so every call goes through :func:`run` and :class:`Background`.
+
+Every command line is logged (logger ``profkit.run``); a missing program turns
+into :class:`ToolNotFound` saying which package installs it.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from profkit.errors import CommandFailed, ToolNotFound
+
+log = logging.getLogger("profkit.run")
+
+# tool -> (Debian package, Ubuntu package)
+INSTALL_HINTS: dict[str, tuple[str, str]] = {
+    "perf": ("linux-perf", "linux-tools-$(uname -r) linux-tools-common"),
+    "ltrace": ("ltrace", "ltrace"),
+    "bpftrace": ("bpftrace", "bpftrace"),
+    "valgrind": ("valgrind", "valgrind"),
+    "gprof": ("binutils", "binutils"),
+    "ccache": ("ccache", "ccache"),
+    "gcc": ("build-essential", "build-essential"),
+    "make": ("build-essential", "build-essential"),
+    "patch": ("patch", "patch"),
+    "bison": ("bison", "bison"),
+    "flex": ("flex", "flex"),
+    "apt-get": ("apt", "apt"),
+    "dpkg-source": ("dpkg-dev", "dpkg-dev"),
+    "chromium": ("chromium", "chromium-browser"),
+    "py-spy": ("(pip) py-spy", "(pip) py-spy"),
+    "git": ("git", "git"),
+    "tar": ("tar", "tar"),
+}
+
+
+def install_hint(tool: str) -> str:
+    deb, ubu = INSTALL_HINTS.get(tool, (tool, tool))
+    if deb.startswith("(pip)"):
+        return f"install it with: pip install {deb.split()[-1]} (or run `make venv`)"
+    return (f"install it with: apt-get install {deb} (Debian) / apt-get install {ubu} (Ubuntu), "
+            f"or run scripts/setup-system.sh")
+
+
+def which(tool: str, extra_paths: Sequence[str | os.PathLike[str]] = ()) -> str:
+    """Absolute path of *tool*, or :class:`ToolNotFound` with an install hint."""
+    if os.sep in tool:
+        if os.access(tool, os.X_OK):
+            return tool
+        raise ToolNotFound(f"{tool} not found or not executable")
+    for d in extra_paths:
+        cand = Path(d) / tool
+        if os.access(cand, os.X_OK):
+            return str(cand)
+    found = shutil.which(tool)
+    if found is None:
+        raise ToolNotFound(f"'{tool}' is not installed; {install_hint(tool)}")
+    return found
+
+
+@dataclass(frozen=True)
+class OSUser:
+    """An OS account to run a child as (postgres refuses to run as root)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def format_argv(argv: Sequence[str]) -> str:
+    return shlex.join(str(a) for a in argv)
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float | None = 600,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    user: OSUser | None = None,
+    check: bool = True,
+    input: str | bytes | None = None,
+    stdout_path: str | os.PathLike[str] | None = None,
+    merge_stderr: bool = False,
+    text: bool = True,
+    what: str | None = None,
+) -> subprocess.CompletedProcess:
+    """Run *argv* to completion.
+
+    ``stdout_path`` appends stdout (and stderr when ``merge_stderr``) to a log
+    file instead of capturing it, for long outputs like build logs.  On a
+    non-zero exit with ``check`` a :class:`CommandFailed` carries the output's
+    tail.  A missing program raises :class:`ToolNotFound`.
+    """
+    argv = [str(a) for a in argv]
+    what = what or Path(argv[0]).name
+    log.info("run: %s%s", format_argv(argv), f" (cwd={cwd})" if cwd else "")
+    full_env = None
+    if env is not None:
+        full_env = dict(os.environ)
+        full_env.update(env)
+    kwargs: dict = {}
+    if user is not None and os.geteuid() == 0:
+        kwargs.update(user=user.uid, group=user.gid, extra_groups=[])
+        full_env = dict(full_env or os.environ)
+        full_env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+    out_f = None
+    try:
+        if stdout_path is not None:
+            out_f = open(stdout_path, "ab")
+            stdout = out_f
+            stderr = subprocess.STDOUT if merge_stderr else subprocess.PIPE
+        else:
+            stdout = subprocess.PIPE
+            stderr = subprocess.STDOUT if merge_stderr else subprocess.PIPE
+        try:
+            cp = subprocess.run(
+                argv, cwd=cwd, env=full_env, stdout=stdout, stderr=stderr,
+                input=input.encode() if isinstance(input, str) else input,
+                timeout=timeout, **kwargs,
+            )
+        except FileNotFoundError as e:
+            if e.filename in (argv[0], None) or not cwd or Path(cwd).exists():
+                raise ToolNotFound(
+                    f"'{argv[0]}' is not installed; {install_hint(Path(argv[0]).name)}") from None
+            raise
+        except subprocess.TimeoutExpired as e:
+            raise CommandFailed(
+                f"{what} timed out after {timeout} s: {format_argv(argv)}", argv, None,
+                _tail(_decode(e.stdout) + _decode(e.stderr))) from None
+    finally:
+        if out_f is not None:
+            out_f.close()
+    out = _decode(cp.stdout) if text else cp.stdout
+    err = _decode(cp.stderr) if text else cp.stderr
+    res = subprocess.CompletedProcess(argv, cp.returncode, out, err)
+    if check and cp.returncode != 0:
+        if stdout_path is not None:
+            tail = _tail(Path(stdout_path).read_text(errors="replace"))
+        else:
+            tail = _tail((out or "") + "\n" + (err or "")) if text else ""
+        raise CommandFailed(
+            f"{what} failed with exit code {cp.returncode}: {format_argv(argv)}\n{tail}",
+            argv, cp.returncode, tail)
+    return res
+
+
+def _decode(b: bytes | str | None) -> str:
+    if b is None:
+        return ""
+    if isinstance(b, str):
+        return b
+    return b.decode(errors="replace")
+
+
+# ---------------------------------------------------------------------------
+# Background processes, stopped by pid, also on errors, Ctrl-C and exit.
+
+_live: dict[int, "Background"] = {}
+_live_lock = threading.Lock()
+
+
+class Background:
+    """A long-running child (postgres, perf record, ltrace, a probe).
+
+    Started in its own session/process group, registered so it is stopped by
+    pid at interpreter exit and on SIGTERM; :meth:`stop` sends ``stop_signal``
+    (SIGINT for perf so perf.data is finalised), waits, then escalates to
+    SIGTERM and SIGKILL on the whole process group.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        user: OSUser | None = None,
+        stdout_path: str | os.PathLike[str] | None = None,
+        stderr_path: str | os.PathLike[str] | None = None,
+        stop_signal: int = signal.SIGINT,
+        stop_timeout: float = 30.0,
+        what: str | None = None,
+    ) -> None:
+        self.argv = [str(a) for a in argv]
+        self.cwd = cwd
+        self.env = env
+        self.user = user
+        self.stdout_path = stdout_path
+        self.stderr_path = stderr_path
+        self.stop_signal = stop_signal
+        self.stop_timeout = stop_timeout
+        self.what = what or Path(self.argv[0]).name
+        self.proc: subprocess.Popen | None = None
+        self._files: list = []
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"{self.what} not started")
+        return self.proc.pid
+
+    def start(self) -> "Background":
+        full_env = dict(os.environ)
+        if self.env:
+            full_env.update(self.env)
+        kwargs: dict = {}
+        if self.user is not None and os.geteuid() == 0:
+            kwargs.update(user=self.user.uid, group=self.user.gid, extra_groups=[])
+            full_env.update(HOME=self.user.home, USER=self.user.name, LOGNAME=self.user.name)
+        out = open(self.stdout_path, "ab") if self.stdout_path else subprocess.DEVNULL
+        if self.stderr_path and self.stderr_path == self.stdout_path:
+            err = subprocess.STDOUT
+        else:
+            err = open(self.stderr_path, "ab") if self.stderr_path else subprocess.DEVNULL
+        self._files = [f for f in (out, err) if hasattr(f, "close")]
+        log.info("start: %s", format_argv(self.argv))
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=self.cwd, env=full_env, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err, start_new_session=True, **kwargs)
+        except FileNotFoundError:
+            self._close_files()
+            raise ToolNotFound(
+                f"'{self.argv[0]}' is not installed; {install_hint(Path(self.argv[0]).name)}"
+            ) from None
+        with _live_lock:
+            _live[self.proc.pid] = self
+        _install_handlers()
+        return self
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Stop by pid: stop_signal, then SIGTERM, then SIGKILL to the group."""
+        if self.proc is None:
+            return None
+        timeout = self.stop_timeout if timeout is None else timeout
+        try:
+            if self.proc.poll() is None:
+                for sig, t in ((self.stop_signal, timeout), (signal.SIGTERM, 5.0),
+                               (signal.SIGKILL, 5.0)):
+                    try:
+                        if sig == signal.SIGKILL:
+                            os.killpg(self.proc.pid, sig)
+                        else:
+                            os.kill(self.proc.pid, sig)
+                    except ProcessLookupError:
+                        break
+                    try:
+                        self.proc.wait(t)
+                        break
+                    except subprocess.TimeoutExpired:
+                        log.warning("%s (pid %d) ignored signal %d", self.what, self.pid, sig)
+            # children left in the group (e.g. a tracer's helpers) go too
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                pass
+            else:
+                _kill_group_quietly(self.proc.pid)
+            return self.proc.returncode
+        finally:
+            self._close_files()
+            with _live_lock:
+                _live.pop(self.proc.pid, None)
+
+    def detach(self) -> None:
+        """Leave the process running after this interpreter exits (CLI `cluster start`).
+
+        The caller records the pid so a later command can stop it.
+        """
+        if self.proc is not None:
+            with _live_lock:
+                _live.pop(self.proc.pid, None)
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for f in self._files:
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._files = []
+
+    def __enter__(self) -> "Background":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _kill_group_quietly(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+        time.sleep(0.2)
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all() -> None:
+    """Stop every live background process (atexit and signal handlers call this)."""
+    with _live_lock:
+        procs = list(_live.values())
+    for p in reversed(procs):
+        try:
+            p.stop(timeout=10)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            log.exception("could not stop %s", p.what)
+
+
+_handlers_installed = False
+
+
+def _install_handlers() -> None:
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    prev = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):  # noqa: ARG001
+        stop_all()
+        if callable(prev):
+            prev(signum, frame)
+        raise SystemExit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:
+        pass
+
+
+def live_pids() -> list[int]:
+    with _live_lock:
+        return list(_live)

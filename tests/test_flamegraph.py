@@ -1,0 +1,449 @@
+"""The flamegraph renderer: values in the SVG, and behaviour in headless Chromium."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from profkit.parse.folded import read_folded
+from profkit.parse.perf_script import fold_perf_script
+from profkit.render.flamegraph import (
+    INSTRUMENTATION_COLOR,
+    SEARCH_COLOR,
+    FlameGraph,
+    diff_color,
+    frame_color,
+    layout,
+    render,
+    to_iframe_html,
+)
+
+PERF = Path(__file__).parent / "fixtures" / "perf"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+SVGNS = "{http://www.w3.org/2000/svg}"
+
+SMALL = {
+    "postgres;main;ExecAgg;ExecProcNodeInstr;InstrStartNode": 10.0,
+    "postgres;main;ExecAgg;ExecProcNodeInstr;ExecSeqScan": 25.0,
+    "postgres;main;ExecAgg;ExecInterpExpr": 5.0,
+    "postgres;main;ExecAgg": 2.0,
+    "postgres;main;fib;fib;fib": 8.0,
+}
+
+
+def _frames(svg: str) -> list[dict]:
+    """(name, depth, x, width, fill) of every frame box, parsed back from the XML."""
+    root = ET.fromstring(svg.split("?>", 1)[1])
+    out = []
+    for g in root.iter(f"{SVGNS}g"):
+        if g.get("data-n") is None:
+            continue
+        r = g.find(f"{SVGNS}rect")
+        out.append({"name": g.get("data-n"), "depth": int(g.get("data-d")),
+                    "x": float(r.get("x")), "w": float(r.get("width")),
+                    "fill": r.get("fill"), "id": g.get("id"), "samples": float(g.get("data-w")),
+                    "label": g.find(f"{SVGNS}text").text or "",
+                    "title": g.find(f"{SVGNS}title").text})
+    return out
+
+
+def _distinct_prefixes(counts: dict[str, float]) -> set[tuple[str, ...]]:
+    out = set()
+    for s in counts:
+        f = s.split(";")
+        out.update(tuple(f[: i + 1]) for i in range(len(f)))
+    return out
+
+
+# ---------------------------------------------------------------- values
+
+def test_one_rect_per_distinct_frame_and_widths_proportional() -> None:
+    svg = render(SMALL, min_width_px=0)
+    frames = _frames(svg)
+    assert len(frames) == len(_distinct_prefixes(SMALL)) + 1  # + the "all" root
+    total = sum(SMALL.values())
+    plot_w = 1200 - 2 * 10
+    for f in frames:
+        assert f["w"] == pytest.approx(f["samples"] / total * plot_w, abs=0.006)
+    by = {(f["name"], f["depth"]): f for f in frames}
+    assert by[("all", 0)]["w"] == pytest.approx(plot_w)
+    assert by[("ExecAgg", 3)]["samples"] == 42
+    assert by[("ExecProcNodeInstr", 4)]["samples"] == 35
+    # recursion: one box per level, each with the full 8 samples
+    assert [by[("fib", d)]["samples"] for d in (3, 4, 5)] == [8, 8, 8]
+    # children sorted by name, side by side inside their parent
+    ea = by[("ExecAgg", 3)]
+    ei, ep = by[("ExecInterpExpr", 4)], by[("ExecProcNodeInstr", 4)]
+    assert ea["x"] <= ei["x"] < ep["x"] and ep["x"] + ep["w"] <= ea["x"] + ea["w"] + 0.01
+    # tooltips carry name, samples and %
+    assert by[("ExecSeqScan", 5)]["title"] == "ExecSeqScan (25 samples, 50.00%)"
+
+
+def test_real_profile_layout_against_folded_totals() -> None:
+    counts = read_folded(PERF / "expected_pg18-query3.folded")
+    frames = layout(counts)
+    total = sum(counts.values())
+    assert frames[0].w == total == 608
+    # every frame's width is the sum of the stacks that start with its path
+    for f in frames[1:40]:
+        n = len(f.path)
+        expect = sum(c for s, c in counts.items() if tuple(s.split(";")[:n]) == f.path)
+        assert f.w == expect
+
+
+def test_labels_truncated_to_fit() -> None:
+    long = "a_really_long_function_name_that_cannot_possibly_fit_in_a_small_box"
+    svg = render({f"p;{long}": 1.0, "p;short": 99.0}, min_width_px=0)
+    by = {f["name"]: f for f in _frames(svg)}
+    lab = by[long]["label"]
+    assert lab == "" or (lab.endswith("..") and len(lab) * 12 * 0.59 <= by[long]["w"] + 1)
+    assert by["short"]["label"] == "short"
+
+
+def test_colours_deterministic_and_instrumentation_fixed() -> None:
+    assert frame_color("ExecNestLoop") == frame_color("ExecNestLoop")
+    assert frame_color("ExecNestLoop") != frame_color("ExecHashJoin")
+    for name in ("InstrStartNode", "InstrStopNode", "ExecProcNodeInstr", "__vdso_clock_gettime",
+                 "clock_gettime@@GLIBC_2.17", "[vdso]", "PostExecProcNodeInstr"):
+        assert frame_color(name) == INSTRUMENTATION_COLOR
+    m = re.fullmatch(r"rgb\((\d+),(\d+),(\d+)\)", frame_color("ExecInterpExpr"))
+    assert m and int(m[1]) >= 205 and int(m[3]) <= 55          # warm: red high, blue low
+    # same colour in another interpreter with another hash seed (no use of hash())
+    code = ("from profkit.render.flamegraph import frame_color;"
+            "print(frame_color('ExecNestLoop'), frame_color('fetch_input_tuple'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True).stdout
+    assert out.split() == [frame_color("ExecNestLoop"), frame_color("fetch_input_tuple")]
+    # and the same fills in two renders
+    f1 = {(f["name"], f["depth"]): f["fill"] for f in _frames(render(SMALL))}
+    f2 = {(f["name"], f["depth"]): f["fill"] for f in _frames(render(SMALL, title="other"))}
+    assert f1 == f2
+    assert f1[("InstrStartNode", 5)] == INSTRUMENTATION_COLOR
+
+
+def test_differential_colours() -> None:
+    before = {"p;main;slower": 10.0, "p;main;faster": 30.0, "p;main;same": 60.0}
+    after = {"p;main;slower": 60.0, "p;main;faster": 10.0, "p;main;same": 130.0}  # total 200
+    svg = render(after, diff_against=before, min_width_px=0)
+    by = {f["name"]: f for f in _frames(svg)}
+    # widths from "after"
+    assert by["slower"]["samples"] == 60 and by["same"]["samples"] == 130
+    # before normalised ×2: slower 20→60 (+40, red), faster 60→10 (−50, blue, the
+    # largest change, full intensity), same 120→130 (+10, faint red)
+    assert by["faster"]["fill"] == "rgb(0,0,255)" == diff_color(-50, 50)
+    assert by["slower"]["fill"] == diff_color(40, 50) == "rgb(255,47,47)"
+    assert by["same"]["fill"] == diff_color(10, 50)
+    r, g, b = map(int, re.findall(r"\d+", by["same"]["fill"]))
+    assert r == 255 and g == b > 180
+    assert by["main"]["fill"] == "rgb(245,245,245)"               # no self samples either side
+    assert "60 vs 20 before, +40.0 = +200.0%" in by["slower"]["title"]
+    assert "differential" in svg and 'data-diff="1"' in svg
+
+
+def test_differential_total_basis_and_only_in_a() -> None:
+    before = {"p;a;x": 50.0, "p;gone": 50.0}
+    after = {"p;a;x": 100.0}
+    svg = render(after, diff_against=before, diff_basis="total", min_width_px=0)
+    by = {f["name"]: f for f in _frames(svg)}
+    assert "gone" not in by
+    # total basis: a grew from 50 (normalised: 50) to 100 → red
+    assert by["a"]["fill"].startswith("rgb(255,")
+    assert "only before, not drawn" in svg
+
+
+def test_ids_unique_across_graphs_and_namespaced_js() -> None:
+    a, b = render(SMALL), render(SMALL)
+    ids_a = set(re.findall(r'\bid="([^"]+)"', a))
+    ids_b = set(re.findall(r'\bid="([^"]+)"', b))
+    assert ids_a and ids_b and not ids_a & ids_b
+    pa = re.search(r'data-profkit-flamegraph="([^"]+)"', a)[1]
+    pb = re.search(r'data-profkit-flamegraph="([^"]+)"', b)[1]
+    assert pa != pb
+    assert all(i.startswith(pa + "-") for i in ids_a)
+    # the script publishes one object per graph and no other global
+    assert f'var P = "{pa}"' in a and 'window["fg_" + P]' in a
+    css_classes = set(re.findall(r'class="([^"]+)"', a))
+    assert all(c.startswith(pa + "-") for cl in css_classes for c in cl.split())
+
+
+def test_wellformed_with_awkward_names() -> None:
+    counts = {'p;operator<<(std::ostream&, "x")': 3.0, "p;a&b;<c>": 2.0, "p;ünï;日本": 1.0}
+    svg = render(counts, title="<T&>", provenance={"query": 'SELECT "a" < 1 & 2'})
+    names = {f["name"] for f in _frames(svg)}
+    assert {'operator<<(std::ostream&, "x")', "a&b", "<c>", "ünï", "日本"} <= names
+
+
+def test_provenance_title_and_metadata() -> None:
+    prov = {"build": "vanilla", "pg": "18.6", "query": "Query-3", "tool": "perf",
+            "samples": 608, "date": "2025-11-30"}
+    svg = render(SMALL, title="Query-3 on vanilla", provenance=prov)
+    root = ET.fromstring(svg.split("?>", 1)[1])
+    texts = {t.get("id", "").rsplit("-", 1)[-1]: "".join(t.itertext())
+             for t in root.iter(f"{SVGNS}text")}
+    assert texts["title"] == "Query-3 on vanilla"
+    assert "build: vanilla · pg: 18.6 · query: Query-3 · tool: perf · samples: 608" in (
+        texts["subtitle"])
+    meta = json.loads(root.find(f"{SVGNS}metadata").text)
+    assert meta["provenance"] == prov and meta["total"] == 50
+
+
+def test_empty_input_says_no_samples() -> None:
+    for empty in ({}, {"a;b": 0.0}):
+        svg = render(empty, title="nothing")
+        root = ET.fromstring(svg.split("?>", 1)[1])
+        assert "no samples" in "".join(root.itertext())
+        assert _frames(svg) == []
+    fg = FlameGraph({})
+    assert "no samples" in repr(fg)
+
+
+def test_min_width_prunes_tiny_frames() -> None:
+    counts = {"p;big": 1_000_000.0, "p;tiny;deeper": 1.0}
+    names = {f["name"] for f in _frames(render(counts))}
+    assert "tiny" not in names and "deeper" not in names and "big" in names
+    names0 = {f["name"] for f in _frames(render(counts, min_width_px=0))}
+    assert {"tiny", "deeper"} <= names0
+
+
+def test_iframe_and_notebook_repr() -> None:
+    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
+    fg = FlameGraph(fold, title="Query-3")
+    html_snippet = fg._repr_html_()
+    assert html_snippet.startswith('<iframe srcdoc="&lt;!DOCTYPE html&gt;')
+    assert "<svg" not in html_snippet                    # escaped inside srcdoc
+    assert "&lt;svg" in html_snippet and 'sandbox="allow-scripts allow-modals"' in html_snippet
+    assert to_iframe_html(fg.svg) == html_snippet
+    r = repr(fg)
+    assert r.startswith("<flamegraph 'Query-3': 608 samples") and "__vdso_clock_gettime 71.9%" in r
+    d = FlameGraph(fold, diff_against=fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz"))
+    assert repr(d).startswith("<differential flamegraph")
+
+
+def test_render_from_stacks_dataframe_and_path(tmp_path: Path) -> None:
+    fold = fold_perf_script(PERF / "clockloop.perf-script.txt")
+    a = _frames(render(fold.stacks_df(), id_prefix="fgx"))
+    b = _frames(render(PERF / "expected_clockloop.folded", id_prefix="fgx"))
+    assert a == b
+
+
+def test_cli_flamegraph(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from profkit.cli_parse import flamegraph_cmd
+
+    out = tmp_path / "q3.svg"
+    r = CliRunner().invoke(flamegraph_cmd, [str(PERF / "pg18-query3.perf-script.txt.gz"),
+                                            "-o", str(out), "--title", "Q3",
+                                            "--meta", "build=vanilla"])
+    assert r.exit_code == 0, r.output
+    svg = out.read_text()
+    assert "build: vanilla" in svg and ">Q3</text>" in svg and "samples: 608" in svg
+    out2 = tmp_path / "diff.svg"
+    r = CliRunner().invoke(flamegraph_cmd, ["--diff", str(PERF / "expected_pg18-query2.folded"),
+                                            str(PERF / "pg18-query3.perf-script.txt.gz"),
+                                            "-o", str(out2)])
+    assert r.exit_code == 0, r.output
+    assert 'data-diff="1"' in out2.read_text()
+    r = CliRunner().invoke(flamegraph_cmd, [])
+    assert r.exit_code == 2 and "either STACKS or --diff" in r.output
+
+
+# ---------------------------------------------------------------- headless Chromium
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol (websocket-client)."""
+
+    def __init__(self, profile_dir: Path, size: tuple[int, int] = (1200, 1000)) -> None:
+        import websocket
+
+        from profkit.run import Background
+
+        self.bg = Background(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile_dir}",
+             "--remote-debugging-port=0", "--remote-allow-origins=*",
+             f"--window-size={size[0]},{size[1]}", "about:blank"],
+            stop_signal=signal.SIGTERM, stop_timeout=10, what="chromium")
+        self.bg.start()
+        try:
+            port_file = profile_dir / "DevToolsActivePort"
+            deadline = time.monotonic() + 30
+            while not (port_file.exists() and port_file.read_text().strip()):
+                if time.monotonic() > deadline or not self.bg.alive():
+                    raise RuntimeError("chromium did not open its DevTools port")
+                time.sleep(0.1)
+            port = int(port_file.read_text().split()[0])
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+                page = next(t for t in json.load(r) if t["type"] == "page")
+            self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=30,
+                                                  suppress_origin=True)
+        except BaseException:
+            self.bg.stop()
+            raise
+        self._id = 0
+        self.call("Page.enable")
+
+    def call(self, method: str, **params: object) -> dict:
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def open(self, url: str, ready: str) -> None:
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + 20
+        while not self.eval(ready):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"page {url} never satisfied {ready}")
+            time.sleep(0.05)
+
+    def eval(self, expr: str) -> object:
+        res = self.call("Runtime.evaluate", expression=expr, returnByValue=True)
+        if "exceptionDetails" in res:
+            raise RuntimeError(f"JS error in {expr!r}: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def click(self, x: float, y: float) -> None:
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
+                      clickCount=1)
+
+    def screenshot(self, path: Path) -> Path:
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+        return path
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        finally:
+            self.bg.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("websocket", reason="pip install websocket-client")
+    b = Browser(tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _center(b: Browser, elem_js: str) -> tuple[float, float]:
+    r = b.eval(f"(function(){{var e={elem_js}; e.scrollIntoView({{block:'center'}});"
+               f"var r=e.getBoundingClientRect(); return [r.left+r.width/2, r.top+r.height/2];}})()")
+    assert isinstance(r, list)
+    return float(r[0]), float(r[1])
+
+
+@pytest.mark.browser
+def test_zoom_search_in_chromium(browser: Browser) -> None:
+    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
+    prov = {"build": "warmup (PostgreSQL 18.6, -O2 -fno-omit-frame-pointer)",
+            "query": "Query-3 (EXPLAIN ANALYZE, TIMING on), scale 0.05",
+            "tool": "perf record -F 999 -g", "samples": fold.samples}
+    svg = render(fold, title="Query-3: where the time goes", provenance=prov,
+                 id_prefix="fgtest1", min_width_px=0)
+    path = ARTIFACTS / "flamegraph-query3.svg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(svg)
+    api = "window.fg_fgtest1"
+    browser.open(path.as_uri(), f"typeof {api} === 'object'")
+    browser.screenshot(ARTIFACTS / "flamegraph-query3.png")
+
+    full = 1200 - 2 * 10
+    # the widest ExecNestLoop box, clicked with the mouse
+    sel = ("(function(){var best=null;document.querySelectorAll('g.fgtest1-f').forEach("
+           "function(g){if(g.getAttribute('data-n')==='ExecNestLoop'&&(!best||"
+           "+g.getAttribute('data-w')>+best.getAttribute('data-w')))best=g;});return best;})()")
+    before_w = float(browser.eval(f"{sel}.querySelector('rect').getAttribute('width')"))
+    assert before_w < full * 0.9
+    x, y = _center(browser, f"{sel}.querySelector('rect')")
+    browser.click(x, y)
+    assert browser.eval(f"{api}.zoomed()") == "ExecNestLoop"
+    after_w = float(browser.eval(f"{sel}.querySelector('rect').getAttribute('width')"))
+    assert after_w == pytest.approx(full, abs=0.01)
+    # ancestors stay at full width (faded); frames outside the subtree are hidden
+    anc = browser.eval("""(function(){var out=[];document.querySelectorAll('g.fgtest1-f')
+        .forEach(function(g){ if (g.classList.contains('fgtest1-parent')) out.push(
+        [g.getAttribute('data-n'), +g.querySelector('rect').getAttribute('width')]);});
+        return out;})()""")
+    assert anc and all(w == pytest.approx(full, abs=0.01) for _, w in anc)
+    assert {"all", "postgres", "ExecAgg"} <= {n for n, _ in anc}
+    hidden = browser.eval("document.querySelectorAll('g.fgtest1-f.fgtest1-hide').length")
+    assert isinstance(hidden, int) and hidden > 0
+    assert browser.eval("document.getElementById('fgtest1-reset').classList"
+                        ".contains('fgtest1-hide')") is False
+    browser.screenshot(ARTIFACTS / "flamegraph-query3-zoomed.png")
+
+    # the Reset Zoom control, clicked, restores the layout
+    browser.click(*_center(browser, "document.getElementById('fgtest1-reset')"))
+    assert browser.eval(f"{api}.zoomed()") is None
+    assert float(browser.eval(f"{sel}.querySelector('rect').getAttribute('width')")) == (
+        pytest.approx(before_w, abs=0.01))
+
+    # search: the namespaced function with a regex; matched % from the stacks themselves
+    regex = r"^(Instr|clock_gettime|__vdso)"
+    pct = browser.eval(f"{api}.search({json.dumps(regex)})")
+    total = sum(fold.counts.values())
+    hit = sum(c for s, c in fold.counts.items() if any(re.search(regex, f)
+                                                       for f in s.split(";")))
+    assert pct == pytest.approx(100 * hit / total, abs=1e-6)
+    assert browser.eval("document.getElementById('fgtest1-matched').textContent").startswith(
+        f"Matched: {100 * hit / total:.1f}%")
+    n_match = sum(1 for f in layout(fold.counts) if f.depth and re.search(regex, f.name))
+    painted = browser.eval(f"document.querySelectorAll('g.fgtest1-f rect[fill=\"{SEARCH_COLOR}\"]')"
+                           ".length")
+    assert painted == n_match
+    browser.screenshot(ARTIFACTS / "flamegraph-query3-search.png")
+    browser.eval(f"{api}.clearSearch()")
+    assert browser.eval(f"document.querySelectorAll('rect[fill=\"{SEARCH_COLOR}\"]').length") == 0
+
+
+@pytest.mark.browser
+def test_two_graphs_in_one_page_do_not_interfere(browser: Browser) -> None:
+    q3 = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
+    q2 = fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz")
+    a = render(q3, title="Query-3")
+    b = render(q2, title="Query-3 → Query-2 (differential)", diff_against=q3)
+    pa = re.search(r'data-profkit-flamegraph="([^"]+)"', a)[1]
+    pb = re.search(r'data-profkit-flamegraph="([^"]+)"', b)[1]
+    page = ARTIFACTS / "two-flamegraphs.html"
+    page.write_text("<!DOCTYPE html><html><body>" + a.split("?>", 1)[1] + b.split("?>", 1)[1]
+                    + "</body></html>")
+    browser.open(page.as_uri(), f"typeof window.fg_{pa} === 'object' && "
+                                f"typeof window.fg_{pb} === 'object'")
+    widths_b = browser.eval(f"Array.from(document.querySelectorAll('g.{pb}-f rect'))"
+                            ".map(function(r){return r.getAttribute('width')})")
+    assert browser.eval(f"window.fg_{pa}.zoom('ExecNestLoop')") is True
+    assert browser.eval(f"window.fg_{pb}.zoomed()") is None
+    assert browser.eval(f"Array.from(document.querySelectorAll('g.{pb}-f rect'))"
+                        ".map(function(r){return r.getAttribute('width')})") == widths_b
+    browser.eval(f"window.fg_{pb}.search('ExecNestLoop')")
+    assert browser.eval(f"document.getElementById('{pa}-matched').textContent") == " "
+    assert browser.eval(f"document.getElementById('{pb}-matched').textContent").startswith(
+        "Matched:")
+    browser.screenshot(ARTIFACTS / "two-flamegraphs.png")

@@ -1,0 +1,208 @@
+"""Foundation: source, cached builds, clusters, workloads — against real PostgreSQL."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from profkit import paths
+from profkit.errors import BuildError, ClusterError, PatchError, ToolNotFound
+from profkit.pg.build import BuildSpec, get_build, resolve_spec
+from profkit.pg.cluster import Cluster
+from profkit.pg.source import SourceError, get_source
+from profkit.pg.workloads import WorkloadError, get_workload
+from profkit.run import run, which
+
+FIXTURES = Path(__file__).parent / "fixtures"
+pytestmark = pytest.mark.pg
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_default_source_is_debian_pg18():
+    src = get_source()
+    assert src.kind == "debian"
+    assert src.version.startswith("18."), src.version
+    assert len(src.identity) == 64
+    assert (Path(src.path) / "src" / "backend" / "executor" / "instrument.c").exists()
+    assert "postgresql-18" in src.detail
+
+
+def test_build_is_cached_and_has_provenance(vanilla_build):
+    t0 = time.monotonic()
+    again = get_build("vanilla")
+    assert time.monotonic() - t0 < 30, "a cached build must not rebuild"
+    assert again.key == vanilla_build.key
+    assert (again.dir / "COMPLETE").read_text().strip() == again.key
+    assert again.pg_config["VERSION"].startswith("PostgreSQL 18.")
+    assert "-fno-omit-frame-pointer" in again.pg_config["CFLAGS"]
+    assert "--enable-depend" in again.pg_config["CONFIGURE"]
+    assert again.postgres.exists()
+    assert (again.prefix / "lib" / "postgresql" / "pg_stat_statements.so").exists() or \
+        any(again.prefix.glob("lib/**/pg_stat_statements.so"))
+    # debug info for probes; frame pointers for perf
+    out = run(["readelf", "-S", again.postgres]).stdout
+    assert ".debug_info" in out
+
+
+def test_query_triple_row_count(nested_loop_conn):
+    from conftest import NESTED_LOOP_SCALE
+
+    wl = get_workload("nested_loop")
+    expected = wl.expected_rows(NESTED_LOOP_SCALE)
+    # scale 0.02: test1 3000+100 rows, test2 1000, test3 700 -> (700+100)*1000
+    assert expected == (min(3000, 700) + min(100, 700)) * 1000
+    (count,) = nested_loop_conn.execute(wl.query("plain")).fetchone()
+    assert count == expected
+    for mode in ("analyze_notiming", "analyze_timing"):
+        plan = nested_loop_conn.execute(wl.query(mode, fmt="json")).fetchone()[0][0]
+        assert plan["Plan"]["Node Type"] == "Aggregate"
+        assert plan["Plan"]["Actual Rows"] == 1
+        # the aggregate's input carries exactly the joined rows
+        assert plan["Plan"]["Plans"][0]["Actual Rows"] == expected
+        has_time = "Actual Total Time" in plan["Plan"]
+        assert has_time == (mode == "analyze_timing")
+
+
+def test_cluster_settings_and_private_socket(pg_cluster):
+    with pg_cluster.connect() as conn:
+        got = dict(conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('jit', "
+            "'max_parallel_workers_per_gather', 'listen_addresses', 'shared_preload_libraries')"
+        ).fetchall())
+    assert got == {"jit": "off", "max_parallel_workers_per_gather": "0", "listen_addresses": "",
+                   "shared_preload_libraries": "pg_stat_statements"}
+    assert (pg_cluster.socket_dir.stat().st_mode & 0o777) == 0o700
+    if os.geteuid() == 0:
+        # postgres refuses root: it runs as the unprivileged user
+        assert Path(f"/proc/{pg_cluster.pid}").stat().st_uid == pg_cluster.os_user.uid != 0
+
+
+def test_no_process_left_after_error(vanilla_build):
+    pids: list[int] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        with Cluster(vanilla_build, name="test-error") as cl:
+            with cl.connect() as conn:
+                pids = [cl.pid, *cl.backend_pids(), cl.backend_pid(conn)]
+                raise RuntimeError("boom")
+    assert len(pids) >= 3
+    time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == []
+    assert cl.dir is not None and not cl.dir.exists()
+
+
+def test_no_process_left_after_ctrl_c(vanilla_build, tmp_path):
+    """A real SIGINT to a process holding a cluster leaves no postgres behind."""
+    pidfile = tmp_path / "pids"
+    script = textwrap.dedent(f"""
+        import time
+        from profkit.pg.build import get_build
+        from profkit.pg.cluster import Cluster
+        b = get_build("vanilla")
+        with Cluster(b, name="test-sigint") as cl:
+            open({str(pidfile)!r}, "w").write(" ".join(map(str, [cl.pid, *cl.backend_pids()])))
+            time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent)
+    deadline = time.monotonic() + 120
+    while not pidfile.exists() or not pidfile.read_text():
+        assert proc.poll() is None, "child died before starting the cluster"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    listed = [int(p) for p in pidfile.read_text().split()]
+    # a connection's backend may already have exited; the postmaster and its
+    # auxiliary processes must be alive
+    pids = [p for p in listed if _alive(p)]
+    assert pids[0] == listed[0] and len(pids) >= 3
+    proc.send_signal(signal.SIGINT)
+    proc.wait(90)
+    time.sleep(0.3)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_port_taken_gives_clear_error(vanilla_build):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ClusterError, match=f"port {port} is already taken"):
+            Cluster(vanilla_build, port=port, tcp=True).start()
+
+
+def test_unknown_names_and_bad_scale():
+    with pytest.raises(SourceError, match="unknown PostgreSQL source"):
+        get_source("svn:/nowhere")
+    with pytest.raises(SourceError, match="does not exist"):
+        get_source("tarball:/nonexistent/postgresql.tar.bz2")
+    with pytest.raises(BuildError, match="unknown build 'nonesuch'.*vanilla"):
+        resolve_spec("nonesuch")
+    with pytest.raises(WorkloadError, match="unknown workload"):
+        get_workload("tpcc")
+    wl = get_workload("nested_loop")
+    for bad in (0, -1, "x"):
+        with pytest.raises(WorkloadError, match="scale must be a number > 0"):
+            wl.load(None, bad)  # type: ignore[arg-type]
+
+
+def test_missing_tool_says_how_to_install():
+    with pytest.raises(ToolNotFound, match="apt-get install"):
+        which("ltrace-not-a-tool")
+    with pytest.raises(ToolNotFound, match="install"):
+        run(["/nonexistent/bin/perf"])
+
+
+def _no_entry_for(name: str) -> bool:
+    return not any(d.name.startswith(name + "-") for d in paths.sub("builds").iterdir())
+
+
+def test_patch_that_does_not_apply():
+    spec = BuildSpec("test-broken", patches=(str(FIXTURES / "patches" / "broken.patch"),))
+    with pytest.raises(PatchError) as ei:
+        get_build(spec)
+    msg = str(ei.value)
+    assert "broken.patch" in msg
+    assert "src/backend/executor/execProcnode.c" in msg
+    assert "hunk #2" in msg and "@@ -455,6 +456,7 @@" in msg
+    assert _no_entry_for("test-broken"), "a failed build must leave no cache entry"
+    assert Path(ei.value.log_path).exists()
+
+
+def test_configure_failure():
+    spec = BuildSpec("test-badcflags", cflags="-O2 -fno-such-flag-profkit")
+    with pytest.raises(BuildError) as ei:
+        get_build(spec)
+    assert ei.value.step == "configure"
+    assert "step 'configure'" in str(ei.value)
+    assert "C compiler" in str(ei.value) or "cannot create executables" in str(ei.value)
+    assert _no_entry_for("test-badcflags")
+
+
+@pytest.mark.slow
+def test_one_file_patch_rebuilds_incrementally(vanilla_build):
+    spec = BuildSpec("test-touch-execprocnode",
+                     patches=(str(FIXTURES / "patches" / "execprocnode-touch.patch"),))
+    b = get_build(spec)
+    out = run(["nm", b.postgres]).stdout
+    assert "profkit_first_calls" in out
+    if "ccache" in b.timings:  # fresh build: only the touched file is compiled for real
+        assert b.timings["ccache"]["cache_miss"] <= 5, b.timings
+        cold = vanilla_build.timings.get("make_s", 0)
+        print(f"one-file patch: make {b.timings['make_s']:.0f} s (vanilla cold/first make "
+              f"{cold:.0f} s)")

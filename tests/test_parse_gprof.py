@@ -1,0 +1,174 @@
+"""gprof report parsing, on reports recorded here and the seed's excerpt
+(tests/fixtures/gprof/README.md says how each was made)."""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from profkit import tables
+from profkit.cli_parse import parse_group
+from profkit.errors import ParseError
+from profkit.parse.gprof import SPONTANEOUS, parse_gprof
+
+FIX = Path(__file__).parent / "fixtures" / "gprof"
+
+
+def _csv(df: pd.DataFrame) -> str:
+    return df.to_csv(index=False, lineterminator="\n")
+
+
+@pytest.mark.parametrize("name,module", [
+    ("cycles", "prog"), ("seed-query2-excerpt", "postgres"), ("seed-query1-excerpt", "postgres"),
+])
+def test_tables_match_committed_expected(name: str, module: str) -> None:
+    prof = parse_gprof(FIX / f"{name}.gprof.txt", run_id="r1", build="b1", module=module)
+    assert _csv(prof.functions) == (FIX / f"expected_{name}_functions.csv").read_text()
+    edges = FIX / f"expected_{name}_call_edges.csv"
+    if edges.exists():
+        assert _csv(prof.call_edges) == edges.read_text()
+    assert prof.flat_csv() == (FIX / f"expected_{name}_flat.csv").read_text()
+
+
+def test_flat_profile_values() -> None:
+    prof = parse_gprof(FIX / "cycles.gprof.txt")
+    f = prof.functions.set_index("function")
+    assert list(prof.functions.columns[: len(tables.SCHEMAS["functions"])]) == list(
+        tables.SCHEMAS["functions"])
+    assert prof.sample_seconds == 0.01
+    # built without -pg: time samples, no call count
+    assert pd.isna(f.loc["uncounted_work", "calls"])
+    assert f.loc["uncounted_work", "self_seconds"] == 0.31
+    assert f.loc["uncounted_work", "percent_time"] == 88.71
+    assert f.loc["leaf", "calls"] == 8040
+    assert f.loc["leaf", "cumulative_seconds"] == 0.34
+    assert f.loc["leaf", "self_s_per_call"] == pytest.approx(3.74e-6)   # us/call header
+    # the flat profile counts fib's non-recursive calls; the recursion is in the graph
+    assert f.loc["fib", "calls"] == 40 and f.loc["fib", "recursive_calls"] == 6001920
+    assert f.loc["ping", "cycle"] == 1 and f.loc["pong", "cycle"] == 1
+    assert pd.isna(f.loc["leaf", "cycle"])
+    # main is only in the call graph (no samples, called from outside the profile)
+    assert not f.loc["main", "in_flat"] and pd.isna(f.loc["main", "calls"])
+    assert f.loc["main", "total"] == pytest.approx(0.04)
+    assert "<cycle 1 as a whole>" not in f.index
+
+
+def test_call_graph_edges() -> None:
+    e = parse_gprof(FIX / "cycles.gprof.txt").call_edges
+    assert list(e.columns[: len(tables.SCHEMAS["call_edges"])]) == list(
+        tables.SCHEMAS["call_edges"])
+    edges = {(r.caller, r.callee): r.calls for r in e.itertuples()}
+    assert edges[("main", "ping")] == 40
+    assert edges[("ping", "leaf")] == 4000 and edges[("pong", "leaf")] == 4000
+    assert edges[("middle", "leaf")] == 40
+    assert edges[("ping", "pong")] == 4000 and edges[("pong", "ping")] == 4000  # in-cycle
+    assert edges[("fib", "fib")] == 6001920                                      # recursion
+    assert pd.isna(edges[(SPONTANEOUS, "main")])
+    # calls into leaf add up to its flat-profile count
+    into_leaf = e[e["callee"] == "leaf"]
+    assert into_leaf["calls"].sum() == 8040
+    assert set(into_leaf["total_calls"]) == {8040}
+
+
+def test_edges_agree_with_gprof2dot() -> None:
+    """gprof2dot's GprofParser (an independent implementation) reads the same edges."""
+    gprof2dot = pytest.importorskip("gprof2dot")
+    with open(FIX / "cycles.gprof.txt") as f:
+        prof2 = gprof2dot.GprofParser(f).parse()
+    theirs = {}
+    for fn in prof2.functions.values():
+        for call in fn.calls.values():
+            theirs[(fn.name, prof2.functions[call.callee_id].name)] = call[gprof2dot.CALLS]
+    e = parse_gprof(FIX / "cycles.gprof.txt").call_edges
+    ours = {(r.caller, r.callee): int(r.calls) for r in e.itertuples() if not pd.isna(r.calls)}
+    assert ours == theirs
+
+
+def test_brief_flat_only_and_callgraph_only_variants_agree() -> None:
+    full = parse_gprof(FIX / "cycles.gprof.txt")
+    brief = parse_gprof(FIX / "cycles.brief.gprof.txt")
+    pd.testing.assert_frame_equal(full.functions, brief.functions)
+    pd.testing.assert_frame_equal(full.call_edges, brief.call_edges)
+    flat = parse_gprof(FIX / "cycles.flat-only.gprof.txt")
+    assert flat.has_flat and not flat.has_call_graph and flat.call_edges.empty
+    assert flat.flat_csv() == full.flat_csv()
+    cg = parse_gprof(FIX / "cycles.callgraph-only.gprof.txt")
+    assert cg.has_call_graph and not cg.has_flat
+    pd.testing.assert_frame_equal(cg.call_edges, full.call_edges)
+    g = cg.functions.set_index("function")
+    assert g.loc["leaf", "calls"] == 8040 and g.loc["leaf", "self_seconds"] == 0.03
+    assert math.isnan(g.loc["leaf", "percent_time"])
+
+
+def test_seed_excerpt_instrumentation_calls() -> None:
+    """The seed's Query-2 flat profile: the three instrumentation functions run ~4e9 times."""
+    f = parse_gprof(FIX / "seed-query2-excerpt.gprof.txt").functions.set_index("function")
+    assert f.loc["InstrStartNode", "calls"] == 4000215014
+    assert f.loc["InstrStopNode", "calls"] == 4000215014
+    assert f.loc["ExecProcNodeInstr", "calls"] == 4000215015
+    assert pd.isna(f.loc["_init", "calls"])                    # gprof shows none
+    assert f.loc["ExecAgg", "self_s_per_call"] == 2.11         # s/call header
+    assert f.loc["ExecAgg", "total_s_per_call"] == 12.75
+    assert f.loc["fetch_input_tuple", "cumulative_seconds"] == 161.72
+    q1 = parse_gprof(FIX / "seed-query1-excerpt.gprof.txt").functions
+    assert "InstrStartNode" not in set(q1["function"])
+
+
+def test_empty_report() -> None:
+    prof = parse_gprof(FIX / "empty.gprof.txt")
+    assert prof.functions.empty and prof.call_edges.empty
+    assert list(prof.functions.columns[: len(tables.SCHEMAS["functions"])]) == list(
+        tables.SCHEMAS["functions"])
+    assert list(prof.call_edges.columns[:5]) == list(tables.SCHEMAS["call_edges"])
+    assert prof.flat_csv() == "name,calls,self_seconds,cumulative_seconds,percent_time\n"
+
+
+@pytest.mark.parametrize("name,message", [
+    ("truncated-midline", r"truncated: line 16 ends without a newline"),
+    ("truncated-callgraph", (r"truncated: the call graph entry starting at line 70 has no "
+                            r"closing '-----' separator")),
+    ("truncated-at-entry", r"truncated: the call graph is not followed by 'Index by function"),
+    ("noheader", r"not a gprof report: no flat profile header"),
+])
+def test_bad_reports(name: str, message: str) -> None:
+    with pytest.raises(ParseError, match=message):
+        parse_gprof(FIX / f"{name}.gprof.txt")
+
+
+def test_trimmed_report_non_strict() -> None:
+    prof = parse_gprof(FIX / "truncated-at-entry.gprof.txt", strict=False)
+    assert len(prof.functions) == 7  # the flat profile is complete
+    assert ("ping", "leaf") in {(r.caller, r.callee) for r in prof.call_edges.itertuples()}
+
+
+def test_garbled_flat_row_names_the_line() -> None:
+    text = (FIX / "cycles.flat-only.gprof.txt").read_text().replace(
+        "  8.58      0.34     0.03     8040", "  8.58      0.34     zz.zz     8040")
+    with pytest.raises(ParseError, match=r"line 7: expected a flat profile row"):
+        parse_gprof(io.StringIO(text))
+
+
+def test_gmon_out_instead_of_text() -> None:
+    with pytest.raises(ParseError, match="not gmon.out itself"):
+        parse_gprof(io.BytesIO(b"gmon\x01\x00\x00\x00binary junk\n"))
+
+
+def test_cli_flat_and_call_graph() -> None:
+    runner = CliRunner()
+    r = runner.invoke(parse_group, ["gprof", str(FIX / "seed-query2-excerpt.gprof.txt")])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "name,calls,self_seconds,cumulative_seconds,percent_time"
+    assert lines[1] == "ExecInterpExpr,4000040003,36.39,36.39,21.24"
+    assert lines[2] == "_init,,26.6,62.99,15.53"
+    r = runner.invoke(parse_group, ["gprof", "--call-graph", str(FIX / "cycles.gprof.txt")])
+    assert r.exit_code == 0
+    assert r.output.splitlines()[0] == "caller,callee,calls"
+    assert "fib,fib,6001920" in r.output.splitlines()
+    assert "<spontaneous>,main," in r.output.splitlines()
+    r = runner.invoke(parse_group, ["gprof", str(FIX / "noheader.gprof.txt")])
+    assert r.exit_code == 2 and "not a gprof report" in r.output

@@ -1,0 +1,170 @@
+"""The benchmark report: markdown, console table and chart."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib import image as mpimg
+from rich.console import Console
+
+from profkit.analyze import stats
+from profkit.render import report
+
+
+def make_timings(overheads: dict[str, dict[str, float]], reps: int = 8,
+                 seed: int = 3) -> pd.DataFrame:
+    """Interleaved synthetic timings: plain ≈ 100 ms, mode ≈ 100 × (1 + overhead/100)."""
+    rng = np.random.default_rng(seed)
+    rows, order = [], 0
+    for rep in range(reps):
+        for build, modes in overheads.items():
+            for mode, ov in {"plain": 0.0, **modes}.items():
+                ms = 100.0 * (1 + ov / 100) + rng.normal(0, 1.0)
+                rows.append({"run_id": "r1", "build": build, "workload": "nested_loop",
+                             "query": mode, "mode": mode, "rep": rep, "order": order,
+                             "client_ms": ms, "server_ms": ms})
+                order += 1
+    return pd.DataFrame(rows)
+
+
+def instr_table(counts: dict[tuple[str, str], int]) -> pd.DataFrame:
+    return pd.DataFrame([
+        {"run_id": "r1", "build": b, "workload": "nested_loop", "query": m, "mode": m,
+         "instructions": n, "tool": "callgrind", "scope": "exec_simple_query"}
+        for (b, m), n in counts.items()
+    ])
+
+PROV = {
+    "run_id": "20261130-0240-nested_loop",
+    "date": "2026-11-30T02:40:00+0000",
+    "command_line": ["profkit", "reproduce", "--reps", "10"],
+    "workload": "nested_loop", "scale": 0.3, "reps": 10, "metric": "server_ms",
+    "instruction_counter": "callgrind",
+    "machine": {"cpu_model": "Intel Xeon Processor", "kernel": "6.18.0", "clock_source": "tsc",
+                "virtualization": "kvm"},
+    "builds": {
+        "vanilla": {"pg_config": {"VERSION": "PostgreSQL 18.6"}, "patches": []},
+        "step1": {"pg_config": {"VERSION": "PostgreSQL 18.6"},
+                  "patches": [{"name": "step1-inline-instr.patch",
+                               "sha256": "0123456789abcdef0123"}]},
+    },
+    "extra_note": "anything else is listed too",
+}
+
+
+@pytest.fixture(scope="module")
+def timings() -> pd.DataFrame:
+    return make_timings({
+        "vanilla": {"analyze_notiming": 30.0, "analyze_timing": 300.0},
+        "step1": {"analyze_notiming": 20.0, "analyze_timing": 280.0},
+        "step2": {"analyze_notiming": 10.0, "analyze_timing": 270.0},
+        "step3": {"analyze_notiming": 4.0, "analyze_timing": 260.0},
+    }, reps=8)
+
+
+@pytest.fixture(scope="module")
+def summary(timings: pd.DataFrame) -> pd.DataFrame:
+    s = stats.summarize(timings, n_resamples=1999)
+    counts = {}
+    for b, ov in (("vanilla", 0.263), ("step1", 0.20), ("step2", 0.10), ("step3", 0.03)):
+        counts[(b, "plain")] = 355_000_000
+        counts[(b, "analyze_notiming")] = round(355_000_000 * (1 + ov))
+        counts[(b, "analyze_timing")] = round(355_000_000 * (1 + ov + 0.2))
+    return stats.attach_instructions(s, instr_table(counts))
+
+
+def test_seed_table_rows(summary: pd.DataFrame):
+    st = report.seed_table(summary)
+    assert list(st.build) == ["vanilla", "step1", "step2", "step3"]
+    v = st.iloc[0]
+    assert v.seed_q2_overhead_pct == 29.36 and v.seed_name == "Original"
+    assert v.q2_overhead_pct == pytest.approx(30, abs=1.5)
+    assert v.q2_instr_overhead_pct == pytest.approx(26.3, abs=0.01)
+    assert v.q3_overhead_pct == pytest.approx(300, abs=6)
+    assert pd.isna(v.seed_q3_overhead_pct)  # the seed text gives no Query-3 figure
+
+
+def test_markdown_has_table_seed_figures_and_provenance(summary, timings):
+    md = report.render_markdown(summary, PROV, comparisons=stats.compare_chain(
+        timings, n_resamples=999), chart="overhead.png")
+    # provenance header
+    assert "20261130-0240-nested_loop" in md
+    assert "`profkit reproduce --reps 10`" in md
+    assert "nested_loop at scale 0.3, 10 repetitions" in md
+    assert "step1-inline-instr.patch (sha256 0123456789ab)" in md
+    assert "virtualization: kvm" in md and "callgrind" in md
+    assert "extra_note" in md
+    # the seed-style table: one row per build with measured CI and the seed's figure
+    row = next(ln for ln in md.splitlines() if ln.startswith("| vanilla (Original)"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "8"
+    q2 = summary[(summary.build == "vanilla") & (summary["mode"] == "analyze_notiming")].iloc[0]
+    assert cells[3] == f"{q2.overhead_pct:.2f} [{q2.ci_low_pct:.2f}, {q2.ci_high_pct:.2f}]"
+    assert cells[4] == "29.36"
+    assert cells[6] == "26.30"
+    assert "| step3 (Step 3)" in md and "| 3.77 |" in md
+    assert "![overhead chart](overhead.png)" in md
+    assert "vanilla → step1" in md
+    assert "no Query-3 figure" in md
+
+
+def test_markdown_empty_summary_says_no_data():
+    md = report.render_markdown(stats.summarize(make_timings({"v": {}}).iloc[:0]), PROV)
+    assert "No data" in md and "20261130-0240-nested_loop" in md
+    assert "| vanilla" not in md
+
+
+def test_bad_summary_raises_clear_error():
+    with pytest.raises(report.ReportError, match="summarize"):
+        report.render_markdown(pd.DataFrame({"build": ["x"]}), {})
+    with pytest.raises(report.ReportError, match="DataFrame"):
+        report.render_console([1, 2])  # type: ignore[arg-type]
+
+
+def test_console_table(summary):
+    t = report.render_console(summary)
+    assert t.row_count == 4
+    con = Console(record=True, width=200)
+    con.print(t)
+    text = con.export_text()
+    assert "vanilla" in text and "29.36" in text and "26.30" in text
+    empty = report.render_console(summary.iloc[:0])
+    assert empty.row_count == 1
+
+
+def _sha(p) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_plot_writes_png_and_svg_deterministically(summary, tmp_path):
+    png, svg = tmp_path / "a.png", tmp_path / "a.svg"
+    fig = report.plot_overheads(summary, png, svg, provenance=PROV)
+    img = mpimg.imread(png)
+    assert img.shape[0] > 500 and img.shape[1] > 800
+    text = svg.read_text()
+    assert text.startswith("<?xml") and "Query-2" in text and "29.36" in text
+    # 2 modes + instruction panel
+    assert len(fig.axes) == 3
+    png2, svg2 = tmp_path / "b.png", tmp_path / "b.svg"
+    report.plot_overheads(summary, png2, svg2, provenance=PROV)
+    assert _sha(png) == _sha(png2)
+    assert _sha(svg) == _sha(svg2)
+
+
+def test_plot_without_instruction_counts(summary, tmp_path):
+    s = summary.drop(columns=["instr", "instr_overhead_pct"])
+    report.plot_overheads(s, tmp_path / "n.png", None)
+    assert (tmp_path / "n.png").stat().st_size > 10_000
+
+
+def test_plot_empty_summary_is_a_placeholder(tmp_path):
+    empty = stats.summarize(make_timings({"v": {}}).iloc[:0])
+    fig = report.plot_overheads(empty, tmp_path / "e.png", tmp_path / "e.svg")
+    assert (tmp_path / "e.png").exists() and "no data" in (tmp_path / "e.svg").read_text()
+    assert len(fig.axes) == 1
+    # only plain rows measured: still a placeholder
+    only_plain = stats.summarize(make_timings({"v": {}}, reps=3))
+    report.plot_overheads(only_plain, tmp_path / "p.png", None)
+    assert (tmp_path / "p.png").exists()

@@ -1,0 +1,315 @@
+"""Statistics of the benchmark on synthetic timings whose answer is known."""
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from profkit import seed_figures
+from profkit.analyze import stats
+from profkit.errors import ComparisonError
+
+
+def make_timings(
+    overheads: dict[str, dict[str, float]],
+    reps: int = 12,
+    noise: float = 1.0,
+    drift: float = 0.0,
+    seed: int = 7,
+    base_ms: float = 100.0,
+) -> pd.DataFrame:
+    """Interleaved timings: per rep, each build runs plain then each mode.
+
+    ``overheads = {"vanilla": {"analyze_notiming": 30.0}}`` gives mode ≈ plain × 1.30.
+    *drift* multiplies a whole repetition (all builds and modes) by a shared factor,
+    like a noisy machine does.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    order = 0
+    for rep in range(reps):
+        f = 1.0 + rng.normal(0, drift) if drift else 1.0
+        for build, modes in overheads.items():
+            for mode, ov in {"plain": 0.0, **modes}.items():
+                ms = base_ms * (1 + ov / 100) * f + rng.normal(0, noise)
+                rows.append({"run_id": "r1", "build": build, "workload": "nested_loop",
+                             "query": mode, "mode": mode, "rep": rep, "order": order,
+                             "client_ms": ms + 0.5, "server_ms": ms})
+                order += 1
+    return pd.DataFrame(rows)
+
+
+def test_overhead_and_ci_known_answer():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 150.0}})
+    s = stats.summarize(t)
+    assert list(s.columns) == list(stats.SUMMARY_COLUMNS)
+    row = s[(s.build == "vanilla") & (s["mode"] == "analyze_notiming")].iloc[0]
+    assert row.n == 12
+    assert row.paired  # same (run_id, rep) keys on both sides
+    assert row.ci_method == "BCa"
+    assert 29.0 < row.overhead_pct < 31.0
+    assert row.ci_low_pct < 30.0 < row.ci_high_pct
+    assert row.ci_low_pct <= row.overhead_pct <= row.ci_high_pct
+    assert row.ci_high_pct - row.ci_low_pct < 4.0  # noise is 1 % of 100 ms
+    timing = s[s["mode"] == "analyze_timing"].iloc[0]
+    assert timing.ci_low_pct < 150.0 < timing.ci_high_pct
+    plain = s[s["mode"] == "plain"].iloc[0]
+    assert plain.overhead_pct == 0.0 and math.isnan(plain.ci_low_pct)
+
+
+def test_mean_median_variance_match_numpy():
+    t = make_timings({"vanilla": {"analyze_notiming": 20.0}}, reps=9, noise=3.0)
+    s = stats.summarize(t, metric="client_ms")
+    for mode in ("plain", "analyze_notiming"):
+        vals = t.loc[t["mode"] == mode, "client_ms"].to_numpy()
+        r = s[s["mode"] == mode].iloc[0]
+        assert r.median_ms == pytest.approx(np.median(vals))
+        assert r.mean_ms == pytest.approx(np.mean(vals))
+        assert r.variance == pytest.approx(np.var(vals, ddof=1))  # sample variance, as the seed
+        assert r.metric == "client_ms"
+    r = s[s["mode"] == "analyze_notiming"].iloc[0]
+    pv = t.loc[t["mode"] == "plain", "client_ms"]
+    mv = t.loc[t["mode"] == "analyze_notiming", "client_ms"]
+    assert r.overhead_mean_pct == pytest.approx((mv.mean() - pv.mean()) / pv.mean() * 100)
+    assert r.overhead_median_pct == pytest.approx(
+        (mv.median() - pv.median()) / pv.median() * 100)
+
+
+def test_center_mean_uses_means():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}})
+    s = stats.summarize(t, center="mean")
+    r = s[s["mode"] == "analyze_notiming"].iloc[0]
+    p = t[t["mode"] == "plain"].sort_values("rep")["server_ms"].to_numpy()
+    m = t[t["mode"] == "analyze_notiming"].sort_values("rep")["server_ms"].to_numpy()
+    assert r.overhead_pct == pytest.approx(np.mean((m - p) / p) * 100)  # paired: mean of ratios
+    assert r.overhead_pct == pytest.approx(r.overhead_mean_pct, abs=0.2)
+    assert r.ci_low_pct < r.overhead_pct < r.ci_high_pct
+
+
+def test_paired_estimate_is_median_of_per_rep_overheads():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=9, noise=2.0)
+    r = stats.summarize(t).iloc[1]
+    p = t[t["mode"] == "plain"].sort_values("rep")["server_ms"].to_numpy()
+    m = t[t["mode"] == "analyze_notiming"].sort_values("rep")["server_ms"].to_numpy()
+    assert r.paired
+    assert r.overhead_pct == pytest.approx(np.median((m - p) / p) * 100)
+    assert r.overhead_median_pct == pytest.approx(
+        (np.median(m) - np.median(p)) / np.median(p) * 100)
+
+
+def test_pairing_narrows_ci_under_shared_drift():
+    # 5 % drift shared by a repetition, 0.5 % independent noise: pairing by rep
+    # removes the drift, so the paired CI must be much narrower and still cover 30.
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=15, noise=0.5, drift=0.05)
+    paired = stats.summarize(t).iloc[1]
+    unpaired = stats.summarize(t, pair="never").iloc[1]
+    assert paired.paired and not unpaired.paired
+    # unpaired: ratio of medians; paired: median of per-rep overheads (module doc)
+    assert unpaired.overhead_pct == pytest.approx(unpaired.overhead_median_pct)
+    assert paired.overhead_pct == pytest.approx(30.0, abs=1.0)
+    assert paired.ci_low_pct < 30.0 < paired.ci_high_pct
+    assert unpaired.ci_low_pct < 30.0 < unpaired.ci_high_pct
+    width_p = paired.ci_high_pct - paired.ci_low_pct
+    width_u = unpaired.ci_high_pct - unpaired.ci_low_pct
+    assert width_p < width_u / 2
+
+
+def test_lost_repetition_falls_back_to_unpaired():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}})
+    t = t[~((t["mode"] == "analyze_notiming") & (t["rep"] == 3))]  # crash at rep 3
+    r = stats.summarize(t).iloc[1]
+    assert r.n == 11 and not r.paired
+    assert r.ci_low_pct < 30.0 < r.ci_high_pct
+
+
+def test_nan_rows_are_ignored():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=6)
+    t.loc[t.index[0], "server_ms"] = np.nan
+    s = stats.summarize(t)
+    assert s.iloc[0].n == 5
+
+
+def test_reproducible_and_independent_of_other_builds():
+    one = make_timings({"vanilla": {"analyze_notiming": 30.0}})
+    two = make_timings({"vanilla": {"analyze_notiming": 30.0},
+                        "step1": {"analyze_notiming": 20.0}})
+    # identical input, identical output (seeded bootstrap)
+    a, b = stats.summarize(one), stats.summarize(one)
+    pd.testing.assert_frame_equal(a, b)
+    # and a build's CI does not depend on which other builds were summarized
+    v_two = two[two.build == "vanilla"]
+    s_all = stats.summarize(two)
+    s_v = stats.summarize(v_two)
+    r_all = s_all[(s_all.build == "vanilla") & (s_all["mode"] == "analyze_notiming")].iloc[0]
+    r_v = s_v[s_v["mode"] == "analyze_notiming"].iloc[0]
+    assert (r_all.ci_low_pct, r_all.ci_high_pct) == (r_v.ci_low_pct, r_v.ci_high_pct)
+
+
+def test_build_order_follows_seed():
+    t = make_timings({"step2": {"analyze_notiming": 10.0}, "vanilla": {"analyze_notiming": 30.0},
+                      "zzz": {"analyze_notiming": 1.0}, "step1": {"analyze_notiming": 20.0}},
+                     reps=4)
+    s = stats.summarize(t, n_resamples=999)
+    assert list(dict.fromkeys(s.build)) == ["vanilla", "step1", "step2", "zzz"]
+    assert list(s[s.build == "vanilla"]["mode"]) == ["plain", "analyze_notiming"]
+
+
+def test_empty_input_gives_empty_table_with_columns():
+    s = stats.summarize(make_timings({"v": {}}).iloc[:0])
+    assert s.empty
+    assert list(s.columns) == list(stats.SUMMARY_COLUMNS)
+    text = stats.summary_csv(s)
+    assert text == ",".join(stats.SUMMARY_CSV_COLUMNS) + "\n"
+
+
+def test_build_without_plain_raises():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0}})
+    t = t[~((t.build == "step1") & (t["mode"] == "plain"))]
+    with pytest.raises(ComparisonError, match="step1.*plain"):
+        stats.summarize(t)
+
+
+def test_mixed_workloads_and_bad_arguments_raise():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=3)
+    t2 = t.copy()
+    t2["workload"] = "join_sum"
+    with pytest.raises(ComparisonError, match="mix workloads"):
+        stats.summarize(pd.concat([t, t2]))
+    with pytest.raises(ComparisonError, match="metric"):
+        stats.summarize(t, metric="wall")  # type: ignore[arg-type]
+    with pytest.raises(ComparisonError, match="center"):
+        stats.summarize(t, center="mode")  # type: ignore[arg-type]
+    with pytest.raises(ComparisonError, match="DataFrame"):
+        stats.summarize([1, 2, 3])  # type: ignore[arg-type]
+
+
+def test_single_repetition_has_no_ci():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=1)
+    r = stats.summarize(t).iloc[1]
+    assert r.n == 1 and math.isnan(r.variance)
+    assert math.isnan(r.ci_low_pct) and r.ci_method == "none"
+    assert 25 < r.overhead_pct < 35
+
+
+def test_constant_samples_do_not_crash():
+    t = make_timings({"vanilla": {"analyze_notiming": 25.0}}, reps=5, noise=0.0)
+    r = stats.summarize(t).iloc[1]
+    assert r.overhead_pct == pytest.approx(25.0)
+    assert r.ci_low_pct == pytest.approx(25.0) and r.ci_high_pct == pytest.approx(25.0)
+
+
+def test_compare_builds_detects_a_real_difference():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step2": {"analyze_notiming": 10.0}},
+                     reps=10, noise=1.0, drift=0.03)
+    c = stats.compare_builds(t, "vanilla", "step2", "analyze_notiming")
+    assert c.paired
+    assert c.overhead_a_pct == pytest.approx(30, abs=1.5)
+    assert c.overhead_b_pct == pytest.approx(10, abs=1.5)
+    assert c.overhead_diff_pct == pytest.approx(-20, abs=2)
+    assert c.diff_ci_low_pct < -20 < c.diff_ci_high_pct
+    assert c.diff_ci_high_pct < 0 and c.overhead_differs
+    assert c.overhead_p_value < 0.01
+    assert c.time_ratio < 1.0
+    d = c.as_dict()
+    assert d["overhead_differs"] is True and d["a"] == "vanilla"
+
+
+def test_compare_builds_same_overhead_not_significant():
+    t = make_timings({"a": {"analyze_notiming": 20.0}, "b": {"analyze_notiming": 20.0}},
+                     reps=12, noise=1.0)
+    c = stats.compare_builds(t, "a", "b")
+    assert c.diff_ci_low_pct < 0 < c.diff_ci_high_pct
+    assert not c.overhead_differs
+    assert c.overhead_p_value > 0.05
+
+
+def test_compare_builds_plain_mode_compares_times_only():
+    t = make_timings({"a": {"analyze_notiming": 20.0}, "b": {"analyze_notiming": 20.0}},
+                     reps=8, base_ms=100.0)
+    t.loc[t.build == "b", "server_ms"] *= 1.10
+    c = stats.compare_builds(t, "a", "b", "plain")
+    assert math.isnan(c.overhead_diff_pct)
+    assert c.time_ratio == pytest.approx(1.10, abs=0.02)
+    assert c.time_p_value < 0.01
+
+
+def test_compare_builds_errors():
+    t = make_timings({"a": {"analyze_notiming": 20.0}, "b": {}}, reps=3)
+    with pytest.raises(ComparisonError, match="no timings for build 'c'"):
+        stats.compare_builds(t, "a", "c")
+    with pytest.raises(ComparisonError, match="itself"):
+        stats.compare_builds(t, "a", "a")
+    with pytest.raises(ComparisonError, match="'b' has no 'analyze_notiming'"):
+        stats.compare_builds(t, "a", "b")
+
+
+def test_compare_chain_rows():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0},
+                      "step2": {"analyze_notiming": 10.0}}, reps=8)
+    ch = stats.compare_chain(t, n_resamples=1999)
+    assert list(zip(ch.a, ch.b, strict=True)) == [("vanilla", "step1"), ("step1", "step2")]
+    assert ch.overhead_differs.all()
+
+
+def instr_table(counts: dict[tuple[str, str], int]) -> pd.DataFrame:
+    return pd.DataFrame([
+        {"run_id": "r1", "build": b, "workload": "nested_loop", "query": m, "mode": m,
+         "instructions": n, "tool": "callgrind", "scope": "exec_simple_query"}
+        for (b, m), n in counts.items()
+    ])
+
+
+def test_summary_csv_columns_and_instruction_overhead(tmp_path):
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 80.0},
+                      "step1": {"analyze_notiming": 20.0}}, reps=5)
+    s = stats.summarize(t, n_resamples=999)
+    ic = instr_table({("vanilla", "plain"): 355_051_091, ("vanilla", "analyze_notiming"): 448_476_655,
+                      ("vanilla", "analyze_timing"): 517_580_547})
+    path = tmp_path / "summary.csv"
+    text = stats.summary_csv(s, ic, path=path)
+    assert path.read_text() == text
+    lines = text.splitlines()
+    assert lines[0] == ("build,mode,n,median_ms,mean_ms,variance,overhead_pct,ci_low_pct,"
+                        "ci_high_pct,instr,instr_overhead_pct")
+    back = pd.read_csv(io.StringIO(text))
+    v = back[(back.build == "vanilla") & (back["mode"] == "analyze_notiming")].iloc[0]
+    assert v.instr == 448_476_655
+    assert v.instr_overhead_pct == pytest.approx((448_476_655 / 355_051_091 - 1) * 100, abs=1e-3)
+    # not measured -> empty cells
+    st1 = back[(back.build == "step1") & (back["mode"] == "analyze_notiming")].iloc[0]
+    assert math.isnan(st1.instr) and math.isnan(st1.instr_overhead_pct)
+    assert "step1,analyze_notiming,5," in text
+    # plain rows have no CI: empty cells, not "nan"
+    assert "nan" not in text.lower()
+
+
+def test_attach_instructions_medians_repeated_counts():
+    s = stats.summarize(make_timings({"v": {"analyze_notiming": 10.0}}, reps=3),
+                        n_resamples=999)
+    ic = instr_table({("v", "plain"): 100, ("v", "analyze_notiming"): 130})
+    ic = pd.concat([ic, instr_table({("v", "analyze_notiming"): 132}),
+                    instr_table({("v", "analyze_notiming"): 131})])
+    out = stats.attach_instructions(s, ic)
+    r = out[out["mode"] == "analyze_notiming"].iloc[0]
+    assert r.instr == 131 and r.instr_overhead_pct == pytest.approx(31.0)
+
+
+def test_seed_figures_are_consistent_with_the_text():
+    q2 = seed_figures.Q2_OVERHEAD_PCT
+    assert q2 == {"vanilla": 29.36, "step1": 20.59, "step2": 10.77, "step3": 3.77}
+    assert seed_figures.seed_overhead_pct("step3", "analyze_notiming") == 3.77
+    assert seed_figures.seed_overhead_pct("step3", "analyze_timing") is None
+    (q1,) = seed_figures.figures("mean_time_s", "step3")[:1]
+    q1_s = [f.value for f in seed_figures.FIGURES if f.key == "mean_time_s" and f.query == "Query-1"]
+    q2_s = [f.value for f in seed_figures.FIGURES if f.key == "mean_time_s" and f.query == "Query-2"]
+    assert q1_s == [45.9527] and q2_s == [47.6872]
+    # the text's own arithmetic holds: gap, overhead and the 87 % reduction
+    assert q2_s[0] - q1_s[0] == pytest.approx(1.7345, abs=1e-4)
+    assert (q2_s[0] / q1_s[0] - 1) * 100 == pytest.approx(3.77, abs=0.01)
+    assert (q2["vanilla"] - q2["step3"]) / q2["vanilla"] * 100 == pytest.approx(87, abs=0.5)
+    assert 3.9681 / (2 * 4e9) * 1e9 == pytest.approx(0.496, abs=1e-3)
+    assert all(f.quote and f.source.endswith(".txt") for f in seed_figures.FIGURES)
+    assert q1.unit == "s"
