@@ -55,6 +55,11 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "run_id": "string", "source": "string", "bucket_ns": "int64", "count": "int64",
         "share": "float64",
     },
+    # `perf stat -x,` counters of one recording (value NaN where "<not supported>")
+    "perf_stat": {
+        "run_id": "string", "build": "string", "event": "string", "value": "float64",
+        "unit": "string", "supported": "bool", "runtime_pct": "float64",
+    },
 }
 
 

@@ -11,11 +11,12 @@ pkgs=(
   build-essential bison flex libreadline-dev zlib1g-dev libicu-dev pkg-config
   ccache binutils valgrind ltrace bpftrace bpfcc-tools python3-bpfcc
   libelf-dev dpkg-dev xz-utils bzip2 curl ca-certificates git
-  python3-venv python3-dev chromium
+  python3-venv python3-dev chromium ruby
 )
 case "$ID" in
   debian) pkgs+=(linux-perf) ;;
-  ubuntu) pkgs+=(linux-tools-common "linux-tools-$(uname -r)" "linux-headers-$(uname -r)") ;;
+  # Ubuntu ships Chromium as chromium-browser (a deb that installs the snap).
+  ubuntu) pkgs=("${pkgs[@]/#chromium/chromium-browser}"); pkgs+=(linux-tools-common "linux-tools-$(uname -r)" "linux-headers-$(uname -r)") ;;
   *) echo "setup-system: unsupported distribution '$ID' (Debian 12 or Ubuntu 24.04 expected)" >&2; exit 2 ;;
 esac
 

@@ -207,10 +207,11 @@ def test_is_instrumentation_prefixes() -> None:
     for name in ("InstrStartNode", "InstrStopNode", "ExecProcNodeInstr", "ExecProcNodeInstrLite",
                  "PostExecProcNodeInstr", "InstrEndLoop", "InstrUpdateTupleCount",
                  "__vdso_clock_gettime", "clock_gettime@@GLIBC_2.17", "__clock_gettime64",
-                 "[vdso]", "InstrStopNode.part.0", "pg_get_ticks_fast", "pg_ticks_to_ns"):
+                 "[vdso]", "InstrStopNode.part.0", "pg_get_ticks_fast", "pg_ticks_to_ns",
+                 "pg_instr_time_now", "pg_rdtscp", "pg_instr_ticks_to_ns", "InstrTimeThisCall"):
         assert is_instrumentation(name), name
     for name in ("ExecNestLoop", "ExecInterpExpr", "InstrAlloc", "clock_getres", "[postgres]",
-                 "__x64_sys_clock_gettime"):
+                 "__x64_sys_clock_gettime", "InstrSampleTiming", "pg_instr_clock_select"):
         assert not is_instrumentation(name), name
     assert "ExecProcNodeInstr" in INSTRUMENTATION_FUNCTIONS
 

@@ -101,8 +101,11 @@ order skipping InitPlan/SubPlan children, then each sub-plan tree ordered by the
 number in its name (CTEs, named "CTE x", before the numbered ones since the
 planner plans them first).  Ids the executor never shows leave gaps we cannot
 see: a trivial SubqueryScan or single-child Append removed by setrefs after
-getting its id, the unused arm of an AlternativeSubPlan, Append children
-pruned at executor start-up ("Subplans Removed").  ``id_reliable`` is False
+getting its id, Append children pruned at executor start-up ("Subplans
+Removed").  (The unused arm of an AlternativeSubPlan leaves no gap: setrefs
+sets its glob->subplans entry to NULL before the sub-plans are numbered; the
+recorded ``subplans`` fixture — "SubPlan 3" and "SubPlan 4" after an unused
+"SubPlan 2" — shows ids 4 and 5 as predicted.)  ``id_reliable`` is False
 when the plan contains such a construct; the eBPF collector reads the real
 ``plan_node_id`` and node tag, and :func:`check_node_ids` compares them.
 

@@ -360,9 +360,6 @@ def collect_callgrind_cluster(
 # ---------------------------------------------------------------------------
 # perf stat (machines with hardware counters)
 
-_NOT_COUNTED = ("<not supported>", "<not counted>")
-
-
 def perf_stat_instructions_available(event: str = "instructions:u") -> bool:
     """True when ``perf stat -e EVENT`` counts on this machine (False in most VMs).
 
@@ -385,32 +382,34 @@ def perf_stat_instructions_available(event: str = "instructions:u") -> bool:
 
 
 def parse_perf_stat_csv(text: str, event: str) -> tuple[float, str]:
-    """Value and unit of *event* in ``perf stat -x,`` output.
+    """Value and unit of *event* in ``perf stat -x,`` output (via profkit.parse.perf_stat).
 
     Producer: ``perf stat -x, -e instructions:u -p PID`` (stderr or ``-o FILE``).
     Example::
 
         4153264,,instructions:u,1095204,100.00,,
         -> (4153264.0, "")
+
+    ``<not supported>`` / ``<not counted>`` raise :class:`ProbeError` saying to use
+    callgrind.
     """
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        fields = line.split(",")
-        if len(fields) < 3 or fields[2] != event:
-            continue
-        raw = fields[0].strip()
-        if raw in _NOT_COUNTED:
-            raise ProbeError(
-                f"perf stat cannot count {event!r} here ({raw}): no hardware performance "
-                "counters (typical in a VM). Count instructions with callgrind instead "
-                "(profkit.collect.callgrind.collect_callgrind)."
-            )
-        try:
-            return float(raw), fields[1].strip()
-        except ValueError:
-            raise ProbeError(f"perf stat printed {raw!r} for {event!r}, not a number") from None
-    raise ProbeError(f"perf stat output has no line for event {event!r}:\n{text[:500]}")
+    from profkit.parse.perf_stat import parse_perf_stat
+
+    try:
+        df = parse_perf_stat(text.splitlines())
+    except ProfkitError as e:
+        raise ProbeError(f"cannot read perf stat output: {e}") from None
+    rows = df[df["event"] == event]
+    if rows.empty:
+        raise ProbeError(f"perf stat output has no line for event {event!r}:\n{text[:500]}")
+    row = rows.iloc[0]
+    if not bool(row["supported"]):
+        raise ProbeError(
+            f"perf stat cannot count {event!r} here (<not supported>): no hardware performance "
+            "counters (typical in a VM). Count instructions with callgrind instead "
+            "(profkit.collect.callgrind.collect_callgrind)."
+        )
+    return float(row["value"]), str(row["unit"])
 
 
 def perf_stat_instructions(

@@ -32,8 +32,11 @@ from profkit.errors import ParseError
 #   which read the clock through clock_gettime (glibc → vDSO);
 # - seed step 1/2/3 patches: ExecProcNodeInstrLite, PostExecProcNodeInstr;
 # - InstrEndLoop / InstrUpdateTupleCount: per-loop bookkeeping;
-# - the rdtsc ("tsc" clock source) patch set: pg_get_ticks[_fast], pg_ticks_to_ns and
-#   pg_clock_gettime[_ns] replace clock_gettime when they are not inlined.
+# - the "tsc" clock source: this project's tsc_clock patch reads the clock through
+#   pg_instr_time_now → pg_rdtsc/pg_rdtscp and converts with pg_instr_ticks_to_ns; the
+#   upstream rdtsc thread's names are pg_get_ticks[_fast], pg_ticks_to_ns and
+#   pg_clock_gettime[_ns] (all static inline: frames only where gcc did not inline them);
+# - the sampled_timing patch decides per call with InstrTimeThisCall.
 # `[vdso]` is what an unresolved vDSO frame is called (see profkit.parse.perf_script).
 INSTRUMENTATION_FUNCTIONS: frozenset[str] = frozenset({
     "InstrStartNode",
@@ -47,6 +50,11 @@ INSTRUMENTATION_FUNCTIONS: frozenset[str] = frozenset({
     "__clock_gettime",
     "__vdso_clock_gettime",
     "[vdso]",
+    "pg_instr_time_now",
+    "pg_instr_ticks_to_ns",
+    "pg_rdtsc",
+    "pg_rdtscp",
+    "InstrTimeThisCall",
     "pg_get_ticks",
     "pg_get_ticks_fast",
     "pg_ticks_to_ns",

@@ -39,12 +39,16 @@ def parse_ltrace_summary(text: str, *, run_id: str = "", build: str = "",
     line and sets ``complete`` False; a garbled row in the middle raises
     :class:`ParseError`.
     """
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    cut = bool(text) and not text.endswith("\n")
+    raw = text.splitlines()
+    if cut:
+        raw = raw[:-1]  # ltrace ends every line with a newline: the last one was cut short
+    lines = [ln for ln in raw if ln.strip()]
     rows: list[dict[str, object]] = []
     total_calls: int | None = None
     seen_header = False
     rules = 0
-    for i, line in enumerate(lines):
+    for line in lines:
         if _HEADER.match(line):
             seen_header = True
             continue
@@ -64,8 +68,6 @@ def parse_ltrace_summary(text: str, *, run_id: str = "", build: str = "",
             rows.append({"function": fn, "calls": int(calls), "self": float(secs),
                          "self_share": float(pct) / 100.0, "usecs_per_call": int(usecs)})
             continue
-        if i == len(lines) - 1 and not text.endswith("\n"):
-            break  # a partial last line: output was cut
         raise ParseError(f"unexpected line in ltrace -c output: {line!r}")
     df = pd.DataFrame(rows, columns=["function", "calls", "self", "self_share",
                                      "usecs_per_call"])
@@ -74,7 +76,7 @@ def parse_ltrace_summary(text: str, *, run_id: str = "", build: str = "",
     df.insert(2, "tool", "ltrace")
     df["module"] = module
     df["total"] = df["self"]
-    complete = total_calls is not None
+    complete = total_calls is not None and not cut
     if complete and int(df["calls"].sum()) != total_calls:
         raise ParseError(f"ltrace summary rows add up to {int(df['calls'].sum())} calls but its "
                          f"total line says {total_calls}")

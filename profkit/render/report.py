@@ -156,7 +156,12 @@ def _provenance_lines(prov: Mapping[str, Any]) -> list[str]:
     counter = take("instruction_counter", "instr_tool")
     machine = take("machine")
     builds = take("builds")
+    if not builds and isinstance(prov.get("build"), Mapping):  # a one-build run
+        builds = [take("build")]
+        shown.add("build_name")
     settings = take("settings")
+    tools = take("tools")
+    artifacts = take("artifacts")
     if run_id:
         lines.append(f"- **Run:** `{run_id}`")
     if date:
@@ -184,6 +189,10 @@ def _provenance_lines(prov: Mapping[str, Any]) -> list[str]:
             lines.append(f"  - `{name}`: {_build_line(info)}")
     if isinstance(settings, Mapping) and settings:
         lines.append("- **Settings:** " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if isinstance(tools, Mapping) and tools:
+        lines.append("- **Tools:** " + "; ".join(f"{k}: {v}" for k, v in tools.items() if v))
+    if isinstance(artifacts, Mapping) and artifacts:
+        lines.append("- **Files:** " + ", ".join(f"`{k}`" for k in artifacts))
     for k, v in prov.items():
         if k in shown or v in (None, "", [], {}):
             continue
@@ -199,7 +208,9 @@ def _build_line(info: Any) -> str:
     parts = []
     pgc = info.get("pg_config") or {}
     version = pgc.get("VERSION") if isinstance(pgc, Mapping) else None
-    version = version or info.get("version")
+    src = info.get("source") or {}
+    version = version or info.get("version") or (
+        src.get("version") if isinstance(src, Mapping) else None)
     if version:
         parts.append(str(version))
     patches = info.get("patches") or []
@@ -370,7 +381,7 @@ def _footer(prov: Mapping[str, Any] | None) -> str:
         bits.append(f"{prov['reps']} reps")
     m = prov.get("machine")
     if isinstance(m, Mapping):
-        for k in ("cpu", "cpu_model", "kernel", "virtualization"):
+        for k in ("cpu", "cpu_model", "kernel", "clocksource", "virtualization"):
             if m.get(k):
                 bits.append(str(m[k]))
     if prov.get("instruction_counter"):

@@ -1,0 +1,53 @@
+# profkit: `make demo` (the main job) and `make test` (all tests) install what
+# they need first, idempotently: system packages, then a venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+# PROFKIT_VENV: a venv outside the tree (the Vagrant VM keeps its own off the synced folder)
+VENV := $(or $(PROFKIT_VENV),.venv)
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSSTAMP := .system-ready
+PYTEST_ARGS ?=
+
+.PHONY: all setup system venv test test-fast demo lab regress clean-venv lint
+
+all: setup
+
+setup: system venv
+
+# Re-checked every time (fast when everything is installed).
+system:
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/setup-system.sh; else sudo bash scripts/setup-system.sh; fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -m profkit.collect.kheaders --link-bcc || true
+	@touch $(STAMP)
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Without PostgreSQL builds (parsers, renderers, statistics).
+test-fast: setup
+	$(BIN)/pytest -m "not pg and not slow and not browser" $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/profkit reproduce
+
+lab: setup
+	$(BIN)/jupyter lab --no-browser --ip=$${LAB_IP:-127.0.0.1} --port=$${PORT:-8888} \
+	  --ServerApp.root_dir=$(CURDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# PostgreSQL's own regression suite on every patch variant (slow: see README).
+regress: setup
+	$(BIN)/profkit regress --all
+
+lint: venv
+	$(BIN)/ruff check profkit tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

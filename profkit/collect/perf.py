@@ -1,0 +1,662 @@
+"""perf on a running PostgreSQL backend: ``perf record`` while a query runs, ``perf stat``.
+
+What :func:`record_query` does, for one backend (the pid behind a connection):
+
+1. creates ``profiles/<run_id>/`` with provenance (:mod:`profkit.collect.artifacts`) and
+   saves this kernel's vDSO image there (``vdso.so``, see below);
+2. starts ``perf record -F FREQ -g -p PID -o perf.data`` (frame-pointer call graphs: the
+   builds use ``-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer``;
+   ``call_graph="dwarf"`` records ``--call-graph dwarf`` instead, ~8 MB/s) and, where
+   asked, ``perf stat -x, -p PID`` beside it, both through :class:`profkit.run.Background`;
+3. waits until perf is attached — perf prints nothing reliable when it is, so we poll
+   ``/proc/<perf pid>/fd`` for its ``anon_inode:[perf_event]`` descriptors and then give
+   it a moment to map its ring buffers — so the first rows of the query are sampled;
+4. runs the query (``reps`` times), then stops perf with SIGINT (never SIGKILL: that
+   leaves an unreadable perf.data) and waits for it to finish writing;
+5. ``perf script -i perf.data`` → ``perf.script.txt`` (streamed to the file; gzip on
+   request), folded by :mod:`profkit.parse.perf_script` into ``stacks.folded``,
+   ``stacks.parquet`` and ``functions.parquet``; ``perf stat``'s CSV into
+   ``perf_stat.parquet``.
+
+Collecting and parsing are separate steps (:func:`record_query` / :func:`record_pid`
+record; :func:`script` and :func:`fold_run` turn a run directory into tables) so a run
+can be parsed again later, elsewhere, from its directory alone.
+
+**Build-id cache.** ``perf record`` copies (hard-links, on the same file system) every
+binary it sampled into a build-id cache, and ``perf script`` symbolises from there first.
+profkit points perf at its own cache (``<profkit cache>/perf-buildid``, ``perf
+--buildid-dir``) rather than ``~/.debug``: a rebuilt PostgreSQL at the same path does
+not spoil older recordings, and nothing lands in root's home.
+
+**vDSO frames.** clock_gettime's fast path runs in the vDSO. perf names its frames
+(``__vdso_clock_gettime``) only if it finds the image: ``perf record`` caches it under
+``[vdso]/<build-id>/vdso`` in the build-id cache, so on this machine ``perf script``
+prints ``b46 __vdso_clock_gettime+0x56 ([vdso])``. With another cache, user or machine it
+prints ``b46 [unknown] ([vdso])``; for that case the collector keeps a copy of the image
+(``vdso.so``, read from this process's own ``[vdso]`` mapping — the kernel maps the same
+image into every process) and the folding names those frames from its ELF symbols
+(:class:`profkit.parse.perf_script.VdsoSymbols`). Either way the frame is called
+``__vdso_clock_gettime``. The image's build-id is checked against the one perf recorded.
+
+**Bad input.** A pid that does not exist, or a backend that exits while perf records,
+raises :class:`PerfError` after perf is stopped; perf.data (and, when possible, its perf
+script text) stays in the run directory and the message names it. perf missing raises
+:class:`~profkit.errors.ToolNotFound` with the package to install. A perf.data whose
+PostgreSQL frames cannot be symbolised — nearly all of them ``[unknown]`` while perf
+names the postgres binary as their module, i.e. the binary at that path is not the one
+that was recorded (rebuilt since, or another machine's) — raises :class:`PerfError`
+saying so (:func:`check_symbolisation`).
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import pandas as pd
+
+from profkit import paths, tables
+from profkit.collect.artifacts import RunDir, load_run, new_run, server_settings
+from profkit.errors import CommandFailed, ProbeError, ToolNotFound
+from profkit.parse.folded import instrumentation_share, write_folded
+from profkit.parse.perf_script import PerfFolding, VdsoSymbols, dump_vdso, fold_perf_script
+from profkit.run import Background, format_argv, install_hint, which
+from profkit.run import run as run_argv
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from profkit.pg.cluster import Cluster
+
+T = TypeVar("T")
+log = logging.getLogger("profkit.collect.perf")
+
+DEFAULT_FREQ = 999
+SOFTWARE_EVENTS: tuple[str, ...] = ("task-clock", "context-switches", "cpu-migrations",
+                                    "page-faults")
+HARDWARE_EVENTS: tuple[str, ...] = ("instructions", "cycles", "branches", "branch-misses")
+CallGraph = Literal["fp", "dwarf"]
+
+# artifact names inside a run directory
+PERF_DATA = "perf.data"
+RECORD_LOG = "perf-record.log"
+STAT_CSV = "perf-stat.csv"
+STAT_LOG = "perf-stat.log"
+SCRIPT_TXT = "perf.script.txt"
+SCRIPT_ERR = "perf-script.err"
+VDSO_IMAGE = "vdso.so"
+FOLDED = "stacks.folded"
+STACKS_PARQUET = "stacks.parquet"
+FUNCTIONS_PARQUET = "functions.parquet"
+STAT_PARQUET = "perf_stat.parquet"
+QUERY_OUTPUT = "query-output.txt"
+
+# A frame-pointer walk ends in one unsymbolised frame in the binary (the return address
+# below _start), so a sound recording has ~1 unknown postgres frame in ~20; a binary
+# that changed since recording has nearly all of them unknown.
+MISMATCH_UNKNOWN_SHARE = 0.5
+MISMATCH_MIN_FRAMES = 20
+
+
+class PerfError(ProbeError):
+    """perf could not record or symbolise; the message says why, what was kept, what to do."""
+
+
+# --------------------------------------------------------------------------- tool
+
+def perf_path(perf: str = "perf") -> str:
+    """The perf executable, or :class:`ToolNotFound` with the package that installs it."""
+    try:
+        return which(perf)
+    except ToolNotFound:
+        raise ToolNotFound(f"perf not found ({perf!r} is not an executable on PATH or a "
+                           f"path); {install_hint('perf')}") from None
+
+
+def buildid_dir() -> Path:
+    """profkit's perf build-id cache (see the module docstring)."""
+    return paths.sub("perf-buildid")
+
+
+def _perf(perf: str, *args: str | os.PathLike[str]) -> list[str]:
+    return [perf, "--buildid-dir", str(buildid_dir()), *(str(a) for a in args)]
+
+
+@functools.cache
+def hardware_counters(perf: str = "perf") -> bool:
+    """True if ``perf stat -e instructions`` counts here (False in most VMs)."""
+    exe = perf_path(perf)
+    cp = run_argv([exe, "stat", "-x,", "-e", "instructions", "true"], timeout=30, check=False,
+             what="perf stat")
+    text = (cp.stderr or "") + (cp.stdout or "")
+    for line in text.splitlines():
+        if ",instructions" in line:
+            return not line.startswith("<") and cp.returncode == 0
+    return False
+
+
+def stat_events(perf: str = "perf") -> tuple[str, ...]:
+    """Events for ``perf stat``: hardware counters where they exist, software always."""
+    return (HARDWARE_EVENTS if hardware_counters(perf) else ()) + SOFTWARE_EVENTS
+
+
+# --------------------------------------------------------------------------- processes
+
+def pid_alive(pid: int) -> bool:
+    """True while *pid* exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _perf_event_fds(pid: int) -> int:
+    n = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            if "perf_event" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+def wait_attached(bg: Background, *, timeout: float = 15.0, settle: float = 0.3) -> bool:
+    """Wait until perf (*bg*) holds perf_event descriptors, then *settle* seconds more
+    (it maps the ring buffers and enables the events after opening them). False if perf
+    exited first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not bg.alive():
+            return False
+        if _perf_event_fds(bg.pid):
+            time.sleep(settle)
+            return bg.alive()
+        time.sleep(0.02)
+    return bg.alive()
+
+
+def _log_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+_SAMPLES = re.compile(r"\((\d+) samples\)")
+
+
+def _samples_from_log(text: str) -> int | None:
+    m = _SAMPLES.search(text)
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------- recording
+
+@dataclass(frozen=True)
+class PerfRecording:
+    """What one ``perf record`` wrote (paths are inside ``run_dir``)."""
+
+    run_id: str
+    run_dir: str
+    pid: int
+    perf_data: str
+    record_argv: tuple[str, ...]
+    samples: int | None
+    freq: int
+    call_graph: str
+    stat_csv: str | None = None
+    vdso_image: str | None = None
+    seconds: float = 0.0
+    action_seconds: tuple[float, ...] = ()
+
+
+def record_pid(pid: int, action: Callable[[], T], *, run: RunDir, perf: str = "perf",
+               freq: int = DEFAULT_FREQ, call_graph: CallGraph = "fp", stat: bool = True,
+               binary: str | os.PathLike[str] | None = None, attach_timeout: float = 15.0,
+               stop_timeout: float = 120.0) -> tuple[PerfRecording, T]:
+    """Record *pid* with ``perf record`` (and ``perf stat``) while ``action()`` runs.
+
+    Writes perf.data, perf-record.log, vdso.so and (with *stat*) perf-stat.csv into
+    *run*; returns the recording and what *action* returned. *binary* is only recorded
+    in the provenance (the checks use it later). See the module docstring for errors.
+    """
+    exe = perf_path(perf)
+    if call_graph not in ("fp", "dwarf"):
+        raise PerfError(f"call_graph must be 'fp' (frame pointers) or 'dwarf', not "
+                        f"{call_graph!r}")
+    if freq <= 0:
+        raise PerfError(f"freq must be a positive number of samples per second, not {freq}")
+    if not pid_alive(pid):
+        raise PerfError(f"process {pid} does not exist (has the backend exited? a connection "
+                        "that was closed or terminated has no backend): reconnect and pass "
+                        "the new backend's pid, e.g. Cluster.backend_pid(conn)")
+    data = run.file(PERF_DATA)
+    log_path = run.file(RECORD_LOG)
+    vdso_path: str | None = None
+    try:
+        vdso_path = str(dump_vdso(run.file(VDSO_IMAGE)))
+        run.add_artifact(VDSO_IMAGE, "this kernel's vDSO image, to name [vdso] frames")
+    except Exception:  # noqa: BLE001 - a missing vDSO only loses frame names
+        vdso_path = None
+    cg = ["-g"] if call_graph == "fp" else ["--call-graph", "dwarf"]
+    argv = _perf(exe, "record", "-F", str(freq), *cg, "-p", str(pid), "-o", data)
+    run.update(backend_pid=pid, tool_command=format_argv(argv[0:1] + argv[3:]),
+               perf={"freq": freq, "call_graph": call_graph, "binary": str(binary or ""),
+                     "buildid_dir": str(buildid_dir())})
+    rec = Background(argv, stdout_path=log_path, stderr_path=log_path,
+                     stop_signal=signal.SIGINT, stop_timeout=stop_timeout, what="perf record")
+    st: Background | None = None
+    stat_csv = run.file(STAT_CSV)
+    t0 = time.monotonic()
+    times: list[float] = []
+    result: Any = None
+    failure: BaseException | None = None
+    rec.start()
+    try:
+        if not wait_attached(rec, timeout=attach_timeout):
+            rec.stop()
+            text = _log_text(log_path)
+            if "No such process" in text or not pid_alive(pid):
+                raise PerfError(f"process {pid} exited before perf could attach; nothing was "
+                                f"recorded (perf said: {text[-300:]!r})")
+            raise PerfError(f"perf record did not start: {text[-800:] or 'no output'} "
+                            f"(command: {format_argv(argv)}). If it mentions "
+                            "perf_event_paranoid, run as root or lower "
+                            "/proc/sys/kernel/perf_event_paranoid.")
+        run.add_artifact(PERF_DATA, f"perf record ({call_graph} call graphs, {freq} Hz)")
+        run.add_artifact(RECORD_LOG, "perf record's messages")
+        if stat:
+            st = Background(_perf(exe, "stat", "-x,", "-o", stat_csv,
+                                  "-e", ",".join(stat_events(exe)), "-p", str(pid)),
+                            stdout_path=run.file(STAT_LOG), stderr_path=run.file(STAT_LOG),
+                            stop_signal=signal.SIGINT, stop_timeout=30, what="perf stat")
+            st.start()
+            wait_attached(st, timeout=attach_timeout, settle=0.0)
+            run.add_artifact(STAT_CSV, "perf stat -x, counters over the same window")
+        ta = time.monotonic()
+        try:
+            result = action()
+        finally:
+            times.append(time.monotonic() - ta)
+    except PerfError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - action failed or Ctrl-C: stop perf, keep data
+        failure = e
+    finally:
+        if st is not None:
+            st.stop()
+        rc = rec.stop()
+        run.update(record_returncode=rc)
+    seconds = time.monotonic() - t0
+    log = _log_text(log_path)
+    samples = _samples_from_log(log)
+    recording = PerfRecording(
+        run_id=run.run_id, run_dir=str(run.path), pid=pid, perf_data=str(data),
+        record_argv=tuple(argv), samples=samples, freq=freq, call_graph=call_graph,
+        stat_csv=str(stat_csv) if stat and stat_csv.exists() else None,
+        vdso_image=vdso_path, seconds=seconds, action_seconds=tuple(times))
+    run.update(samples=samples, recording_seconds=round(seconds, 3))
+    exited = not pid_alive(pid)
+    if failure is not None or exited:
+        if isinstance(failure, KeyboardInterrupt):
+            run.finish(status="interrupted")
+            raise failure
+        kept = _keep_what_we_can(run, exe)
+        what = (f"process {pid} exited while perf was recording" if exited
+                else f"the profiled action failed while perf was recording: {failure}")
+        run.finish(status="failed", error=what)
+        raise PerfError(f"{what}. perf was stopped; what it recorded is kept: {kept} "
+                        f"(run {run.run_id}). Reconnect (a new backend has a new pid) and "
+                        f"record again.") from failure
+    if rc not in (0, -signal.SIGINT, 128 + signal.SIGINT):
+        raise PerfError(f"perf record failed with exit status {rc}: {log[-800:]} (perf.data "
+                        f"kept at {data})")
+    if not data.exists() or data.stat().st_size == 0:
+        raise PerfError(f"perf record wrote no data ({data}); its log: {log[-800:]}")
+    return recording, result
+
+
+def _keep_what_we_can(run: RunDir, perf: str) -> str:
+    """After a failure: name the perf.data kept and try to convert it to text too."""
+    data = run.file(PERF_DATA)
+    if not data.exists() or data.stat().st_size == 0:
+        return "nothing (perf.data is empty)"
+    samples = _samples_from_log(_log_text(run.file(RECORD_LOG)))
+    msg = f"{data} ({samples if samples is not None else '?'} samples)"
+    try:
+        txt = script(run, perf=perf)
+        msg += f" and its perf script text {txt}"
+    except Exception as e:  # noqa: BLE001 - best effort: perf.data itself is what counts
+        log.warning("could not convert %s to text: %s", data, e)
+    return msg
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """The last repetition's result rows and every repetition's wall time."""
+
+    rows: list[tuple[Any, ...]]
+    seconds: tuple[float, ...]
+
+
+def run_query(conn: psycopg.Connection, sql: str, reps: int = 1) -> QueryResult:
+    """Run *sql* *reps* times on *conn*, fetching everything (EXPLAIN output included)."""
+    rows: list[tuple[Any, ...]] = []
+    times: list[float] = []
+    for _ in range(max(1, reps)):
+        t = time.perf_counter()
+        cur = conn.execute(sql)
+        rows = cur.fetchall() if cur.description is not None else []
+        times.append(time.perf_counter() - t)
+    return QueryResult(rows, tuple(times))
+
+
+def _query_text(rows: Sequence[tuple[Any, ...]]) -> str:
+    out = []
+    for r in rows:
+        out.append("\t".join(str(v) for v in r) if len(r) != 1 or not isinstance(r[0], str)
+                   else r[0])
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def record_query(cl: Cluster, conn: psycopg.Connection, sql: str, *, reps: int = 1,
+                 run: RunDir | None = None, workload: str | None = None,
+                 mode: str | None = None, scale: float | None = None,
+                 query_name: str | None = None, perf: str = "perf",
+                 freq: int = DEFAULT_FREQ, call_graph: CallGraph = "fp", stat: bool = True,
+                 base: str | os.PathLike[str] | None = None, run_id: str | None = None,
+                 ) -> tuple[PerfRecording, QueryResult]:
+    """Record the backend behind *conn* while it runs *sql* (``reps`` times).
+
+    Creates the run directory (unless *run* is given), records, writes the query's
+    output (EXPLAIN text) to query-output.txt. Parsing is :func:`fold_run`.
+    """
+    perf_path(perf)  # a missing perf fails before anything is created
+    pid = cl.backend_pid(conn)
+    if run is None:
+        run = new_run("perf", build=cl.build, workload=workload, mode=mode, base=base,
+                      run_id=run_id, tools=("gcc",))
+    run.update(query=sql, reps=reps, scale=scale, query_name=query_name,
+               settings=server_settings(conn), cluster={"port": cl.port,
+                                                        "datadir": str(cl.datadir)})
+    rec, res = record_pid(pid, lambda: run_query(conn, sql, reps), run=run, perf=perf,
+                          freq=freq, call_graph=call_graph, stat=stat,
+                          binary=cl.build.postgres)
+    run.file(QUERY_OUTPUT).write_text(_query_text(res.rows))
+    run.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
+    run.update(query_seconds=[round(s, 6) for s in res.seconds])
+    return rec, res
+
+
+# --------------------------------------------------------------------------- perf script
+
+def script(run: RunDir, *, perf: str = "perf", compress: bool = False,
+           symfs: str | os.PathLike[str] | None = None, timeout: float = 1800) -> Path:
+    """``perf script -i perf.data`` → perf.script.txt (or .txt.gz), streamed to the file.
+
+    *symfs*: look binaries up under this directory (perf's ``--symfs``), for a perf.data
+    brought from another machine.
+    """
+    exe = perf_path(perf)
+    data = run.file(PERF_DATA)
+    if not data.exists():
+        raise PerfError(f"no {PERF_DATA} in {run.path}: record first (record_query)")
+    out = run.file(SCRIPT_TXT)
+    err = run.file(SCRIPT_ERR)
+    out.unlink(missing_ok=True)
+    argv = _perf(exe, "script", "-i", data)
+    if symfs is not None:
+        argv += ["--symfs", str(symfs)]
+    try:
+        cp = run_cmd(argv, timeout=timeout, stdout_path=out)
+    except CommandFailed as e:
+        raise PerfError(f"perf script could not read {data}: {e.output_tail[-800:]} (a "
+                        "perf.data from a perf killed with SIGKILL is unreadable; record "
+                        "again)") from None
+    if cp.stderr and cp.stderr.strip():
+        err.write_text(cp.stderr)
+        run.add_artifact(SCRIPT_ERR, "perf script's warnings")
+    if compress:
+        gz = run.file(SCRIPT_TXT + ".gz")
+        with open(out, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        out.unlink()
+        out = gz
+    run.add_artifact(out.name, "perf script text (input of the folding)")
+    return out
+
+
+# the one place this module runs a command for its output file (kept separate for tests)
+run_cmd = functools.partial(run_argv, what="perf script")
+
+
+def script_path(run: RunDir) -> Path:
+    for name in (SCRIPT_TXT, SCRIPT_TXT + ".gz"):
+        if run.file(name).exists():
+            return run.file(name)
+    raise PerfError(f"no perf script text in {run.path}: run profkit.collect.perf.script()")
+
+
+# --------------------------------------------------------------------------- folding
+
+@dataclass(frozen=True)
+class PerfProfile:
+    """A recording folded into tables (also written as parquet in the run directory)."""
+
+    run: RunDir
+    folding: PerfFolding
+    stacks: pd.DataFrame
+    functions: pd.DataFrame
+    stat: pd.DataFrame | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, float]:
+        return self.folding.counts
+
+    @property
+    def instrumentation_share(self) -> float:
+        return instrumentation_share(self.functions)
+
+    def top(self, n: int = 10) -> pd.DataFrame:
+        """The *n* functions with the most self samples."""
+        cols = ["function", "module", "self", "self_share", "total", "total_share"]
+        return self.functions[cols].head(n).reset_index(drop=True)
+
+
+def _build_id(path: str | os.PathLike[str]) -> str | None:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for sec in elf.iter_sections():
+                if sec.header["sh_type"] == "SHT_NOTE":
+                    for note in sec.iter_notes():
+                        if note["n_type"] == "NT_GNU_BUILD_ID":
+                            return str(note["n_desc"])
+    except (OSError, ELFError):
+        return None
+    return None
+
+
+def recorded_build_ids(run: RunDir, perf: str = "perf") -> dict[str, str]:
+    """DSO path → build-id as perf recorded them (``perf buildid-list``)."""
+    exe = perf_path(perf)
+    cp = run_argv([*_perf(exe, "buildid-list", "-i", run.file(PERF_DATA))], timeout=120,
+             check=False, what="perf buildid-list")
+    out: dict[str, str] = {}
+    for line in (cp.stdout or "").splitlines():
+        bid, _, dso = line.strip().partition(" ")
+        if dso:
+            out[dso.strip()] = bid
+    return out
+
+
+def check_symbolisation(folding: PerfFolding, binary: str | os.PathLike[str], *,
+                        recorded_build_id: str | None = None) -> tuple[int, int]:
+    """Raise :class:`PerfError` if *binary*'s frames are (nearly) all unsymbolised.
+
+    Counts, weighted by samples, the frames whose module is *binary* and how many of
+    them perf left as ``[unknown]`` (named ``[postgres]`` by the folding). Returns
+    ``(unknown, total)``. More than half unknown (over at least a few frames) means the
+    binary at that path is not the one that was recorded.
+    """
+    b = str(binary)
+    base = os.path.basename(b)
+    unknown_name = f"[{base}]"
+    in_binary = {n for n, m in folding.modules.items()
+                 if m == b or (m and os.path.basename(m) == base)}
+    unknown = total = 0.0
+    for stack, w in folding.counts.items():
+        for f in stack.split(";")[1:]:
+            if f in in_binary:
+                total += w
+                if f == unknown_name:
+                    unknown += w
+    if total >= MISMATCH_MIN_FRAMES and unknown / total > MISMATCH_UNKNOWN_SHARE:
+        now = _build_id(b)
+        ids = ""
+        if recorded_build_id or now:
+            ids = (f" (build-id recorded {recorded_build_id or '?'}, now {now or '?'} at "
+                   f"that path)")
+        raise PerfError(
+            f"{unknown / total:.0%} of the {int(total)} stack frames in {b} could not be "
+            f"symbolised: the binary changed since recording{ids}, or the perf.data comes "
+            "from another machine. perf.data and its text are kept. Profile again with the "
+            "current build, or symbolise with the recorded binary: keep its build-id cache "
+            f"({buildid_dir()}) or pass symfs= a directory holding it.")
+    return int(unknown), int(total)
+
+
+def fold_run(run: RunDir | str | os.PathLike[str], *, perf: str = "perf",
+             binary: str | os.PathLike[str] | None = None, check: bool = True,
+             compress: bool = False, symfs: str | os.PathLike[str] | None = None
+             ) -> PerfProfile:
+    """perf script (if not done yet) → folded stacks → stacks/functions/perf_stat tables.
+
+    Writes stacks.folded, stacks.parquet, functions.parquet and perf_stat.parquet into
+    the run directory. *binary* (default: the build's postgres from the provenance)
+    is checked with :func:`check_symbolisation` unless ``check=False``.
+    """
+    rd = run if isinstance(run, RunDir) else load_run(run)
+    try:
+        txt = script_path(rd)
+    except PerfError:
+        txt = script(rd, perf=perf, compress=compress, symfs=symfs)
+    vdso: VdsoSymbols | None = None
+    if rd.file(VDSO_IMAGE).exists():
+        try:
+            vdso = VdsoSymbols.from_image(rd.file(VDSO_IMAGE))
+        except Exception:  # noqa: BLE001 - the frames then stay "[vdso]"
+            vdso = None
+    folding = fold_perf_script(txt, vdso=vdso)
+    build = str(rd.provenance.get("build_name") or "")
+    if binary is None:
+        binary = (rd.get("perf.binary") or rd.get("build.postgres")) or None
+    unknown_total: tuple[int, int] | None = None
+    if binary:
+        rec_id = None
+        if check:
+            try:
+                rec_id = recorded_build_ids(rd, perf).get(str(binary))
+            except Exception:  # noqa: BLE001 - only enriches the message
+                rec_id = None
+            if vdso is not None and vdso.build_id:
+                rd.update(vdso_build_id=vdso.build_id)
+        try:
+            unknown_total = check_symbolisation(folding, binary, recorded_build_id=rec_id)
+        except PerfError:
+            if check:
+                rd.update(status="unsymbolised")
+                raise
+    stacks = folding.stacks_df(run_id=rd.run_id, build=build, tool="perf")
+    functions = folding.functions_df(run_id=rd.run_id, build=build, tool="perf")
+    write_folded(folding.counts, rd.file(FOLDED))
+    stacks.to_parquet(rd.file(STACKS_PARQUET), index=False)
+    functions.to_parquet(rd.file(FUNCTIONS_PARQUET), index=False)
+    stat_df = None
+    if rd.file(STAT_CSV).exists():
+        from profkit.parse.perf_stat import parse_perf_stat
+
+        stat_df = parse_perf_stat(rd.file(STAT_CSV), run_id=rd.run_id, build=build)
+        stat_df.to_parquet(rd.file(STAT_PARQUET), index=False)
+        rd.add_artifact(STAT_PARQUET, "perf_stat table")
+    for name, what in ((FOLDED, "folded stacks (stackcollapse format)"),
+                       (STACKS_PARQUET, "stacks table"),
+                       (FUNCTIONS_PARQUET, "functions table (self/total samples)")):
+        rd.add_artifact(name, what)
+    share = instrumentation_share(functions)
+    rd.finish(status="ok", samples_folded=folding.samples, events=list(folding.events),
+              instrumentation_share=round(share, 6),
+              unknown_binary_frames=list(unknown_total) if unknown_total else None)
+    return PerfProfile(rd, folding, stacks, functions, stat_df,
+                       {"instrumentation_share": share})
+
+
+def load_profile(run: RunDir | str | os.PathLike[str]) -> PerfProfile:
+    """A folded run read back from its directory (no perf needed)."""
+    from profkit.parse.folded import read_folded
+
+    rd = run if isinstance(run, RunDir) else load_run(run)
+    if not rd.file(FUNCTIONS_PARQUET).exists():
+        raise PerfError(f"run {rd.run_id} has not been folded yet: fold_run({str(rd.path)!r})")
+    counts = read_folded(rd.file(FOLDED))
+    folding = PerfFolding(counts=counts, modules={}, samples=int(sum(counts.values())))
+    stacks = tables.validate(pd.read_parquet(rd.file(STACKS_PARQUET)), "stacks")
+    functions = tables.validate(pd.read_parquet(rd.file(FUNCTIONS_PARQUET)), "functions")
+    stat = (tables.validate(pd.read_parquet(rd.file(STAT_PARQUET)), "perf_stat")
+            if rd.file(STAT_PARQUET).exists() else None)
+    return PerfProfile(rd, folding, stacks, functions, stat,
+                       {"instrumentation_share": instrumentation_share(functions)})
+
+
+# --------------------------------------------------------------------------- whole workflow
+
+def profile_workload(build: Any, workload: str = "nested_loop", *, scale: float = 0.05,
+                     mode: str = "analyze_timing", reps: int = 1, freq: int = DEFAULT_FREQ,
+                     call_graph: CallGraph = "fp", stat: bool = True, perf: str = "perf",
+                     warmup: bool = True, base: str | os.PathLike[str] | None = None,
+                     progress: Callable[[str], None] | None = None) -> PerfProfile:
+    """Build (cached) → throwaway cluster → load *workload* → record *mode* → fold.
+
+    *build*: a preset name or a :class:`~profkit.pg.build.Build`. A warm-up run of the
+    query (not recorded) fills the caches first, so the profile shows the steady state.
+    """
+    from profkit.pg.build import Build, get_build
+    from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+
+    say = progress or (lambda _m: None)
+    perf_path(perf)
+    b = build if isinstance(build, Build) else get_build(build, progress=say)
+    wl = get_workload(workload)
+    sql = wl.query(mode)
+    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
+    with Cluster(b, name=f"perf-{b.name}") as cl, cl.connect() as conn:
+        say(f"loading {workload} at scale {scale}")
+        wl.load(conn, scale)
+        if warmup:
+            run_query(conn, sql, 1)
+        say(f"recording {qname} on {b.name} (perf, {freq} Hz, {call_graph})")
+        rec, _res = record_query(cl, conn, sql, reps=reps, workload=workload, mode=mode,
+                                 scale=scale, query_name=qname, perf=perf, freq=freq,
+                                 call_graph=call_graph, stat=stat, base=base)
+    say(f"folding {rec.samples} samples")
+    return fold_run(load_run(rec.run_dir), perf=perf, binary=b.postgres)

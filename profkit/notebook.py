@@ -1,0 +1,528 @@
+"""Small helpers the notebooks (and the ``%%profkit`` magic) share.
+
+- :class:`Run` — one directory under ``profiles/`` read back (provenance and
+  tables), with ``_repr_html_``; :func:`list_runs` / :func:`latest_run` find
+  earlier runs so a notebook can start from disk instead of re-collecting.
+- :func:`available_builds` — the builds a notebook asked for, split into the
+  ones that are cached (or cheap: vanilla) and the ones skipped, with the reason.
+- :class:`Progress` — a progress bar that updates in place in a notebook (one
+  display handle, no ipywidgets needed) and falls back to plain lines elsewhere.
+- :class:`Comparison` — build-to-build comparisons with ``_repr_html_``.
+- :func:`plan_tree` — a plan_nodes table drawn as an indented tree table.
+- :func:`show` — display several rich objects (flamegraphs are iframes, so
+  several in one notebook do not clash).
+
+Nothing here collects: collection lives in :mod:`profkit.collect` and
+:mod:`profkit.bench`; this module only finds, loads and shows.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import pandas as pd
+
+from profkit import paths
+from profkit.errors import ProfkitError
+
+
+class NotebookError(ProfkitError):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Where am I running?
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (display handles work), False in a terminal/pytest."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return False
+    ip = get_ipython()
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def show(*objs: Any) -> None:
+    """Display each object with its richest representation (print outside IPython)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover
+        get_ipython = None  # type: ignore[assignment]
+    if get_ipython is not None and get_ipython() is not None:
+        for o in objs:
+            display(o)
+        return
+    for o in objs:
+        print(o)
+
+
+# ---------------------------------------------------------------------------
+# Progress
+
+
+class Progress:
+    """A progress bar for long notebook work (builds, benchmark repetitions, probes).
+
+    In a Jupyter kernel it is one HTML display updated in place; elsewhere each
+    update is a line on stderr (throttled).  Use it as a context manager, call
+    :meth:`advance` per unit of work, and pass :meth:`say` wherever profkit
+    takes a ``progress`` callback (``get_build(..., progress=p.say)``).
+    """
+
+    def __init__(self, total: int | None = None, description: str = "",
+                 *, min_interval_s: float = 0.2) -> None:
+        self.total = total
+        self.description = description
+        self.done = 0
+        self.message = ""
+        self.started = time.monotonic()
+        self.min_interval_s = min_interval_s
+        self._last = 0.0
+        self._handle: Any = None
+        self._closed = False
+        if in_notebook():
+            from IPython.display import HTML, display
+
+            self._handle = display(HTML(self._html()), display_id=True)
+
+    # -- updates -----------------------------------------------------------
+    def advance(self, n: int = 1, message: str | None = None) -> None:
+        self.done += n
+        if message is not None:
+            self.message = message
+        self._refresh()
+
+    def say(self, message: str) -> None:
+        """A ``progress=`` callback: show *message* without advancing."""
+        self.message = message
+        self._refresh(force=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._refresh(force=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.message = f"stopped: {exc[1]}"
+        self.close()
+
+    # -- rendering -----------------------------------------------------------
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return min(1.0, self.done / self.total)
+
+    def text(self) -> str:
+        elapsed = time.monotonic() - self.started
+        count = f"{self.done}/{self.total}" if self.total else f"{self.done}"
+        msg = f" — {self.message}" if self.message else ""
+        return f"{self.description} [{count}] {elapsed:.1f} s{msg}"
+
+    def _html(self) -> str:
+        frac = self.fraction
+        pct = 0.0 if frac is None else frac * 100
+        bar = (f"<div style='display:inline-block;width:240px;height:12px;background:#ddd;"
+               f"vertical-align:middle;margin-right:8px'><div style='width:{pct:.1f}%;"
+               f"height:12px;background:#4C72B0'></div></div>") if frac is not None else ""
+        return f"<div style='font-family:monospace'>{bar}{html.escape(self.text())}</div>"
+
+    def _refresh(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.min_interval_s and (
+                self.total is None or self.done < self.total):
+            return
+        self._last = now
+        if self._handle is not None:
+            from IPython.display import HTML
+
+            self._handle.update(HTML(self._html()))
+        else:
+            print(self.text(), file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Builds
+
+
+@dataclass
+class BuildChoice:
+    """The builds a notebook will use and the ones it skipped (with why)."""
+
+    builds: dict[str, Any] = field(default_factory=dict)   # name -> profkit.pg.build.Build
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.builds)
+
+    def report(self) -> str:
+        lines = [f"using builds: {', '.join(self.builds) or 'none'}"]
+        for name, why in self.skipped.items():
+            lines.append(f"SKIPPED build {name}: {why}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(n)}</td><td>used</td>"
+            f"<td>{html.escape(str(getattr(b, 'key', ''))[:12])}</td></tr>"
+            for n, b in self.builds.items())
+        rows += "".join(
+            f"<tr><td>{html.escape(n)}</td><td style='color:#b00'>skipped</td>"
+            f"<td>{html.escape(why)}</td></tr>" for n, why in self.skipped.items())
+        return f"<table><tr><th>build</th><th>status</th><th>key / reason</th></tr>{rows}</table>"
+
+
+# Builds a notebook may build on the spot when missing: vanilla is what the test
+# suite's fixtures build anyway; everything else must come from the cache.
+ALWAYS_BUILD = ("vanilla",)
+
+
+def available_builds(wanted: Sequence[str], *, build_missing: Iterable[str] = ALWAYS_BUILD,
+                     progress: Callable[[str], None] | None = None) -> BuildChoice:
+    """Split *wanted* into cached builds and skipped ones (never silently).
+
+    Names in *build_missing* are built when not cached (vanilla by default);
+    the others are used only if :func:`profkit.pg.build.find_build` finds them.
+    An unknown preset name is skipped with the list of known presets.
+    """
+    from profkit.pg.build import find_build, get_build, presets
+
+    known = presets()
+    allowed = set(build_missing)
+    out = BuildChoice()
+    for name in wanted:
+        if name in out.builds or name in out.skipped:
+            continue
+        if name not in known:
+            out.skipped[name] = f"unknown preset (known: {', '.join(sorted(known))})"
+            continue
+        try:
+            b = find_build(name)
+            if b is None and name in allowed:
+                b = get_build(name, progress=progress)
+        except ProfkitError as e:
+            out.skipped[name] = f"{type(e).__name__}: {e}"
+            continue
+        if b is None:
+            out.skipped[name] = (f"not built yet (build it with `profkit build {name}`, "
+                                 "then re-run this notebook)")
+        else:
+            out.builds[name] = b
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Runs under profiles/
+
+
+_TABLE_SUFFIXES = (".parquet", ".csv")
+
+
+@dataclass
+class Run:
+    """One run directory under ``profiles/``: provenance.json and its tables."""
+
+    path: Path
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path_or_id: str | Path, root: Path | None = None) -> Run:
+        p = Path(path_or_id)
+        if not p.is_absolute() and not p.exists():
+            p = (root or paths.profiles_dir()) / str(path_or_id)
+        p = p.resolve()
+        if not p.is_dir():
+            raise NotebookError(f"no run directory {p}: pass a directory under "
+                                f"{root or paths.profiles_dir()} or a run id")
+        prov: dict[str, Any] = {}
+        pf = p / "provenance.json"
+        if pf.exists():
+            try:
+                prov = json.loads(pf.read_text())
+            except json.JSONDecodeError as e:
+                raise NotebookError(f"{pf} is not valid JSON ({e}); the run's tables "
+                                    "are still there to read by hand") from None
+        return cls(p, prov)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.provenance.get("run_id") or self.path.name)
+
+    @property
+    def created(self) -> float:
+        try:
+            return (self.path / "provenance.json").stat().st_mtime
+        except OSError:
+            return self.path.stat().st_mtime
+
+    def _prov(self, *keys: str) -> Any:
+        for k in keys:
+            if k in self.provenance and self.provenance[k] not in (None, ""):
+                return self.provenance[k]
+        params = self.provenance.get("params") or self.provenance.get("settings") or {}
+        for k in keys:
+            if isinstance(params, Mapping) and k in params:
+                return params[k]
+        return None
+
+    @property
+    def builds(self) -> list[str]:
+        b = self._prov("builds")
+        if b is None and self._prov("build_name"):
+            return [str(self._prov("build_name"))]  # a collector's run (artifacts.new_run)
+        if isinstance(b, Mapping):
+            return list(b)
+        if isinstance(b, list):
+            return [x if isinstance(x, str) else str(x.get("build", x.get("name", x)))
+                    for x in b]
+        if self.has("timings"):
+            return [str(x) for x in self.table("timings")["build"].unique()]
+        return []
+
+    @property
+    def workload(self) -> str | None:
+        w = self._prov("workload")
+        return None if w is None else str(w)
+
+    @property
+    def scale(self) -> float | None:
+        s = self._prov("scale")
+        try:
+            return None if s is None else float(s)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def kind(self) -> str:
+        return str(self._prov("kind", "tool") or "bench")
+
+    def files(self) -> list[str]:
+        return sorted(p.name for p in self.path.iterdir())
+
+    def has(self, table: str) -> bool:
+        return any((self.path / f"{table}{s}").exists() for s in _TABLE_SUFFIXES)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """``<name>.parquet`` (preferred, keeps dtypes) or ``<name>.csv``."""
+        pq = self.path / f"{name}.parquet"
+        if pq.exists():
+            return pd.read_parquet(pq)
+        csv = self.path / f"{name}.csv"
+        if csv.exists():
+            return pd.read_csv(csv)
+        raise NotebookError(f"run {self.run_id} has no table {name!r} "
+                            f"(files: {', '.join(self.files())})")
+
+    def timings(self) -> pd.DataFrame:
+        from profkit import tables
+
+        return tables.validate(self.table("timings"), "timings")
+
+    def summary(self) -> pd.DataFrame:
+        return self.table("summary")
+
+    def __repr__(self) -> str:
+        return (f"<Run {self.run_id} builds={self.builds} workload={self.workload} "
+                f"scale={self.scale} at {self.path}>")
+
+    def _repr_html_(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
+        rows = [("run", self.run_id), ("kind", self.kind), ("written", when),
+                ("builds", ", ".join(self.builds) or "-"), ("workload", self.workload or "-"),
+                ("scale", "-" if self.scale is None else f"{self.scale:g}"),
+                ("directory", str(self.path)), ("files", ", ".join(self.files()))]
+        for k in ("pg_version", "kernel", "cpu_model", "clocksource", "reps"):
+            v = self._prov(k)
+            if v is not None:
+                rows.append((k, str(v)))
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+                       for k, v in rows)
+        return f"<table>{body}</table>"
+
+
+def list_runs(root: str | Path | None = None) -> list[Run]:
+    """Every run directory under *root* (default profiles/), oldest first."""
+    base = Path(root) if root is not None else paths.profiles_dir()
+    if not base.is_dir():
+        return []
+    runs = []
+    for d in base.iterdir():
+        if d.is_symlink() or not d.is_dir() or d.name.startswith("."):
+            continue  # "latest" is a symlink to one of the others
+        if (d / "provenance.json").exists():
+            try:
+                runs.append(Run.load(d))
+            except NotebookError:
+                continue
+    return sorted(runs, key=lambda r: r.created)
+
+
+def latest_run(*, need: Sequence[str] = ("timings",), builds: Sequence[str] | None = None,
+               workload: str | None = None, scale: float | None = None,
+               kind: str | None = None, root: str | Path | None = None) -> Run | None:
+    """The newest run that has the tables in *need* and covers *builds*/*workload*/*scale*."""
+    for run in reversed(list_runs(root)):
+        if any(not run.has(t) for t in need):
+            continue
+        if kind is not None and run.kind != kind:
+            continue
+        if workload is not None and run.workload not in (None, workload):
+            continue
+        if scale is not None and run.scale is not None and not math.isclose(run.scale, scale):
+            continue
+        if builds is not None and not set(builds) <= set(run.builds):
+            continue
+        return run
+    return None
+
+
+def resolve_run(run_dir: str | Path | None, **criteria: Any) -> Run | None:
+    """A notebook's RUN_DIR parameter: that run if given, else the newest matching one."""
+    if run_dir:
+        return Run.load(run_dir)
+    return latest_run(**criteria)
+
+
+def new_run_dir(kind: str, root: str | Path | None = None) -> Path:
+    """A fresh ``profiles/<kind>-<timestamp>`` directory for a notebook's own collection."""
+    base = Path(root) if root is not None else paths.profiles_dir()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        d = base / (f"{kind}-{stamp}" + (f"-{i}" if i else ""))
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise NotebookError(f"could not create a run directory under {base}")
+
+
+def save_run(directory: Path, provenance: Mapping[str, Any],
+             tables: Mapping[str, pd.DataFrame]) -> Run:
+    """Write a notebook's own tables (parquet + csv) and provenance.json; return the Run."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, df in tables.items():
+        df.to_csv(directory / f"{name}.csv", index=False)
+        try:
+            df.to_parquet(directory / f"{name}.parquet", index=False)
+        except (ValueError, TypeError, ImportError):
+            pass  # object columns (histograms) that pyarrow cannot store: csv only
+    prov = {"run_id": directory.name, **provenance}
+    # provenance last: its presence marks the run complete (list_runs requires it)
+    (directory / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
+    return Run.load(directory)
+
+
+# ---------------------------------------------------------------------------
+# Comparisons
+
+
+@dataclass
+class Comparison:
+    """Build-to-build comparisons (rows of :func:`profkit.analyze.stats.compare_chain`)."""
+
+    table: pd.DataFrame
+    mode: str = ""
+
+    @classmethod
+    def chain(cls, timings: pd.DataFrame, builds: Sequence[str] | None = None,
+              mode: str = "analyze_notiming", **kwargs: Any) -> Comparison:
+        from profkit.analyze import stats
+
+        return cls(stats.compare_chain(timings, builds, mode, **kwargs), mode)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __repr__(self) -> str:
+        return f"<Comparison {self.mode}: {len(self.table)} pair(s)>\n{self.table}"
+
+    def _repr_html_(self) -> str:
+        if self.table.empty:
+            return f"<i>no comparison ({html.escape(self.mode)}): fewer than two builds</i>"
+        rows = []
+        for _, r in self.table.iterrows():
+            differs = bool(r.get("overhead_differs", False))
+            colour = "#060" if differs and r["overhead_diff_pct"] < 0 else (
+                "#b00" if differs else "#555")
+            verdict = ("lower" if r["overhead_diff_pct"] < 0 else "higher") if differs else \
+                "no difference beyond noise"
+            rows.append(
+                f"<tr><td>{html.escape(str(r['a']))} → {html.escape(str(r['b']))}</td>"
+                f"<td>{r['median_a_ms']:.3f} → {r['median_b_ms']:.3f}</td>"
+                f"<td>{r['overhead_a_pct']:.1f} % → {r['overhead_b_pct']:.1f} %</td>"
+                f"<td>{r['overhead_diff_pct']:+.1f} pp [{r['diff_ci_low_pct']:+.1f}, "
+                f"{r['diff_ci_high_pct']:+.1f}]</td>"
+                f"<td style='color:{colour}'>{verdict}</td></tr>")
+        head = ("<tr><th>builds</th><th>median ms</th><th>overhead</th>"
+                "<th>Δ overhead (95 % CI)</th><th>verdict</th></tr>")
+        return (f"<b>Comparison, mode {html.escape(self.mode)}</b>"
+                f"<table>{head}{''.join(rows)}</table>")
+
+
+# ---------------------------------------------------------------------------
+# Plans
+
+
+def plan_tree(nodes: pd.DataFrame, columns: Sequence[str] = ()) -> pd.DataFrame:
+    """A plan_nodes-like table (node_id, parent_id, node_type) as an indented tree.
+
+    Rows come out in depth-first order with a ``node`` column holding the node
+    type indented by depth ("→" marks children), followed by *columns*.
+    """
+    need = {"node_id", "parent_id", "node_type"}
+    if not need <= set(nodes.columns):
+        raise NotebookError(f"plan_tree needs columns {sorted(need)}; got {list(nodes.columns)}")
+    if nodes.empty:
+        return pd.DataFrame(columns=["node_id", "node", *columns])
+    children: dict[Any, list[Any]] = {}
+    by_id = {}
+    for _, r in nodes.iterrows():
+        nid = int(r["node_id"])
+        by_id[nid] = r
+        parent = None if pd.isna(r["parent_id"]) else int(r["parent_id"])
+        children.setdefault(parent, []).append(nid)
+    roots = [n for n in children.get(None, [])] or [min(by_id)]
+    # parents missing from the table (filtered rows) make their children roots too
+    roots += [n for p, kids in children.items() if p is not None and p not in by_id
+              for n in kids]
+    out = []
+    seen: set[int] = set()
+
+    def walk(nid: int, depth: int) -> None:
+        if nid in seen:
+            return
+        seen.add(nid)
+        r = by_id[nid]
+        label = ("    " * (depth - 1) + "  → " if depth else "") + str(r["node_type"])
+        out.append({"node_id": nid, "node": label, **{c: r[c] for c in columns}})
+        for k in sorted(children.get(nid, [])):
+            walk(k, depth + 1)
+
+    for r in sorted(roots):
+        walk(r, 0)
+    return pd.DataFrame(out)
+
+
+def styled_tree(tree: pd.DataFrame) -> Any:
+    """The tree table with the node column left-aligned and whitespace kept (for display)."""
+    return (tree.style.hide(axis="index")
+            .set_properties(subset=["node"], **{"text-align": "left", "white-space": "pre",
+                                                "font-family": "monospace"}))

@@ -1,0 +1,330 @@
+"""callgrind: parser on recorded outputs, the real tool, and a real PostgreSQL backend."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from profkit.collect import callgrind as cgc
+from profkit.errors import ClusterError, ParseError, ProbeError
+from profkit.parse import callgrind as cgp
+from profkit.run import run
+
+FIX = Path(__file__).parent / "fixtures" / "callgrind"
+COLS = ["function", "module", "calls", "self", "total"]
+
+
+def _expected(name: str) -> pd.DataFrame:
+    return pd.read_csv(FIX / name, dtype={"function": str, "module": str})
+
+
+def _table(prof: cgp.CallgrindProfile) -> pd.DataFrame:
+    f = prof.functions[COLS].copy()
+    f["function"] = f["function"].astype(str)
+    f["module"] = f["module"].astype(str)
+    f["calls"] = f["calls"].astype("float64")
+    f["self"] = f["self"].astype("int64")
+    f["total"] = f["total"].astype("int64")
+    return f.reset_index(drop=True)
+
+
+def _compare(got: pd.DataFrame, exp: pd.DataFrame) -> None:
+    key = ["module", "function"]
+    g = got.sort_values(key).reset_index(drop=True)
+    e = exp.sort_values(key).reset_index(drop=True)
+    e["calls"] = e["calls"].astype("float64")
+    pd.testing.assert_frame_equal(g[COLS], e[COLS], check_dtype=False)
+
+
+# ---------------------------------------------------------------------------
+# parser on recorded files
+
+
+def test_fib_fixture_matches_expected_and_callgrind_annotate():
+    prof = cgp.parse_callgrind_file(FIX / "fib.callgrind.out", run_id="r", build="b")
+    assert prof.totals == 142143 == prof.summary  # valgrind printed "Collected : 142143"
+    assert prof.events == ("Ir",) and prof.parts == 1
+    assert prof.header["cmd"] == "./fib 1000"
+    _compare(_table(prof), _expected("fib.expected.csv"))
+    f = prof.functions.set_index("function")
+    # fib(12): 2*F(13) - 1 = 465 calls, nested ones (fib'2) merged into fib
+    assert f.loc["fib", "calls"] == 465
+    assert "fib'2" not in f.index
+    assert f.loc["leaf", "calls"] == 1000 + 233
+    # inclusive of main equals callgrind_annotate --inclusive=yes (19,273); the
+    # recursive fib is 7,206 (the arc from work), not callgrind_annotate's 51,260 for fib'2
+    assert prof.inclusive("main") == 19273
+    assert prof.inclusive("fib") == 7206
+    assert prof.inclusive("leaf") == prof.self_cost("leaf") == 2466
+    assert f["self"].sum() == prof.totals
+    assert set(prof.functions["tool"]) == {"callgrind"}
+    assert set(prof.functions["unit"]) == {"instructions"}
+    assert prof.functions["self_share"].sum() == pytest.approx(1.0)
+    assert set(prof.functions["run_id"]) == {"r"}
+
+
+def test_postgres_fixture_matches_expected():
+    prof = cgp.parse_callgrind_file(FIX / "pg18_nested_loop_analyze_notiming.callgrind.out.gz")
+    assert prof.totals == 448_476_655
+    _compare(_table(prof), _expected("pg18_nested_loop_analyze_notiming.expected.csv"))
+    f = prof.functions.set_index("function")
+    # scale 0.02: 800,000 rows through the nested loop, +1 for the end-of-scan call
+    assert f.loc["ExecNestLoop", "calls"] == 800_001
+    # every instrumented node call goes through both instrumentation functions
+    assert f.loc["InstrStartNode", "calls"] == f.loc["InstrStopNode", "calls"]
+    # callgrind_annotate --inclusive=yes on the same file
+    assert prof.inclusive("standard_ExecutorRun") == 447_644_524
+    assert prof.inclusive("ExecProcNodeInstr") == 447_643_023
+    assert prof.inclusive("ExecNestLoop") == 287_641_228
+    assert prof.inclusive("exec_simple_query") == prof.totals  # the toggle root
+    with pytest.raises(KeyError):
+        prof.inclusive("no_such_function")
+
+
+def test_instr_positions_and_several_events():
+    # --dump-instr=yes --cache-sim=yes: two position columns, nine events
+    path = FIX / "fib_instr_cachesim.callgrind.out"
+    ir = cgp.parse_callgrind_file(path)
+    assert ir.events[:3] == ("Ir", "Dr", "Dw")
+    assert ir.totals == 142143  # same program, same instruction count
+    assert ir.summary == 142145  # callgrind's header differs from totals here; totals win
+    assert ir.inclusive("fib") == 7206
+    dr = cgp.parse_callgrind_file(path, event="Dr")
+    assert dr.totals == 30295
+    assert dr.functions.set_index("function").loc["fib", "self"] == 1395
+    with pytest.raises(ParseError, match="not 'Bc'"):
+        cgp.parse_callgrind_file(path, event="Bc")
+
+
+def test_empty_file_is_a_clear_error():
+    with pytest.raises(ParseError, match="empty"):
+        cgp.parse_callgrind_file(FIX / "empty.callgrind.out")
+
+
+def test_truncated_file_strict_and_lenient():
+    with pytest.raises(ParseError, match="truncated"):
+        cgp.parse_callgrind_file(FIX / "truncated.callgrind.out")
+    prof = cgp.parse_callgrind_file(FIX / "truncated.callgrind.out", strict=False)
+    assert 0 < prof.totals < 142143
+    assert prof.totals == int(prof.functions["self"].sum())
+
+
+def test_not_callgrind_and_missing_file():
+    with pytest.raises(ParseError, match="not a callgrind output"):
+        cgp.parse_callgrind("Each sample counts as 0.01 seconds.\n  %   cumulative\n")
+    with pytest.raises(ParseError, match="does not exist"):
+        cgp.parse_callgrind_file(FIX / "nope.out")
+    bad_gz = FIX / "fib.c"
+    with pytest.raises(ParseError):
+        cgp.parse_callgrind_file(bad_gz)
+
+
+def test_undefined_compressed_name_is_an_error():
+    text = "# callgrind format\nevents: Ir\nfn=(7)\n1 5\ntotals: 5\n"
+    with pytest.raises(ParseError, match=r"fn id \(7\) used before"):
+        cgp.parse_callgrind(text)
+
+
+def test_zero_totals_profile_is_empty_table():
+    # what --toggle-collect writes when the toggle function never ran
+    text = ("# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\npart: 5\n"
+            "positions: line\nevents: Ir\nsummary: 0\n\n\ntotals: 0\n")
+    prof = cgp.parse_callgrind(text)
+    assert prof.totals == 0 and prof.functions.empty
+    assert list(prof.functions.columns)[:9] == [
+        "run_id", "build", "tool", "function", "module", "calls", "self", "total", "self_share"]
+
+
+def test_real_callgrind_run_on_a_small_program(tmp_path):
+    """The real tool end to end: compile, run under callgrind, parse, compare with valgrind."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is needed (build-essential)"
+    exe = tmp_path / "fib"
+    run([gcc, "-O1", "-g", "-fno-inline", "-o", exe, FIX / "fib.c"], timeout=60)
+    out = tmp_path / "cg.out"
+    cp = run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+              "--toggle-collect=work", exe, "500"], timeout=120)
+    # work(500) = sum of leaf(i) for i < 500, plus fib(12)
+    assert cp.stdout.strip() == str(sum(3 * i + 1 for i in range(500)) + _fib_leafsum(12))
+    collected = int(next(ln for ln in cp.stderr.splitlines() if "Collected" in ln).split()[-1])
+    prof = cgp.parse_callgrind_file(out)
+    assert prof.totals == collected
+    f = prof.functions.set_index("function")
+    assert f.loc["leaf", "calls"] == 500 + 233  # 500 from the loop, 233 fib leaves
+    assert f.loc["fib", "calls"] == 465
+    assert prof.inclusive("work") == prof.totals  # only work() was collected
+
+
+def _fib_leafsum(n: int) -> int:
+    """What fib.c's fib(n) returns: leaf(x) = 3x + 1 at the leaves (n < 2)."""
+    if n < 2:
+        return 3 * n + 1
+    return _fib_leafsum(n - 1) + _fib_leafsum(n - 2)
+
+
+# ---------------------------------------------------------------------------
+# perf stat
+
+
+def test_parse_perf_stat_csv():
+    text = ("# started on Mon Nov 30 02:40:03 2026\n\n"
+            "<not supported>,,instructions:u,0,100.00,,\n"
+            "0.55,msec,task-clock,545070,100.00,0.436,CPUs utilized\n")
+    assert cgc.parse_perf_stat_csv(text, "task-clock") == (0.55, "msec")
+    with pytest.raises(ProbeError, match="no hardware performance counters"):
+        cgc.parse_perf_stat_csv(text, "instructions:u")
+    with pytest.raises(ProbeError, match="no line for event"):
+        cgc.parse_perf_stat_csv(text, "cycles")
+    assert cgc.parse_perf_stat_csv("4153264,,instructions:u,1095204,100.00,,\n",
+                                   "instructions:u") == (4153264.0, "")
+
+
+def test_perf_stat_availability_matches_perf():
+    got = cgc.perf_stat_instructions_available()
+    cp = subprocess.run(["perf", "stat", "-x,", "-e", "instructions:u", "true"],
+                        check=False, capture_output=True, text=True, timeout=30)
+    supported = cp.returncode == 0 and "<not supported>" not in cp.stderr
+    assert got is supported
+    assert cgc.instruction_counter() == ("perf_stat" if supported else "callgrind")
+
+
+# ---------------------------------------------------------------------------
+# collector input checks that need no server
+
+
+def test_sql_statement_for_single_user_mode():
+    assert cgc._sql_statement("SELECT 1;") == "SELECT 1;\n\n"
+    assert cgc._sql_statement("SELECT\n\n  1\n") == "SELECT\n  1;\n\n"
+    with pytest.raises(cgc.CallgrindError, match="empty"):
+        cgc._sql_statement("  ;  ")
+
+
+def test_collect_rejects_non_datadir(tmp_path):
+    from profkit.pg.cluster import ensure_os_user
+
+    with pytest.raises(cgc.CallgrindError, match="not a PostgreSQL data directory"):
+        cgc.collect_callgrind(postgres="/bin/true", datadir=tmp_path, os_user=ensure_os_user(),
+                              queries={"plain": "SELECT 1"}, out_dir=tmp_path / "o")
+    with pytest.raises(cgc.CallgrindError, match="no queries"):
+        cgc.collect_callgrind(postgres="/bin/true", datadir=tmp_path, os_user=ensure_os_user(),
+                              queries={}, out_dir=tmp_path / "o")
+
+
+# ---------------------------------------------------------------------------
+# a real PostgreSQL backend under callgrind
+
+CG_SCALE = 0.01  # 200,000 rows through the nested loop; ~1-2 s per query under callgrind
+
+
+@pytest.fixture(scope="module")
+def cg_cluster(vanilla_build):
+    """A cluster of its own: collect_callgrind_cluster stops and restarts it, which must
+    not disturb the session's shared pg_cluster."""
+    from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import get_workload
+
+    wl = get_workload("nested_loop")
+    with Cluster(vanilla_build, name="test-callgrind") as cl:
+        with cl.connect() as conn:
+            wl.load(conn, CG_SCALE)
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def cg_sessions(cg_cluster, tmp_path_factory):
+    from profkit.pg.workloads import get_workload
+
+    wl = get_workload("nested_loop")
+    out = []
+    for i in range(2):
+        d = tmp_path_factory.mktemp(f"callgrind{i}")
+        out.append(cgc.collect_callgrind_cluster(cg_cluster, wl.queries, d, timeout=600))
+    return out
+
+
+@pytest.mark.pg
+def test_instruction_counts_order_and_repeat(cg_sessions, cg_cluster):
+    t1 = cgp.instr_counts_from_session(cg_sessions[0], build="vanilla", workload="nested_loop")
+    t2 = cgp.instr_counts_from_session(cg_sessions[1].out_dir, build="vanilla",
+                                       workload="nested_loop")  # read back from disk
+    assert list(t1["mode"]) == ["plain", "analyze_notiming", "analyze_timing"]
+    n1 = t1.set_index("mode")["instructions"]
+    n2 = t2.set_index("mode")["instructions"]
+    assert n1["plain"] < n1["analyze_notiming"] < n1["analyze_timing"]
+    ex = t1.set_index("mode")["executor_instructions"]
+    assert ex["plain"] < ex["analyze_notiming"] < ex["analyze_timing"]
+    assert (ex <= n1).all()
+    # ~450 instructions per row through the nested loop on PostgreSQL 18 at -O2
+    assert 200 * 200_000 < n1["plain"] < 1000 * 200_000
+    ov = (n1["analyze_notiming"] / n1["plain"] - 1) * 100
+    assert 15 < ov < 40, ov  # 26.2 % measured on vanilla 18.6
+    # stable: the same to within 0.1 % (in practice to a few hundred instructions)
+    for m in n1.index:
+        assert abs(n2[m] - n1[m]) / n1[m] < 1e-3
+    assert set(t1["tool"]) == {"callgrind"} and set(t1["scope"]) == {"exec_simple_query"}
+    # the cluster is back up after the single-user runs
+    with cg_cluster.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM test3").fetchone()[0] == 350
+
+
+@pytest.mark.pg
+def test_profiles_hold_exact_call_counts(cg_sessions):
+    s = cg_sessions[0]
+    by_mode = {q.mode: q for q in s.queries}
+    plain = cgp.parse_callgrind_file(by_mode["plain"].out_file)
+    f = plain.functions.set_index("function")
+    rows = 400 * 500  # (350 + 50 matches of test1 x test3) x 500 rows of test2
+    assert f.loc["ExecNestLoop", "calls"] == rows + 1
+    assert "ExecProcNodeInstr" not in f.index  # no instrumentation in the plain query
+    notiming = cgp.parse_callgrind_file(by_mode["analyze_notiming"].out_file)
+    g = notiming.functions.set_index("function")
+    assert g.loc["InstrStopNode", "calls"] == g.loc["InstrStartNode", "calls"]
+    assert g.loc["InstrStopNode", "calls"] >= 2 * rows
+    timing = cgp.parse_callgrind_file(by_mode["analyze_timing"].out_file)
+    h = timing.functions
+    clock = h[h["function"].str.startswith("clock_gettime")]
+    # two clock reads per instrumented node call with TIMING on, none with it off
+    assert int(clock["calls"].sum()) >= 2 * int(g.loc["InstrStopNode", "calls"])
+    # TIMING off: only EXPLAIN's own few clock reads (planning/execution time), not per row
+    off = g[g.index.str.startswith("clock_gettime")]
+    assert int(off["calls"].sum()) < 50
+    # session metadata on disk
+    loaded = cgc.CallgrindSession.load(s.out_dir)
+    assert loaded == s
+    assert s.provenance()["instruction_counter"] == "callgrind"
+    assert all(q.seconds > 0 for q in s.queries)
+
+
+@pytest.mark.pg
+def test_running_cluster_datadir_is_refused(cg_cluster, tmp_path):
+    with pytest.raises(ClusterError, match="in use by a running postmaster"):
+        cgc.collect_callgrind(postgres=cg_cluster.build.postgres, datadir=cg_cluster.datadir,
+                              os_user=cg_cluster.os_user, queries={"plain": "SELECT 1"},
+                              out_dir=tmp_path)
+
+
+@pytest.mark.pg
+def test_failing_statement_is_reported(cg_cluster, tmp_path):
+    with pytest.raises(cgc.CallgrindError, match="statement failed"):
+        cgc.collect_callgrind_cluster(cg_cluster, {"plain": "SELECT * FROM no_such_table"},
+                                      tmp_path, warmup_sql=None)
+    assert (tmp_path / "single-user.out").exists()  # the backend's output is kept
+    with cg_cluster.connect() as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+
+
+@pytest.mark.pg
+def test_perf_stat_mechanism_on_a_backend(cg_cluster, tmp_path):
+    """perf stat attached to a backend around one query; task-clock stands in for
+    instructions, which this VM's perf cannot count (no hardware counters)."""
+    from profkit.pg.workloads import get_workload
+
+    sql = get_workload("nested_loop").select_sql
+    with cg_cluster.connect() as conn:
+        pid = cg_cluster.backend_pid(conn)
+        ms = cgc.perf_stat_instructions(pid, lambda: conn.execute(sql).fetchall(),
+                                        out_path=tmp_path / "perf-stat.csv", event="task-clock")
+    assert ms > 1.0  # the query ran ~10+ ms of CPU in that backend

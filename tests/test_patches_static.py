@@ -1,0 +1,153 @@
+"""Static checks of the PostgreSQL patch library (no build, no cluster).
+
+The apply checks need a pristine PostgreSQL 18.6 source tree: set
+PROFKIT_PG_SRC to its root (the directory holding ``configure``); without it
+they are skipped.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from profkit import patches
+from profkit.errors import PatchError
+
+ALL = patches.list_patches()
+
+
+def _source() -> Path:
+    src = os.environ.get("PROFKIT_PG_SRC")
+    if not src:
+        pytest.skip("PROFKIT_PG_SRC is not set: point it at a pristine PostgreSQL 18.6 "
+                    "source tree to check that the patches apply")
+    path = Path(src)
+    if not (path / "configure").is_file() or not (path / "src" / "include").is_dir():
+        pytest.skip(f"PROFKIT_PG_SRC={src} is not a PostgreSQL source tree")
+    return path
+
+
+def test_library_has_every_variant():
+    assert ALL == sorted(["step1", "step2", "step3", "coarse_clock", "tsc_clock",
+                          "sampled_timing"])
+    # every preset names existing patches, cumulative chains in order
+    for preset, names in patches.PRESETS.items():
+        assert set(names) <= set(ALL), preset
+    assert patches.PRESETS["step3"] == ["step1", "step2", "step3"]
+    assert patches.PRESETS["vanilla"] == []
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_patch_has_header(name):
+    text = patches.read_patch(name)
+    header = patches.split_header(text)
+    # a real explanation, naming the variant, before the first diff line
+    assert len(header.splitlines()) >= 5, header
+    assert name in header.splitlines()[0]
+    assert "Files:" in header
+    assert re.search(r"^diff --git a/\S+ b/\S+$", text, re.M)
+    # the header must not look like diff syntax to patch(1)
+    for line in header.splitlines():
+        assert not line.startswith(("--- ", "+++ ", "*** ", "@@", "Index:")), line
+
+
+@pytest.mark.parametrize("name", ["step2", "step3"])
+def test_cumulative_patches_say_so(name):
+    assert "CUMULATIVE" in patches.patch_header(name)
+
+
+def test_step3_adds_rather_than_assigns():
+    text = patches.read_patch("step3")
+    added = [ln[1:] for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert not any(re.search(r"tuplecount\s*=\s*1\.0", ln) for ln in added)
+    assert any(re.search(r"tuplecount\s*\+=\s*1\.0", ln) for ln in added)
+
+
+def test_step3_counts_every_tuple_returning_node():
+    """Every ExecProcNode function of a node*.c file step3 touches goes through the helper."""
+    text = patches.read_patch("step3")
+    wrapped = set(re.findall(r"return PostExecProcNodeInstr\(pstate, (Exec\w+)Impl\(pstate\)\)",
+                             text))
+    in_place_files = set(re.findall(r"^\+\+\+ b/src/backend/executor/(node\w+)\.c", text, re.M))
+    assert len(wrapped) == 20
+    assert {"ExecNestLoop", "ExecMergeJoin", "ExecMaterial", "ExecLimit", "ExecGather",
+            "ExecGatherMerge", "ExecModifyTable", "ExecWindowAgg"} <= wrapped
+    # 38 node files: every tuple-returning node type (not Hash/BitmapAnd/Or/IndexScan)
+    assert len(in_place_files) == 38
+    assert not in_place_files & {"nodeHash", "nodeBitmapAnd", "nodeBitmapOr",
+                                 "nodeBitmapIndexscan"}
+    # the five PG18 SeqScan variants
+    seq = text.split("+++ b/src/backend/executor/nodeSeqscan.c", 1)[1].split("diff --git", 1)[0]
+    assert seq.count("+\treturn PostExecProcNodeInstr(pstate,") == 5
+
+
+def test_unknown_names_give_clear_errors(tmp_path):
+    with pytest.raises(PatchError, match="known patches: coarse_clock"):
+        patches.read_patch("step9")
+    with pytest.raises(PatchError, match="known presets"):
+        patches.preset_patches("nope")
+    with pytest.raises(PatchError, match="not a PostgreSQL source tree"):
+        patches.check_applies(tmp_path, ["step1"])
+
+
+@pytest.mark.parametrize("preset", [p for p in patches.PRESETS if patches.PRESETS[p]])
+def test_presets_apply_in_order(preset):
+    src = _source()
+    patches.check_applies(src, patches.PRESETS[preset])
+
+
+def test_patch_dry_run_applies_to_fresh_copy(tmp_path):
+    """The cumulative chain applies with plain `patch -p1` (what the build does)."""
+    src = _source()
+    tree = tmp_path / "pg"
+    shutil.copytree(src / "src" / "backend" / "executor", tree / "src/backend/executor")
+    shutil.copytree(src / "src" / "include", tree / "src/include")
+    from profkit.run import run
+
+    for name in ["step1", "step2", "step3"]:
+        argv = ["patch", "-p1", "--batch", "--forward", "-d", str(tree),
+                "-i", str(patches.patch_file(name))]
+        dry = run([*argv, "--dry-run"], check=False)
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        run(argv)
+    helper = (tree / "src/include/executor/executor.h").read_text()
+    assert "PostExecProcNodeInstr" in helper
+
+
+def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
+    """A patch whose context no longer matches is reported with its @@ line."""
+    src = _source()
+    broken_dir = tmp_path / "pg18"
+    broken_dir.mkdir()
+    for name in ALL:
+        shutil.copy(patches.patch_file(name), broken_dir)
+    step2 = (broken_dir / "step2.patch").read_text()
+    # corrupt a context line of step2's second hunk (inside ExecProcNodeFirst)
+    needle = " \t * have ExecProcNode() directly call the relevant function from now on.\n"
+    assert step2.count(needle) == 1
+    (broken_dir / "step2.patch").write_text(
+        step2.replace(needle, " \t * have ExecProcNode() call something else entirely.\n"))
+    real_dir = patches.PATCH_DIR
+    monkeypatch.setattr(patches, "PATCH_DIR", broken_dir)
+
+    with pytest.raises(PatchError) as exc:
+        patches.check_applies(src, ["step1", "step2", "step3"])
+    msg = str(exc.value)
+    assert "patch 'step2' does not apply on top of step1" in msg
+    assert "src/backend/executor/execProcnode.c hunk #2" in msg
+    assert "@@ -460,9 +461,21 @@ ExecProcNodeFirst(PlanState *node)" in msg
+    assert "rebase the patch" in msg and "18.6" in msg
+
+    # applied to the wrong base (step2 without step1 is fine, step3 without step2 is not)
+    monkeypatch.setattr(patches, "PATCH_DIR", real_dir)
+    with pytest.raises(PatchError, match=r"patch 'step3' does not apply: .*execProcnode\.c"):
+        patches.check_applies(src, ["step3"])
+
+
+def test_parse_patch_output_without_failures():
+    assert patches.parse_patch_output("", "") == []
+    out = "checking file src/x.c\nHunk #1 succeeded at 12 (offset 2 lines).\n"
+    assert patches.parse_patch_output(out, "") == []
