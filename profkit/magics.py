@@ -60,13 +60,29 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown()
 
 
+_EPILOG = """\
+The cell holds one SQL statement; a cell of SQL comments only (-- ...) runs the
+--workload's query. --mode wraps the statement in EXPLAIN (ANALYZE, TIMING off/on).
+One cluster per build is kept for the kernel session: %profkit_clusters lists
+them, %profkit_stop [BUILD] stops them (they also stop when the kernel exits).
+
+examples:
+  %%profkit --workload nested_loop --scale 0.05
+  -- the workload's query: returns its count
+
+  %%profkit --build step3 --collector perf --mode analyze_timing --workload nested_loop
+  -- a flamegraph of EXPLAIN ANALYZE (TIMING on) on the step3 build
+
+  %%profkit --collector bpf --mode analyze_timing
+  SELECT sum(i) FROM generate_series(1, 100000) i
+"""
+
+
 def make_parser() -> _Parser:
     p = _Parser(
         prog="%%profkit", add_help=True,
         description="Run the SQL in the cell on a PostgreSQL build's cluster under a collector.",
-        epilog=("The cell holds one SQL statement (an empty cell runs the --workload's query). "
-                "--mode wraps it in EXPLAIN (ANALYZE, TIMING off/on). One cluster per build is "
-                "kept for the kernel session; %profkit_stop stops them."),
+        epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default="vanilla",
                    help="build preset (vanilla, gprof, step1..step3, coarse_clock, ...); "
@@ -223,9 +239,11 @@ def statement(cell: str, opts: CellOptions) -> str:
     from profkit.pg.workloads import EXPLAIN_PREFIX, get_workload
 
     sql = cell.strip().rstrip(";").strip()
-    if not sql:
+    # IPython refuses a cell magic with an empty body, so a body of comments only
+    # ("-- the workload's query") stands for "run the --workload's query".
+    if all(not ln.strip() or ln.strip().startswith("--") for ln in sql.splitlines()):
         if opts.workload is None:
-            raise MagicUsageError("the cell is empty: write a SQL statement, or give "
+            raise MagicUsageError("the cell has no SQL: write a statement, or give "
                                   "--workload W to run that workload's query")
         sql = get_workload(opts.workload).select_sql
     if opts.mode != "plain":
@@ -262,9 +280,8 @@ def run_cell(line: str, cell: str, registry: ClusterRegistry | None = None,
     if opts.collector == "gprof":
         _require_profiling_build(opts.build)
     s = reg.get(opts.build, progress=note)
-    if opts.workload is not None:
-        if reg.ensure_workload(s, opts.workload, opts.scale):
-            note(f"loaded {opts.workload} at scale {opts.scale:g} into {opts.build}")
+    if opts.workload is not None and reg.ensure_workload(s, opts.workload, opts.scale):
+        note(f"loaded {opts.workload} at scale {opts.scale:g} into {opts.build}")
     sql = statement(cell, opts)
     return COLLECTOR_FUNCS[opts.collector](s, sql, opts, note)
 
@@ -372,11 +389,14 @@ def _collect_gprof(s: ClusterSession, sql: str, opts: CellOptions,
                    say: Callable[[str], None]) -> pd.DataFrame:
     from profkit.collect import gprof
 
-    out = _magic_run_dir(opts)
-    prof = gprof.profile_query(s.cluster, sql, out_dir=out)
-    fn = prof.functions.sort_values("calls", ascending=False).head(opts.top)
-    say(f"{opts.build}: gprof call counts of one backend; files in {out}")
-    return fn.reset_index(drop=True)
+    # a fresh backend runs the statement and exits: gmon.out is written at exit
+    grun, _res = gprof.collect_gprof(s.cluster, sql, reps=opts.reps, workload=opts.workload,
+                                     mode=opts.mode, scale=opts.scale)
+    res = gprof.parse_run(grun.run_dir)
+    fn = res.functions.sort_values("calls", ascending=False, na_position="last")
+    say(f"{opts.build}: gprof call counts of backend {grun.pid}; run directory {grun.run_dir}")
+    cols = [c for c in ("function", "calls", "self", "total", "self_share") if c in fn.columns]
+    return fn[cols].head(opts.top).reset_index(drop=True)
 
 
 COLLECTOR_FUNCS: dict[str, Callable[..., Any]] = {
@@ -414,6 +434,13 @@ def profkit_cell(line: str, cell: str) -> Any:
         _error(str(e))
     except ProfkitError as e:
         _error(f"profkit: {type(e).__name__}: {e}")
+    except Exception as e:
+        import psycopg
+
+        if not isinstance(e, psycopg.Error):
+            raise  # a bug in profkit: let IPython show the traceback
+        # the server's own message (relation does not exist, syntax error...)
+        _error(f"profkit: PostgreSQL error: {str(e).strip()}")
     except KeyboardInterrupt:
         _error("profkit: interrupted; tracers were stopped, the clusters keep running "
                "(%profkit_stop stops them)")
@@ -434,7 +461,7 @@ def profkit_stop(line: str) -> None:
     _say(f"stopped {', '.join(stopped) or 'nothing (no clusters were running)'}")
 
 
-def profkit_clusters(line: str) -> ClusterRegistry:  # noqa: ARG001 - IPython passes the line
+def profkit_clusters(line: str) -> ClusterRegistry:
     """Show the clusters %%profkit keeps running."""
     return REGISTRY
 
@@ -446,5 +473,5 @@ def load_ipython_extension(ipython: Any) -> None:
                                     magic_name="profkit_clusters")
 
 
-def unload_ipython_extension(ipython: Any) -> None:  # noqa: ARG001
+def unload_ipython_extension(ipython: Any) -> None:
     REGISTRY.stop()

@@ -181,7 +181,7 @@ def _decode(b: bytes | str | None) -> str:
 # ---------------------------------------------------------------------------
 # Background processes, stopped by pid, also on errors, Ctrl-C and exit.
 
-_live: dict[int, "Background"] = {}
+_live: dict[int, Background] = {}
 _live_lock = threading.Lock()
 
 
@@ -225,7 +225,7 @@ class Background:
             raise RuntimeError(f"{self.what} not started")
         return self.proc.pid
 
-    def start(self) -> "Background":
+    def start(self) -> Background:
         full_env = dict(os.environ)
         if self.env:
             full_env.update(self.env)
@@ -320,7 +320,7 @@ class Background:
                 pass
         self._files = []
 
-    def __enter__(self) -> "Background":
+    def __enter__(self) -> Background:
         if self.proc is None:
             self.start()
         return self
@@ -345,7 +345,7 @@ def stop_all() -> None:
     for p in reversed(procs):
         try:
             p.stop(timeout=10)
-        except Exception:  # noqa: BLE001 - best effort at exit
+        except Exception:
             log.exception("could not stop %s", p.what)
 
 
@@ -362,7 +362,7 @@ def _install_handlers() -> None:
         return
     prev = signal.getsignal(signal.SIGTERM)
 
-    def on_term(signum, frame):  # noqa: ARG001
+    def on_term(signum, frame):
         stop_all()
         if callable(prev):
             prev(signum, frame)

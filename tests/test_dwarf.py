@@ -49,7 +49,7 @@ def _compile(tmp: Path, flags: list[str]) -> tuple[Path, dict[str, int]]:
     src.write_text(C_SOURCE)
     exe = tmp / ("t" + "".join(f.replace("-", "_") for f in flags))
     subprocess.run(["gcc", "-O0", *flags, "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True).stdout
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     truth = {k: int(v) for k, v in (line.split() for line in out.splitlines())}
     return exe, truth
 
@@ -133,7 +133,7 @@ def test_postgres_offsets_agree_with_gdb(vanilla_build):
          "-ex", "print (int)&((Plan*)0)->plan_node_id",
          "-ex", "print (int)&((Instrumentation*)0)->nloops",
          "-ex", "print (int)T_SeqScanState", pg],
-        capture_output=True, text=True, timeout=120).stdout
+        check=True, capture_output=True, text=True, timeout=120).stdout
     vals = [int(line.split("=")[1]) for line in out.splitlines() if line.startswith("$")]
     lay = dwarf.executor_layout(pg)
     assert vals == [lay.planstate_instrument, lay.plan_node_id,
@@ -151,6 +151,6 @@ def test_stripped_postgres_says_what_to_do(vanilla_build, tmp_path):
 @pytest.mark.skipif(not glob.glob("/usr/lib/postgresql/*/bin/postgres"),
                     reason="Debian's postgresql package is not installed")
 def test_debian_postgres_has_no_dwarf():
-    deb = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))[-1]
+    deb = max(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
     with pytest.raises(ProbeError, match="no DWARF debug info"):
         dwarf.executor_layout(deb)

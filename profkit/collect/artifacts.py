@@ -117,6 +117,10 @@ def tool_version(tool: str, args: tuple[str, ...] = ("--version",)) -> str:
     """First line of ``TOOL --version`` ("" when the tool is missing or says nothing)."""
     exe = tool if os.sep in tool else shutil.which(tool)
     if not exe:
+        # tools installed into a venv that is not activated (py-spy)
+        cand = Path(sys.executable).parent / tool
+        exe = str(cand) if os.access(cand, os.X_OK) else None
+    if not exe:
         return ""
     try:
         cp = run([exe, *args], timeout=30, check=False, what=Path(tool).name)
@@ -199,7 +203,7 @@ class RunDir:
             "patches": ", ".join(x.get("name", "?") for x in b.get("patches") or []) or None,
             "workload": p.get("workload"), "scale": p.get("scale"),
             "query": p.get("query_name") or p.get("mode"),
-            "tool": p.get("tool_command") or p.get("tool"),
+            "tool": p.get("tool_summary") or p.get("tool"),
             "kernel": self.get("machine.kernel"),
             "clocksource": self.get("machine.clocksource"),
             "virt": self.get("machine.virtualization"),

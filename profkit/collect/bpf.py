@@ -333,6 +333,7 @@ static __always_inline void err(int idx)
         __sync_fetch_and_add(v, 1);
 }
 
+#if PER_NODE
 static __always_inline int read_node(struct pt_regs *ctx, s32 *id)
 {
     void *ps = (void *) PT_REGS_PARM1(ctx);
@@ -381,6 +382,7 @@ static __always_inline void pop(void)
     }
     *d = *d - 1;
 }
+#endif
 
 int on_exec_instr(struct pt_regs *ctx)
 {
@@ -631,7 +633,7 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
         (out_dir / "probe.bpf.c").write_text(text)
     try:
         try:
-            b = bcc.BPF(text=text, cflags=["-Wno-ignored-attributes",
+            b = bcc.BPF(text=text.encode(), cflags=["-Wno-ignored-attributes",
                                            "-Wno-unused-function",
                                            "-Wno-duplicate-decl-specifier"])
         except Exception as e:  # noqa: BLE001 - compile errors come as plain Exception
@@ -649,19 +651,21 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
                 if fn in LIBC_FUNCTIONS:
                     if info.libc is None:
                         continue
-                    b.attach_uprobe(name=str(info.libc), sym=fn, fn_name="on_clock",
-                                    pid=info.pid)
+                    # bcc wants bytes (str works but warns on every call)
+                    b.attach_uprobe(name=str(info.libc).encode(), sym=fn.encode(),
+                                    fn_name=b"on_clock", pid=info.pid)
                     attached.append(fn)
                     continue
                 sym = symbols.get(fn)
                 if sym is None:
                     continue
                 handler, pops = HANDLERS[fn]
-                b.attach_uprobe(name=str(info.binary_path), sym=sym.name, fn_name=handler,
-                                pid=info.pid)
+                b.attach_uprobe(name=str(info.binary_path).encode(), sym=sym.name.encode(),
+                                fn_name=handler.encode(), pid=info.pid)
                 if pops and per_node and layout is not None:
-                    b.attach_uretprobe(name=str(info.binary_path), sym=sym.name,
-                                       fn_name="on_return_pop", pid=info.pid)
+                    b.attach_uretprobe(name=str(info.binary_path).encode(),
+                                       sym=sym.name.encode(), fn_name=b"on_return_pop",
+                                       pid=info.pid)
                 attached.append(fn)
             t0 = time.perf_counter()
             try:
@@ -685,19 +689,19 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
 
 def _read_bcc_maps(b: Any, info: ProbeTarget, functions: Sequence[str], attached: Sequence[str],
                    layout: dwarf.ExecutorLayout | None, per_node: bool) -> ProbeResult:
-    fc = b["fcount"]
+    fc = b[b"fcount"]
     counts: dict[str, int | None] = {}
     for fn in functions:
         counts[fn] = int(fc[fc.Key(FUNC_INDEX[fn])].value) if fn in attached else None
 
     def as_dict(name: str) -> dict[int, int]:
-        return {int(k.value): int(v.value) for k, v in b[name].items()}
+        return {int(k.value): int(v.value) for k, v in b[name.encode()].items()}
 
     nodes = pd.DataFrame()
     outside = 0
     if per_node and layout is not None:
         clock = {}
-        for k, v in b["clock_by_node"].items():
+        for k, v in b[b"clock_by_node"].items():
             key = int(k.value)
             node = key & 0xFFFFFFFF
             node = node - (1 << 32) if node >= (1 << 31) else node
@@ -705,7 +709,7 @@ def _read_bcc_maps(b: Any, info: ProbeTarget, functions: Sequence[str], attached
         nodes, outside = _nodes_frame(as_dict("exec_calls"), as_dict("first_calls"),
                                       as_dict("multi_calls"), as_dict("shut_calls"), clock,
                                       as_dict("plan_tag"), as_dict("ps_tag"), layout)
-    errs = b["errors"]
+    errs = b[b"errors"]
     errors = {name: int(errs[errs.Key(i)].value)
               for i, name in enumerate(("stack_overflow", "stack_underflow", "read_failed"))}
     missing = tuple(f for f in functions if f not in attached)

@@ -172,8 +172,14 @@ def count_calls(conn: Any, sql: str | None = None, *, pid: int | None = None,
                     stderr=err.read_text(errors="replace"))
     if query_error is not None:
         gone = tracer_pid(pid) < 0
-        raise PartialProbe(
-            f"{'backend ' + str(pid) + ' exited' if gone else 'the query failed'} while "
-            f"ltrace was attached ({query_error}); the summary so far is in .partial",
-            run)  # type: ignore[arg-type]
+        what = f"backend {pid} exited" if gone else "the query failed"
+        if run.summary_text.strip():
+            kept = "the summary so far is in .partial"
+        else:
+            # ltrace 0.7.3, when its tracee dies, sometimes fails removing its
+            # breakpoints ("disable_breakpoint ... No such process") and exits
+            # without a summary: the counts are lost inside ltrace.
+            kept = (f"ltrace printed no summary (it loses its counts when the traced process "
+                    f"dies); its messages are in {err}")
+        raise PartialProbe(f"{what} while ltrace was attached ({query_error}); {kept}", run)
     return run

@@ -256,6 +256,7 @@ def record_pid(pid: int, action: Callable[[], T], *, run: RunDir, perf: str = "p
     cg = ["-g"] if call_graph == "fp" else ["--call-graph", "dwarf"]
     argv = _perf(exe, "record", "-F", str(freq), *cg, "-p", str(pid), "-o", data)
     run.update(backend_pid=pid, tool_command=format_argv(argv[0:1] + argv[3:]),
+               tool_summary=f"perf record -F {freq} {' '.join(cg)}",
                perf={"freq": freq, "call_graph": call_graph, "binary": str(binary or ""),
                      "buildid_dir": str(buildid_dir())})
     rec = Background(argv, stdout_path=log_path, stderr_path=log_path,
@@ -366,7 +367,7 @@ def run_query(conn: psycopg.Connection, sql: str, reps: int = 1) -> QueryResult:
     return QueryResult(rows, tuple(times))
 
 
-def _query_text(rows: Sequence[tuple[Any, ...]]) -> str:
+def format_rows(rows: Sequence[tuple[Any, ...]]) -> str:
     out = []
     for r in rows:
         out.append("\t".join(str(v) for v in r) if len(r) != 1 or not isinstance(r[0], str)
@@ -397,7 +398,7 @@ def record_query(cl: Cluster, conn: psycopg.Connection, sql: str, *, reps: int =
     rec, res = record_pid(pid, lambda: run_query(conn, sql, reps), run=run, perf=perf,
                           freq=freq, call_graph=call_graph, stat=stat,
                           binary=cl.build.postgres)
-    run.file(QUERY_OUTPUT).write_text(_query_text(res.rows))
+    run.file(QUERY_OUTPUT).write_text(format_rows(res.rows))
     run.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
     run.update(query_seconds=[round(s, 6) for s in res.seconds])
     return rec, res
@@ -406,11 +407,14 @@ def record_query(cl: Cluster, conn: psycopg.Connection, sql: str, *, reps: int =
 # --------------------------------------------------------------------------- perf script
 
 def script(run: RunDir, *, perf: str = "perf", compress: bool = False,
-           symfs: str | os.PathLike[str] | None = None, timeout: float = 1800) -> Path:
+           symfs: str | os.PathLike[str] | None = None,
+           buildid_cache: str | os.PathLike[str] | None = None,
+           timeout: float = 1800) -> Path:
     """``perf script -i perf.data`` → perf.script.txt (or .txt.gz), streamed to the file.
 
     *symfs*: look binaries up under this directory (perf's ``--symfs``), for a perf.data
-    brought from another machine.
+    brought from another machine. *buildid_cache*: another build-id cache than
+    profkit's (an empty directory shows what perf makes of the binaries alone).
     """
     exe = perf_path(perf)
     data = run.file(PERF_DATA)
@@ -420,6 +424,8 @@ def script(run: RunDir, *, perf: str = "perf", compress: bool = False,
     err = run.file(SCRIPT_ERR)
     out.unlink(missing_ok=True)
     argv = _perf(exe, "script", "-i", data)
+    if buildid_cache is not None:
+        argv[2] = str(buildid_cache)
     if symfs is not None:
         argv += ["--symfs", str(symfs)]
     try:
@@ -547,8 +553,8 @@ def check_symbolisation(folding: PerfFolding, binary: str | os.PathLike[str], *,
 
 def fold_run(run: RunDir | str | os.PathLike[str], *, perf: str = "perf",
              binary: str | os.PathLike[str] | None = None, check: bool = True,
-             compress: bool = False, symfs: str | os.PathLike[str] | None = None
-             ) -> PerfProfile:
+             compress: bool = False, symfs: str | os.PathLike[str] | None = None,
+             buildid_cache: str | os.PathLike[str] | None = None) -> PerfProfile:
     """perf script (if not done yet) → folded stacks → stacks/functions/perf_stat tables.
 
     Writes stacks.folded, stacks.parquet, functions.parquet and perf_stat.parquet into
@@ -559,7 +565,8 @@ def fold_run(run: RunDir | str | os.PathLike[str], *, perf: str = "perf",
     try:
         txt = script_path(rd)
     except PerfError:
-        txt = script(rd, perf=perf, compress=compress, symfs=symfs)
+        txt = script(rd, perf=perf, compress=compress, symfs=symfs,
+                     buildid_cache=buildid_cache)
     vdso: VdsoSymbols | None = None
     if rd.file(VDSO_IMAGE).exists():
         try:

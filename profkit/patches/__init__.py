@@ -102,12 +102,18 @@ def preset_patches(preset: str) -> list[str]:
 
 @dataclass(frozen=True)
 class FailedHunk:
-    """One hunk ``patch`` rejected, with the ``@@`` line it has in the patch file."""
+    """A hunk (or a whole file's hunks) ``patch`` did not apply.
+
+    ``number`` is the hunk number as ``patch`` counts them within the file and
+    ``header`` its ``@@`` line in the patch file; both are None/"" when the whole
+    file was skipped (``reason`` says why).
+    """
 
     file: str
-    number: int
+    number: int | None
     line: int | None
     header: str
+    reason: str = "FAILED"
 
 
 def hunk_headers(patch_text: str) -> dict[str, list[str]]:
@@ -116,17 +122,32 @@ def hunk_headers(patch_text: str) -> dict[str, list[str]]:
     current: str | None = None
     for line in patch_text.splitlines():
         if line.startswith("+++ "):
-            name = line[4:].split("\t")[0].strip()
-            # -p1: drop the a/ or b/ prefix
-            current = name.split("/", 1)[1] if "/" in name else name
+            current = _strip_prefix(line[4:])
             out.setdefault(current, [])
         elif line.startswith("@@") and current is not None:
             out[current].append(line.strip())
     return out
 
 
+def _strip_prefix(name: str) -> str:
+    """'b/src/x.c\t2024-...' -> 'src/x.c' (what -p1 does)."""
+    name = name.split("\t")[0].strip()
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def target_files(patch_text: str) -> list[str]:
+    """Files a patch reads or writes (paths after -p1), /dev/null excluded."""
+    files: list[str] = []
+    for line in patch_text.splitlines():
+        if line.startswith(("--- ", "+++ ")) and not line[4:].startswith("/dev/null"):
+            f = _strip_prefix(line[4:])
+            if f not in files:
+                files.append(f)
+    return files
+
+
 def parse_patch_output(output: str, patch_text: str) -> list[FailedHunk]:
-    """Rejected hunks from the output of ``patch -p1 --dry-run``.
+    """Rejected hunks from the output of ``patch -p1 --batch --forward --dry-run``.
 
     Input (GNU patch 2.7)::
 
@@ -134,12 +155,13 @@ def parse_patch_output(output: str, patch_text: str) -> list[FailedHunk]:
         Hunk #2 FAILED at 123.
 
     Output: ``[FailedHunk(file='src/backend/executor/instrument.c', number=2, line=123,
-    header='@@ -120,7 +120,6 @@ InstrStartNode(...)')]``
+    header='@@ -120,7 +120,6 @@ InstrStartNode(...)', reason='FAILED')]``
     """
     headers = hunk_headers(patch_text)
     failed: list[FailedHunk] = []
     current = ""
-    for line in output.splitlines():
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
         m = re.match(r"(?:checking|patching) file (.+)", line)
         if m:
             current = m.group(1).strip().strip("'\"")
@@ -151,22 +173,36 @@ def parse_patch_output(output: str, patch_text: str) -> list[FailedHunk]:
             failed.append(FailedHunk(
                 file=current, number=n, line=int(m.group(2)) if m.group(2) else None,
                 header=hdrs[n - 1] if 0 < n <= len(hdrs) else ""))
+        elif line.startswith("Reversed (or previously applied) patch detected"):
+            failed.append(FailedHunk(
+                file=current, number=None, line=None, header="",
+                reason="looks already applied (or reversed), all its hunks skipped"))
+        elif line.startswith("can't find file to patch"):
+            # patch echoes the diff header lines, prefixed with '|'
+            name = "?"
+            for echoed in lines[i + 1:i + 12]:
+                m2 = re.match(r"\|\+\+\+ (\S+)", echoed)
+                if m2:
+                    name = _strip_prefix(m2.group(1))
+                    break
+            failed.append(FailedHunk(file=name, number=None, line=None, header="",
+                                     reason="file does not exist in this source"))
     return failed
 
 
 def _failure_message(name: str, earlier: list[str], output: str, patch_text: str) -> str:
-    hunks = parse_patch_output(output, patch_text)
+    problems = parse_patch_output(output, patch_text)
     where = f" on top of {', '.join(earlier)}" if earlier else ""
-    if hunks:
-        detail = "; ".join(
-            f"{h.file} hunk #{h.number}"
-            + (f" (at line {h.line})" if h.line is not None else "")
-            + (f" {h.header}" if h.header else "")
-            for h in hunks)
-    elif "can't find file to patch" in output or "No file to patch" in output:
-        detail = "a file it patches does not exist in this source"
-    elif "Reversed (or previously applied) patch detected" in output:
-        detail = "it looks already applied (or reversed) in this source"
+    if problems:
+        parts = []
+        for h in problems:
+            if h.number is None:
+                parts.append(f"{h.file}: {h.reason}")
+            else:
+                parts.append(f"{h.file} hunk #{h.number}"
+                             + (f" (at line {h.line})" if h.line is not None else "")
+                             + (f" {h.header}" if h.header else ""))
+        detail = "; ".join(parts)
     else:
         tail = output.strip().splitlines()
         detail = tail[-1] if tail else "patch gave no output"
@@ -174,7 +210,7 @@ def _failure_message(name: str, earlier: list[str], output: str, patch_text: str
             f"The patches were written for PostgreSQL {TARGET_VERSION}: build from that "
             f"source, or rebase the patch onto this one (see the header of "
             f"{PATCH_DIR / (name + '.patch')}); cumulative patches must be applied in "
-            f"the order of PRESETS.")
+            f"the order of PRESETS, e.g. step3 = {' + '.join(PRESETS['step3'])}.")
 
 
 def check_applies(source_dir: str | Path, patch_names: list[str] | tuple[str, ...]) -> None:
@@ -193,10 +229,13 @@ def check_applies(source_dir: str | Path, patch_names: list[str] | tuple[str, ..
     texts = {name: read_patch(name) for name in patch_names}  # unknown names fail early
     with tempfile.TemporaryDirectory(prefix="profkit-patchcheck-") as tmp:
         tree = Path(tmp) / "src"
-        # only src/, contrib/ and the top-level files are patched; skipping doc/
-        # keeps the copy small
-        shutil.copytree(src, tree, symlinks=True,
-                        ignore=shutil.ignore_patterns("doc", ".git", "*.o", "*.so"))
+        # patch(1) only touches the files named in the diffs: copying just those
+        # keeps this a sub-second check instead of copying the whole tree
+        for rel in {f for name in patch_names for f in target_files(texts[name])}:
+            if (src / rel).is_file():
+                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / rel, tree / rel)
+        tree.mkdir(exist_ok=True)
         for i, name in enumerate(patch_names):
             base = ["patch", "-p1", "--batch", "--forward", "-d", str(tree),
                     "-i", str(patch_file(name))]

@@ -172,7 +172,7 @@ class Build:
         return json.dumps(d, indent=1, sort_keys=True)
 
     @classmethod
-    def from_dir(cls, d: Path) -> "Build":
+    def from_dir(cls, d: Path) -> Build:
         data = json.loads((d / "build.json").read_text())
         data["dir"] = Path(data["dir"])
         return cls(**data)
@@ -319,14 +319,18 @@ def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def _ccache_stats(env: dict[str, str]) -> dict[str, int]:
-    cp = run(["ccache", "--print-stats"], env=env, check=False, timeout=30)
-    stats = {}
-    for line in cp.stdout.splitlines():
-        k, _, v = line.partition("\t")
-        if v.strip().isdigit():
-            stats[k] = int(v)
-    return stats
+def _ccache_statslog(path: Path) -> dict[str, int]:
+    """Count this build's own ccache results (CCACHE_STATSLOG: '# file' then result lines)."""
+    counts = {"direct_cache_hit": 0, "preprocessed_cache_hit": 0, "cache_miss": 0}
+    try:
+        with open(path) as f:
+            for line in f:
+                k = line.strip()
+                if k in counts:
+                    counts[k] += 1
+    except OSError:
+        pass
+    return counts
 
 
 def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str, key: str,
@@ -338,9 +342,9 @@ def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str
     d.mkdir(parents=True)
     log_path = d / "build.log"
     step = "copy source"
-    env = {**ccache_env(), "CC": "ccache gcc", "LC_ALL": "C"}
-    timings: dict[str, float] = {}
-    stats_before = _ccache_stats(env)
+    env = {**ccache_env(), "CC": "ccache gcc", "LC_ALL": "C",
+           "CCACHE_STATSLOG": str(d / "ccache-stats.log")}
+    timings: dict = {}
     try:
         t0 = time.monotonic()
         say(f"{spec.name}: copying source {src.version}")
@@ -360,11 +364,19 @@ def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str
         configure = [str(d / "src" / "configure"), f"--prefix={CONFIGURED_PREFIX}", *BASE_CONFIGURE,
                      *spec.configure_opts, f"CFLAGS={spec.cflags}", f"LDFLAGS={spec.ldflags}",
                      "CC=ccache gcc"]
+        # autoconf's cache, shared by builds with the same options and compiler
+        # (a private copy per build so concurrent builds don't race on it)
+        conf_key = hashlib.sha256("\0".join([*configure[1:], compiler, src.identity]).encode())
+        shared_cache = paths.sub("configure") / f"{conf_key.hexdigest()[:16]}.cache"
+        if shared_cache.exists():
+            shutil.copy(shared_cache, d / "build" / "config.cache")
+        configure.append("--cache-file=config.cache")
         with open(log_path, "a") as log:
             log.write("$ " + " ".join(configure) + "\n")
         run(configure, cwd=d / "build", env=env, timeout=1800, stdout_path=log_path,
             merge_stderr=True, what="configure")
         timings["configure_s"] = time.monotonic() - t0
+        shutil.copy(d / "build" / "config.cache", shared_cache)
 
         step = "make"
         say(f"{spec.name}: make -j{jobs} (log: {log_path})")
@@ -404,9 +416,7 @@ def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str
     except BaseException:
         shutil.rmtree(d, ignore_errors=True)
         raise
-    stats_after = _ccache_stats(env)
-    timings["ccache"] = {k: stats_after.get(k, 0) - stats_before.get(k, 0)
-                         for k in ("direct_cache_hit", "preprocessed_cache_hit", "cache_miss")}
+    timings["ccache"] = _ccache_statslog(d / "ccache-stats.log")
     b = Build(
         name=spec.name, key=key, dir=d, source=src.to_dict(), spec=asdict(spec), patches=applied,
         pg_config=pg_config, timings=timings, compiler=compiler,

@@ -11,7 +11,6 @@ run as the unprivileged OS user ``profkit`` (created if needed).
 """
 from __future__ import annotations
 
-import errno
 import html
 import json
 import os
@@ -153,7 +152,7 @@ class Cluster:
         if os.geteuid() == 0:
             os.chown(p, self.os_user.uid, self.os_user.gid)
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         if self.requested_port is not None:
             if self.tcp and not port_free(self.requested_port):
                 raise ClusterError(
@@ -186,8 +185,7 @@ class Cluster:
         conf = self.datadir / "postgresql.conf"
         with open(conf, "a") as f:
             f.write("\n# profkit benchmark settings\n")
-            for k, v in self.settings.items():
-                f.write(f"{k} = '{v}'\n")
+            f.writelines(f"{k} = '{v}'\n" for k, v in self.settings.items())
             f.write(f"listen_addresses = '{'127.0.0.1' if self.tcp else ''}'\n")
             f.write(f"unix_socket_directories = '{self.socket_dir}'\n")
             f.write(f"port = {self.port}\n")
@@ -236,7 +234,7 @@ class Cluster:
             if self.dir is not None and not self.keep:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         if self.proc is None:
             self.start()
         return self
@@ -350,22 +348,3 @@ def stop_detached(name: str, remove: bool = True, timeout: float = 60) -> None:
     if remove:
         shutil.rmtree(info.dir, ignore_errors=True)
     _state_file(name).unlink(missing_ok=True)
-
-
-def postgres_processes_under(directory: str | os.PathLike[str]) -> list[int]:
-    """Pids of postgres processes whose data directory is under *directory* (for tests)."""
-    d = str(directory).encode()
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            exe = os.readlink(p / "exe")
-            environ_cmd = (p / "cmdline").read_bytes()
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.EACCES, errno.ESRCH):
-                continue
-            continue
-        if exe.endswith("/postgres") and (d in environ_cmd or exe.startswith(str(directory))):
-            out.append(int(p.name))
-    return out

@@ -182,7 +182,7 @@ class _PrivateApt:
 
     def newest_version(self, package: str) -> str:
         cp = run(["apt-cache", *self.opts, "showsrc", package], timeout=60, check=False)
-        versions = re.findall(r"^Version:\s*(\S+)", cp.stdout, flags=re.M)
+        versions = re.findall(r"^Version:\s*(\S+)", cp.stdout, flags=re.MULTILINE)
         if not versions:
             raise SourceError(
                 f"source package {package!r} not found in the archive's deb-src index "

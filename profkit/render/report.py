@@ -507,7 +507,9 @@ def plot_overheads(
         ax_i.grid(axis="y", alpha=0.3)
         ax_i.margins(y=0.2)
         ax_i.set_xticks(xs, xlabels)
-        ax_i.set_xlim(-0.6, len(builds) - 0.4)
+        # at least four build slots wide, so one or two builds do not get fat bars
+        pad = max(0.0, (4 - len(builds)) / 2)
+        ax_i.set_xlim(-0.6 - pad, len(builds) - 0.4 + pad)
         _save(fig, path_png, path_svg, provenance)
         return fig
 

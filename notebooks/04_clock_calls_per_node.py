@@ -1,0 +1,177 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 — Clock reads per plan node: predicted, measured, and corrected for
+#
+# *observer-effect.txt* counted `clock_gettime` calls with ltrace and found
+# `2N + 4M + 28` for its hash join. Here the count is **predicted per plan node**
+# from the plan alone (`profkit.analyze.predict`: every `ExecProcNode` call on an
+# instrumented node reads the clock twice — rows + loops calls per node — plus the
+# MultiExec and shutdown brackets and EXPLAIN's own reads), and **measured per
+# node** with eBPF uprobes (bcc; bpftrace as fallback) that read each node's
+# `plan_node_id` from the backend's memory, and in total with ltrace.
+#
+# Then the correction model: knowing the reads and the cost of one read (measured
+# on this machine), subtract them from the TIMING TRUE time and see how close the
+# result comes to the plain query.
+
+# %% tags=["parameters"]
+SCALE = 0.02
+WORKLOAD = "join_sum"      # observer-effect.txt's query; nested_loop works too
+BUILD = "vanilla"
+REPS = 5                   # benchmark repetitions for the correction model
+RUN_DIR = None             # an earlier plan_nodes run (profiles/<id>) to show instead
+
+# %%
+import pandas as pd
+from IPython.display import display
+
+from profkit import notebook as nb
+from profkit.analyze import correction as C
+from profkit.analyze import predict as P
+from profkit.collect import bpf, clock, ltrace
+from profkit.parse.ltrace import parse_ltrace_summary
+from profkit.pg.cluster import Cluster
+from profkit.pg.workloads import get_workload
+
+wl = get_workload(WORKLOAD)
+choice = nb.available_builds([BUILD])
+print(choice.report())
+build = choice.builds[BUILD]
+
+# %% [markdown]
+# ## Predict from the plan, measure with eBPF and ltrace
+# (or read an earlier run's tables from `profiles/`)
+
+# %%
+earlier = nb.resolve_run(RUN_DIR, need=("plan_nodes", "totals"), builds=[BUILD],
+                         workload=WORKLOAD, scale=SCALE, kind="clock_calls")
+if earlier is not None:
+    print(f"read an earlier run from disk: {earlier.run_id}")
+    nodes = earlier.table("plan_nodes")
+    totals = earlier.table("totals").iloc[0].to_dict()
+    explain = earlier.provenance["explain"]
+else:
+    with Cluster(build, name="nb04") as cl, cl.connect() as conn:
+        wl.load(conn, SCALE)
+        sql = wl.query("analyze_timing")
+        explain = conn.execute(wl.query("analyze_timing", fmt="json")).fetchone()[0]
+        pred = P.predict(explain, P.context_from_conn(conn, "analyze_timing"))
+        probe = bpf.probe_query(conn, sql)
+        lt = ltrace.count_calls(conn, sql, functions=("clock_gettime",))
+    lt_df = parse_ltrace_summary(lt.summary_text)
+    nodes = P.plan_nodes_table(pred, build=BUILD, query=WORKLOAD, measured=probe.nodes)
+    totals = {
+        "predicted_clock_reads": pred.totals["clock_reads"],
+        "predicted_clock_reads_ltrace": pred.totals["clock_reads_ltrace"],
+        "predicted_instr_start_node": pred.totals["instr_start_node"],
+        "bpf_tool": probe.tool,
+        "bpf_clock_gettime": probe.calls("clock_gettime"),
+        "bpf_InstrStartNode": probe.calls("InstrStartNode"),
+        "bpf_outside_nodes": probe.outside_clock_reads,
+        "ltrace_clock_gettime": int(lt_df.set_index("function").loc["clock_gettime", "calls"]),
+        "k": pred.totals["k"],
+    }
+    constants = pred.summary()
+    display(constants[~constants["term"].str.startswith("node ")])
+    run = nb.save_run(nb.new_run_dir(f"clock_calls-{WORKLOAD}"),
+                      {"kind": "clock_calls", "builds": [BUILD], "workload": WORKLOAD,
+                       "scale": SCALE, "explain": explain, "bpf_tool": probe.tool,
+                       "fallback_reason": probe.fallback_reason},
+                      {"plan_nodes": nodes.drop(columns=["exact_reason"], errors="ignore"),
+                       "totals": pd.DataFrame([totals])})
+    print(f"collected and saved to {run.path}")
+
+# %% [markdown]
+# ## Per node: the plan as a tree, predicted vs measured clock reads
+
+# %%
+cols = ["rows", "loops", "exec_calls_predicted", "clock_calls_predicted",
+        "clock_calls_measured"]
+tree = nb.plan_tree(nodes, [c for c in cols if c in nodes.columns])
+display(nb.styled_tree(tree))
+
+# %%
+measured = nodes["clock_calls_measured"].astype("Int64")
+predicted = nodes["clock_calls_predicted"].astype("Int64")
+assert len(nodes) >= 3 and measured.notna().all(), nodes
+mismatch = nodes[measured != predicted]
+assert mismatch.empty, f"predicted != measured on nodes:\n{mismatch}"
+assert (predicted > 0).all()
+print(f"{len(nodes)} nodes: predicted == measured on every one")
+
+# %% [markdown]
+# ## Totals: plan prediction, bcc/bpftrace, ltrace
+
+# %%
+display(pd.Series(totals, name="value").to_frame())
+t = totals
+# the libc uprobe sees every read; ltrace misses pg_stat_statements' two (made from its .so)
+assert t["bpf_clock_gettime"] == t["predicted_clock_reads"], t
+assert t["ltrace_clock_gettime"] == t["predicted_clock_reads_ltrace"], t
+assert t["bpf_InstrStartNode"] == t["predicted_instr_start_node"], t
+if WORKLOAD == "join_sum":
+    sizes = wl.sizes(SCALE)
+    n, m = sizes["i1"], min(sizes["i1"], sizes["i2"])
+    # observer-effect.txt: 2N + 4M + 28 as ltrace counts it
+    assert t["ltrace_clock_gettime"] == 2 * n + 4 * m + 28, (t, n, m)
+
+# %% [markdown]
+# ## The correction model
+#
+# `T_corrected = T_timing − reads × ns_per_read − Instr calls × row_cost`, where
+# `ns_per_read` is measured here (clock_gettime(CLOCK_MONOTONIC) in a loop) and the
+# row-counting cost per Instr call comes from TIMING FALSE vs plain.
+
+# %%
+from profkit import bench
+
+cost = clock.measure_clocks(["clock_monotonic"], loops=2_000_000, repeats=3)
+ns_per_read = float(cost.set_index("source").loc["clock_monotonic", "ns_per_call"])
+bres = bench.run_bench([BUILD], WORKLOAD, SCALE, REPS, progress=None, instructions="none")
+corr = C.correction_table(bres.timings, clock_reads=int(t["predicted_clock_reads"]),
+                          instr_calls=int(t["predicted_instr_start_node"]),
+                          ns_per_read=ns_per_read)
+display(corr.round(3))
+
+# %%
+ms = corr.set_index("what")["ms"]
+plain, timing = ms["plain"], ms["analyze_timing"]
+clock_only = ms["analyze_timing − clock"]
+assert 1 < ns_per_read < 10_000, ns_per_read
+assert timing > plain, ms
+# subtracting the clock reads moves the TIMING time towards the plain query's time
+assert clock_only < timing
+assert abs(ms["analyze_timing − clock − row counting"] - plain) < abs(timing - plain), ms
+print(f"{ns_per_read:.1f} ns per read × {int(t['predicted_clock_reads']):,} reads = "
+      f"{ns_per_read * t['predicted_clock_reads'] / 1e6:.2f} ms of "
+      f"{timing - plain:.2f} ms TIMING overhead")
+
+# %% [markdown]
+# ## Per node, corrected
+# EXPLAIN's inclusive per-node times with each node's share of the instrumentation
+# (its own reads half inside its window, all its descendants' reads) subtracted.
+
+# %%
+times = C.node_times(explain)
+merged = times.merge(nodes[["node_id", "clock_calls_predicted", "instr_start_predicted"]],
+                     on="node_id")
+row_cost = corr.attrs["row_cost_ns"]
+per_node = C.corrected_node_times(merged, ns_per_read, row_cost)
+show = per_node[["node_id", "parent_id", "node_type", "total_ms", "overhead_ms",
+                 "corrected_total_ms", "corrected_self_ms", "overhead_share"]]
+display(nb.styled_tree(nb.plan_tree(show, ["total_ms", "overhead_ms", "corrected_total_ms",
+                                           "corrected_self_ms", "overhead_share"])))
+assert (per_node["corrected_total_ms"] <= per_node["total_ms"] + 1e-9).all()
+assert (per_node["overhead_ms"] >= 0).all()

@@ -1,0 +1,269 @@
+"""CLI: ``profkit bench`` (any builds, any workload) and ``profkit reproduce`` (the demo).
+
+Standalone click commands that :mod:`profkit.cli` attaches to the main group
+(``_attach_optional``). Library errors (ProfkitError) become one line on stderr and
+exit status 2; Ctrl-C stops everything profkit started (exit 130).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from profkit.errors import ProfkitError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+out_console = Console()
+err_console = Console(stderr=True)
+
+#: ``profkit reproduce`` defaults: chosen so the benchmark part takes ~3-5 minutes on
+#: 2 cores (see the note in reproduce_cmd's help) and callgrind ~1-2 minutes.
+REPRO_BUILDS = "vanilla,step1,step2,step3"
+REPRO_SCALE = 0.1
+REPRO_REPS = 15
+REPRO_INSTR_SCALE = 0.02
+
+
+def _friendly(f: F) -> F:
+    """ProfkitError → one line on stderr and exit 2; Ctrl-C → stop what we started, 130."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except ProfkitError as e:
+            err_console.print(f"[bold red]profkit:[/] {e}", highlight=False)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            from profkit.run import stop_all
+
+            stop_all()
+            err_console.print("[yellow]interrupted; everything profkit started was stopped[/]")
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _say(msg: str) -> None:
+    err_console.print(f"[cyan]•[/] {msg}", highlight=False)
+
+
+def _profiles_root(out: Path | None) -> Path:
+    from profkit import paths
+
+    if out is None:
+        return paths.profiles_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _report_after_failure(e: ProfkitError) -> None:
+    """A run that stopped half-way still gets its report from the rows it kept."""
+    from profkit.bench import BenchError, write_report
+
+    if isinstance(e, BenchError) and e.run_dir is not None and e.rows > 0:
+        try:
+            files = write_report(e.run_dir)
+            _say(f"report of the {e.rows} rows measured before the failure: {files.report_md}")
+        except (ProfkitError, OSError) as e2:
+            _say(f"no report from the partial run ({e2})")
+
+
+def _comparisons_table(comps: Any) -> Table:
+    t = Table(title="Does each step change the overhead? (b − a, percentage points)",
+              title_justify="left", header_style="bold")
+    for c in ("a → b", "mode", "b − a [95% CI]", "differs?", "p (overheads)"):
+        t.add_column(c, justify="left" if c in ("a → b", "mode") else "right")
+    for r in comps.itertuples():
+        ci = (f"{r.overhead_diff_pct:.2f} [{r.diff_ci_low_pct:.2f}, {r.diff_ci_high_pct:.2f}]"
+              if not math.isnan(r.diff_ci_low_pct) else f"{r.overhead_diff_pct:.2f}")
+        p = "–" if math.isnan(r.overhead_p_value) else f"{r.overhead_p_value:.3g}"
+        t.add_row(f"{r.a} → {r.b}", r.mode, ci, "yes" if r.overhead_differs else "no", p)
+    return t
+
+
+def _print_results(files: Any) -> None:
+    from profkit.bench import ordering_check
+    from profkit.render.report import render_console
+
+    out_console.print(render_console(files.summary))
+    if files.comparisons is not None and not files.comparisons.empty:
+        out_console.print(_comparisons_table(files.comparisons))
+    for line in ordering_check(files.summary, files.comparisons):
+        out_console.print(line, highlight=False)
+    out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
+                      f"chart: {files.chart_png} (+ .svg)", highlight=False)
+
+
+def _mode_list(modes: str) -> list[str]:
+    return [m.strip() for m in modes.split(",") if m.strip()]
+
+
+@click.command("bench")
+@click.option("--builds", default="vanilla", show_default=True,
+              help="Comma-separated build presets; label=preset runs a preset under another "
+                   "name (a=vanilla,b=vanilla: an A/A check of the noise).")
+@click.option("--workload", default="nested_loop", show_default=True,
+              help="nested_loop, join_sum or count_star.")
+@click.option("--scale", type=float, default=0.05, show_default=True,
+              help="Workload scale (nested_loop: work grows with scale²).")
+@click.option("--reps", type=int, default=10, show_default=True,
+              help="Repetitions of every (build, mode), interleaved.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Unrecorded executions of every (build, mode) first.")
+@click.option("--modes", default="plain,analyze_notiming,analyze_timing", show_default=True,
+              help="Comma-separated; also analyze_buffers, analyze_timing_buffers.")
+@click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
+              help="Server setting for every cluster (repeatable).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Profiles folder (default: ./profiles or $PROFKIT_PROFILES); the run goes "
+                   "to OUT/<run_id>/ and OUT/latest points at it.")
+@click.option("--instructions", type=click.Choice(["auto", "callgrind", "perf_stat", "none"]),
+              default="auto", show_default=True,
+              help="Count instructions of one execution per build and mode (auto: perf stat "
+                   "where the CPU counts instructions, else callgrind).")
+@click.option("--instr-scale", type=float, default=None,
+              help="Scale for callgrind (default: the bench scale if it fits the budget, "
+                   "else smaller).")
+@click.option("--seed", "order_seed", type=int, default=None,
+              help="Seed of the interleaving order (default: random, recorded).")
+@click.option("--metric", type=click.Choice(["server_ms", "client_ms"]), default="server_ms",
+              show_default=True, help="Time the report's overheads use.")
+@_friendly
+def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, modes: str,
+              sets: tuple[str, ...], out: Path | None, instructions: str,
+              instr_scale: float | None, order_seed: int | None, metric: str) -> None:
+    """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
+
+    Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
+    """
+    from profkit.bench import check_request, new_run_id, run_bench, update_latest, write_report
+
+    req = check_request(builds, workload, scale, reps, _mode_list(modes), warmup, list(sets))
+    root = _profiles_root(out)
+    run_id = new_run_id(req.workload, root)
+    try:
+        res = run_bench(list(builds.split(",")), workload, scale, reps, req.modes, warmup,
+                        list(sets), root / run_id, True, instructions=instructions,  # type: ignore[arg-type]
+                        instr_scale=instr_scale, order_seed=order_seed, run_id=run_id,
+                        command_line=["profkit", *sys.argv[1:]])
+    except ProfkitError as e:
+        _report_after_failure(e)
+        raise
+    files = write_report(res.out_dir, metric=metric)
+    update_latest(res.out_dir)
+    _print_results(files)
+    out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
+
+
+def _flamegraph_demo() -> Callable[..., Any] | None:
+    import importlib
+
+    for mod in ("profkit.cli_profile", "profkit.collect.perf"):
+        try:
+            m = importlib.import_module(mod)
+        except ImportError as e:
+            if e.name != mod:
+                raise
+            continue
+        fn = getattr(m, "demo_flamegraphs", None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def _call_flamegraph_demo(fn: Callable[..., Any], run_dir: Path) -> Any:
+    """Call demo_flamegraphs with the arguments it accepts among ours."""
+    offer = {"run_dir": run_dir, "out_dir": run_dir / "flamegraphs", "progress": _say}
+    params = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in offer.items() if k in params}
+    return fn(**kwargs)
+
+
+@click.command("reproduce")
+@click.option("--builds", default=REPRO_BUILDS, show_default=True)
+@click.option("--scale", type=float, default=REPRO_SCALE, show_default=True)
+@click.option("--reps", type=int, default=REPRO_REPS, show_default=True)
+@click.option("--warmup", type=int, default=1, show_default=True)
+@click.option("--instr-scale", type=float, default=REPRO_INSTR_SCALE, show_default=True,
+              help="Scale at which callgrind counts one execution per build and mode.")
+@click.option("--no-callgrind", is_flag=True, help="Skip the instruction counts.")
+@click.option("--no-flamegraphs", is_flag=True, help="Skip the flamegraph demo at the end.")
+@click.option("--seed", "order_seed", type=int, default=None)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Profiles folder (default: ./profiles).")
+@_friendly
+def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale: float,
+                  no_callgrind: bool, no_flamegraphs: bool, order_seed: int | None,
+                  out: Path | None) -> None:
+    """Reproduce explain-analyze-87pct-overhead-cut.txt: vanilla, step1, step2, step3.
+
+    Builds the four variants (cached after the first time), runs nested_loop's Query-1/2/3
+    interleaved across builds, counts instructions with callgrind, prints the seed-style
+    table beside the seed's figures and writes report.md, overheads.png/svg and
+    summary.csv under profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.1
+    (Query-1 ≈ 1 s on vanilla here), 15 repetitions: ~4 minutes of benchmark on 2 cores.
+    """
+    from profkit.bench import check_request, new_run_id, run_bench, update_latest, write_report
+    from profkit.pg.build import get_build
+
+    t_all = time.monotonic()
+    req = check_request(builds, "nested_loop", scale, reps, warmup=warmup)
+    root = _profiles_root(out)
+
+    err_console.rule("builds")
+    t0 = time.monotonic()
+    for ref in req.refs:
+        with err_console.status(f"build {ref.preset} (cached after the first time)"):
+            b = get_build(ref.preset, progress=_say)
+        _say(f"{ref.label}: PostgreSQL {b.version}, "
+             f"{', '.join(p['name'] for p in b.patches) or 'no patches'} ({b.key[:12]})")
+    t_builds = time.monotonic() - t0
+
+    err_console.rule(f"benchmark: nested_loop at scale {scale}, {reps} repetitions")
+    run_id = new_run_id("nested_loop", root)
+    t0 = time.monotonic()
+    try:
+        res = run_bench(builds, "nested_loop", scale, reps, warmup=warmup,
+                        out_dir=root / run_id, progress=True,
+                        instructions="none" if no_callgrind else "auto",
+                        instr_scale=instr_scale, order_seed=order_seed, run_id=run_id,
+                        command_line=["profkit", *sys.argv[1:]])
+    except ProfkitError as e:
+        _report_after_failure(e)
+        raise
+    t_bench = time.monotonic() - t0
+    files = write_report(res.out_dir)
+    update_latest(res.out_dir)
+
+    err_console.rule("result")
+    _print_results(files)
+    out_console.print(f"run: {res.out_dir} (profiles/latest → {res.run_id})", highlight=False)
+
+    t_flame = 0.0
+    if not no_flamegraphs:
+        fn = _flamegraph_demo()
+        if fn is None:
+            _say("flamegraph demo not available in this checkout (no demo_flamegraphs in "
+                 "profkit.cli_profile or profkit.collect.perf): skipped")
+        else:
+            err_console.rule("flamegraphs")
+            t0 = time.monotonic()
+            res_fg = _call_flamegraph_demo(fn, res.out_dir)
+            t_flame = time.monotonic() - t0
+            if res_fg is not None:
+                out_console.print(f"flamegraphs: {res_fg}", highlight=False)
+    total = time.monotonic() - t_all
+    out_console.print(f"wall time: builds {t_builds:.0f} s, benchmark + instruction counts "
+                      f"{t_bench:.0f} s, flamegraphs {t_flame:.0f} s; total {total:.0f} s",
+                      highlight=False)

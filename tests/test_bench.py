@@ -1,0 +1,404 @@
+"""The benchmark runner: a real interleaved run, a backend killed mid-run, a full disk.
+
+Everything runs real PostgreSQL clusters of the cached vanilla build at tiny scales;
+two labels on the vanilla preset (an A/A run) stand in for two builds, so no patched
+build has to exist for these tests.
+"""
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from profkit import bench
+from profkit.bench import BenchError, ProfilesFull, ServerCrashed
+from profkit.errors import ComparisonError, ProfkitError
+from profkit.pg.workloads import WorkloadError
+
+SUMMARY_COLUMNS = ["build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
+                   "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct"]
+MODES = ["plain", "analyze_notiming", "analyze_timing"]
+SEED = 7  # an order seed whose first repetition interleaves the two builds (checked below)
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------
+# bad input: refused before anything starts
+
+
+@pytest.mark.parametrize("kwargs, exc, text", [
+    ({"builds": "nope"}, BenchError, "unknown build 'nope'; known presets:"),
+    ({"builds": "vanilla,vanilla"}, BenchError, "given twice"),
+    ({"builds": ""}, BenchError, "no builds given"),
+    ({"workload": "nope"}, WorkloadError, "unknown workload 'nope'; known: nested_loop"),
+    ({"scale": 0}, WorkloadError, "scale must be a number > 0"),
+    ({"scale": -0.5}, WorkloadError, "scale must be a number > 0"),
+    ({"scale": "abc"}, WorkloadError, "scale must be a number > 0"),
+    ({"reps": 0}, BenchError, "reps must be an integer >= 1"),
+    ({"reps": 2.5}, BenchError, "reps must be an integer >= 1"),
+    ({"warmup": -1}, BenchError, "warmup must be an integer >= 0"),
+    ({"modes": ["analyze_timing"]}, BenchError, "modes must include 'plain'"),
+    ({"modes": ["plain", "verbose"]}, BenchError, "unknown mode 'verbose'"),
+    ({"settings": ["work_mem"]}, BenchError, "is not name=value"),
+    ({"settings": {"work_mem": "1'; drop"}}, BenchError, "may not contain quotes"),
+    ({"settings": {"shared_preload_libraries": "auto_explain"}}, BenchError,
+     "must keep pg_stat_statements"),
+])
+def test_bad_input_is_refused_before_anything_starts(tmp_path, kwargs, exc, text):
+    args = {"builds": "vanilla", "workload": "nested_loop", "scale": 0.01, "reps": 2,
+            "out_dir": tmp_path / "run", "progress": None, "instructions": "none", **kwargs}
+    t0 = time.monotonic()
+    with pytest.raises(exc) as ei:
+        bench.run_bench(**args)
+    assert text in str(ei.value)
+    assert isinstance(ei.value, ProfkitError)
+    assert not (tmp_path / "run").exists(), "nothing may be written for bad input"
+    assert time.monotonic() - t0 < 10, "validation must not start clusters or builds"
+
+
+def test_cli_bad_input_exit_code_and_message(tmp_path):
+    for argv, text in ((["--builds", "vanilla,nope"], "unknown build 'nope'"),
+                       (["--scale", "0"], "scale must be a number > 0"),
+                       (["--reps", "0"], "reps must be an integer >= 1"),
+                       (["--workload", "tpch"], "unknown workload 'tpch'")):
+        cp = subprocess.run([sys.executable, "-m", "profkit.cli", "bench", *argv, "--out",
+                             str(tmp_path / "p")], capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 2, cp.stderr
+        assert text in " ".join(cp.stderr.split()), cp.stderr
+        assert "Traceback" not in cp.stderr
+    assert not any((tmp_path / "p").glob("*-*")), "no run directory for bad input"
+
+
+def test_out_dir_not_empty_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "timings.csv").write_text("keep me\n")
+    with pytest.raises(BenchError, match="never overwritten"):
+        bench.run_bench("vanilla", "nested_loop", 0.01, 1, out_dir=tmp_path / "run",
+                        progress=None, instructions="none")
+    assert (tmp_path / "run" / "timings.csv").read_text() == "keep me\n"
+
+
+# ---------------------------------------------------------------------------
+# pure helpers
+
+
+def test_choose_instr_scale_shrinks_with_the_square_of_the_scale():
+    rows = [{"build": b, "mode": m, "client_ms": ms} for b in ("vanilla", "step1")
+            for m, ms in (("plain", 1000.0), ("analyze_notiming", 1300.0),
+                          ("analyze_timing", 3000.0))]
+    df = pd.DataFrame(rows)
+    s, why = bench.choose_instr_scale("nested_loop", 0.1, df, budget_s=60)
+    # estimate: 100 x (1 + 1 + 1.3 + 3) s + 5 s = 635 s -> 0.1 * sqrt(55 / 630) = 0.0295
+    assert s == 0.029
+    assert "635 s" in why and "0.029" in why
+    same, why2 = bench.choose_instr_scale("nested_loop", 0.001, df.assign(
+        client_ms=df["client_ms"] / 1e4), budget_s=60)
+    assert same == 0.001 and why2.startswith("bench scale")
+
+
+def test_check_comparable_refuses_differing_checked_fields():
+    a = {"run_id": "a", "workload": "nested_loop", "scale": 0.1, "source": {"version": "18.6"},
+         "machine": {"cpu_model": "X", "kernel": "6.1", "clocksource": "tsc",
+                     "virtualization": "kvm", "cpus": 2}}
+    b = json.loads(json.dumps(a))
+    assert bench.check_comparable(a, b) == {}
+    b["machine"]["clocksource"] = "hpet"
+    del b["machine"]["kernel"]  # missing is different, never filled in
+    with pytest.raises(ComparisonError, match="clocksource: 'tsc' vs 'hpet'"):
+        bench.check_comparable(a, b)
+    diff = bench.check_comparable(a, b, force=True)
+    assert diff == {"machine.kernel": ("6.1", None), "machine.clocksource": ("tsc", "hpet")}
+
+
+def test_update_latest_points_at_newest(tmp_path):
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r2").mkdir()
+    bench.update_latest(tmp_path / "r1")
+    bench.update_latest(tmp_path / "r2")
+    assert os.readlink(tmp_path / "latest") == "r2"
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").mkdir()
+    with pytest.raises(BenchError, match="not a symlink"):
+        bench.update_latest(tmp_path / "r1")
+
+
+# ---------------------------------------------------------------------------
+# a real run through the CLI
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, vanilla_build):
+    """`profkit bench` on two labels of vanilla, scale 0.01, 3 reps, callgrind at 0.005."""
+    root = tmp_path_factory.mktemp("profiles")
+    argv = [sys.executable, "-m", "profkit.cli", "bench", "--builds", "vanilla,aa=vanilla",
+            "--workload", "nested_loop", "--scale", "0.01", "--reps", "3", "--warmup", "1",
+            "--instructions", "callgrind", "--instr-scale", "0.005", "--seed", str(SEED),
+            "--set", "work_mem=8MB", "--out", str(root)]
+    t0 = time.monotonic()
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    elapsed = time.monotonic() - t0
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    run_dir = (root / "latest").resolve()
+    return {"root": root, "dir": run_dir, "stdout": cp.stdout, "stderr": cp.stderr,
+            "elapsed": elapsed}
+
+
+@pytest.mark.pg
+def test_timings_shape_and_interleaving(small_run):
+    d = small_run["dir"]
+    import re
+
+    assert re.fullmatch(r"\d{8}-\d{6}-nested_loop", d.name), d.name
+    t = bench.load_timings(d)
+    assert len(t) == 2 * 3 * 3
+    assert t.groupby(["build", "mode"]).size().to_dict() == {
+        (b, m): 3 for b in ("vanilla", "aa") for m in MODES}
+    assert sorted(t["order"]) == list(range(18))
+    for rep, g in t.groupby("rep"):
+        assert sorted(g["slot"]) == list(range(6))
+        assert g["order"].min() == (rep - 1) * 6
+    # the order is the seeded shuffle, repetition by repetition
+    rng = random.Random(SEED)
+    pairs = [(b, m) for b in ("vanilla", "aa") for m in MODES]
+    ts = t.sort_values("order")
+    for rep in (1, 2, 3):
+        seq = pairs[:]
+        rng.shuffle(seq)
+        got = list(zip(ts[ts.rep == rep]["build"], ts[ts.rep == rep]["mode"], strict=True))
+        assert got == seq
+    builds_in_order = ts["build"].tolist()
+    # not all of one build first: the builds alternate within repetitions
+    assert any(builds_in_order[i] != builds_in_order[i + 1] for i in range(2)), builds_in_order
+    assert builds_in_order[:9] != ["vanilla"] * 9 and builds_in_order[:9] != ["aa"] * 9
+    # CSV streamed during the run == parquet written at the end
+    c = pd.read_csv(d / "timings.csv")
+    assert len(c) == 18
+    assert (c.sort_values("order")["client_ms"].to_numpy()
+            == ts["client_ms"].to_numpy()).all()
+
+
+@pytest.mark.pg
+def test_server_and_client_times_agree(small_run):
+    t = bench.load_timings(small_run["dir"])
+    assert (t["client_ms"] > 0).all() and (t["server_ms"] > 0).all()
+    assert (t["client_ms"] >= t["server_ms"]).all(), "the client's time includes the server's"
+    ex = t[t["mode"] != "plain"]
+    assert ex["explain_ms"].notna().all() and t.loc[t["mode"] == "plain", "explain_ms"].isna().all()
+    # pg_stat_statements' time of EXPLAIN = EXPLAIN's Execution Time + planning + output
+    gap = ex["server_ms"] - ex["explain_ms"]
+    assert (gap >= 0).all() and (gap < 20).all(), gap.describe()
+    # one backend per build for the whole run
+    assert t.groupby("build")["backend_pid"].nunique().eq(1).all()
+
+
+@pytest.mark.pg
+def test_summary_overheads_and_instruction_counts(small_run):
+    d = small_run["dir"]
+    text = (d / "summary.csv").read_text()
+    assert text.splitlines()[0] == ",".join(SUMMARY_COLUMNS)
+    s = pd.read_csv(d / "summary.csv")
+    assert list(s.columns) == SUMMARY_COLUMNS and len(s) == 6
+    v = s.set_index(["build", "mode"])
+    # TIMING on reads the clock twice per row per node: far above plain
+    assert v.loc[("vanilla", "analyze_timing"), "overhead_pct"] > 0
+    assert v.loc[("vanilla", "analyze_timing"), "ci_low_pct"] > 0
+    assert v.loc[("vanilla", "plain"), "overhead_pct"] == 0
+    assert (v["n"] == 3).all()
+    # instruction counts: one execution each, callgrind, at the scale asked for
+    ic = bench.load_instructions(d)
+    assert ic is not None and len(ic) == 6
+    assert set(ic["tool"]) == {"callgrind"} and set(ic["scale"]) == {0.005}
+    per = ic.set_index(["build", "mode"])["instructions"].astype(float)
+    for m in MODES:  # A/A: the same binary executes the same instructions (±0.01 %)
+        assert abs(per[("aa", m)] / per[("vanilla", m)] - 1) < 1e-4
+    q2 = v.loc[("vanilla", "analyze_notiming"), "instr_overhead_pct"]
+    q3 = v.loc[("vanilla", "analyze_timing"), "instr_overhead_pct"]
+    assert 10 < q2 < q3, (q2, q3)  # row counting costs instructions; timing costs more
+    assert v.loc[("vanilla", "plain"), "instr"] == per[("vanilla", "plain")]
+    for f in ("report.md", "overheads.png", "overheads.svg"):
+        assert (d / f).stat().st_size > 1000, f
+    md = (d / "report.md").read_text()
+    assert "29.36" in md and "Query-2 overhead" in md  # beside the seed's figure
+    out = small_run["stdout"]
+    assert "Q2 overhead" in out and "vanilla" in out and "latest" in out
+
+
+@pytest.mark.pg
+def test_provenance_fields(small_run):
+    p = json.loads((small_run["dir"] / "provenance.json").read_text())
+    assert p["status"] == "complete" and p["error"] is None
+    for k in ("run_id", "started_at", "ended_at", "command_line", "workload", "scale", "reps",
+              "warmup", "modes", "order_seed", "settings", "cluster_settings", "builds",
+              "machine", "tools", "instruction_counter", "instr_scale", "backend_pids",
+              "pgss_queryids", "server_settings", "loadavg_start", "loadavg_end"):
+        assert k in p, k
+    assert p["scale"] == 0.01 and p["reps"] == 3 and p["order_seed"] == SEED
+    assert p["settings"] == {"work_mem": "8MB"}
+    assert p["server_settings"]["vanilla"]["work_mem"] == "8192"
+    assert p["command_line"][:2] == ["profkit", "bench"]
+    for label in ("vanilla", "aa"):
+        b = p["builds"][label]
+        assert b["preset"] == "vanilla" and len(b["key"]) == 64
+        assert b["pg_config"]["VERSION"].startswith("PostgreSQL 18")
+        assert "CFLAGS" in b["pg_config"] and b["patches"] == []
+    m = p["machine"]
+    for k in ("cpu_model", "kernel", "clocksource", "virtualization", "governor", "cpus"):
+        assert k in m, k
+    assert m["kernel"] == os.uname().release
+    assert p["instruction_counter"] == "callgrind" and p["instr_scale"] == 0.005
+    assert "valgrind" in p["tools"]["valgrind"]
+    # the clusters are gone
+    for c in p["clusters"].values():
+        assert not Path(c["dir"]).exists() and not _alive(c["postmaster_pid"])
+
+
+# ---------------------------------------------------------------------------
+# a backend killed mid-run
+
+
+@pytest.mark.pg
+def test_backend_killed_mid_run_keeps_rows_and_names_build_and_rep(tmp_path, vanilla_build):
+    out = tmp_path / "run"
+    killed: dict[str, int] = {}
+    stop = threading.Event()
+
+    def killer() -> None:
+        while not stop.is_set():
+            rows = _csv_rows(out / "timings.csv")
+            if len(rows) >= 4:
+                pid = int(rows[-1]["backend_pid"])
+                killed.update(pid=pid, rows_seen=len(rows))
+                os.kill(pid, signal.SIGKILL)  # a crash, not pg_terminate_backend
+                return
+            time.sleep(0.01)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    try:
+        with pytest.raises(ServerCrashed) as ei:
+            bench.run_bench("vanilla", "nested_loop", 0.01, 60, warmup=1, out_dir=out,
+                            progress=None, instructions="none", order_seed=1)
+    finally:
+        stop.set()
+        th.join(10)
+    msg = str(ei.value)
+    assert "build 'vanilla'" in msg and "repetition" in msg, msg
+    assert "terminated by signal 9" in msg, msg
+    assert "rows measured before are kept" in msg
+    rep = int(msg.split("repetition ")[1].split()[0])
+    rows = _csv_rows(out / "timings.csv")
+    assert len(rows) >= killed["rows_seen"] and len(rows) < 180
+    assert ei.value.rows == len(rows) and ei.value.run_dir == out
+    t = bench.load_timings(out)  # parquet salvaged from the same rows
+    assert len(t) == len(rows) and t["client_ms"].gt(0).all()
+    assert sorted(t["order"]) == list(range(len(rows)))
+    assert t["rep"].max() <= rep
+    p = json.loads((out / "provenance.json").read_text())
+    assert p["status"] == "failed" and "terminated by signal 9" in p["error"]
+    c = p["clusters"]["vanilla"]
+    assert not _alive(c["postmaster_pid"]) and not Path(c["dir"]).exists()
+    assert "terminated by signal 9" in (out / "logs" / "postgres-vanilla.log").read_text()
+    # the partial run still makes a report
+    files = bench.write_report(out)
+    assert files.summary_csv.exists()
+
+
+# ---------------------------------------------------------------------------
+# a full disk
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                        capture_output=True, text=True)
+    if cp.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({cp.stderr.strip()}): needs root")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.pg
+def test_full_disk_keeps_rows_written(small_fs, vanilla_build):
+    out = small_fs / "run"
+    filled = threading.Event()
+    stop = threading.Event()
+
+    def filler() -> None:
+        while not stop.is_set():
+            if len(_csv_rows(out / "timings.csv")) >= 3:
+                with open(small_fs / "filler", "wb") as f:
+                    try:
+                        while True:
+                            f.write(b"x" * 4096)
+                            f.flush()
+                    except OSError as e:
+                        assert e.errno == errno.ENOSPC
+                filled.set()
+                return
+            time.sleep(0.005)
+
+    th = threading.Thread(target=filler, daemon=True)
+    th.start()
+    try:
+        with pytest.raises(ProfilesFull) as ei:
+            bench.run_bench("vanilla", "nested_loop", 0.005, 400, modes=["plain"], warmup=1,
+                            out_dir=out, progress=None, instructions="none")
+    finally:
+        stop.set()
+        th.join(10)
+    assert filled.is_set()
+    msg = str(ei.value)
+    assert msg.startswith("profiles folder is full: free space or choose --out"), msg
+    rows = _csv_rows(out / "timings.csv")
+    assert len(rows) >= 3 and ei.value.rows >= len(rows)
+    # every row in the file is whole (the failed write was cut back)
+    assert all(r["client_ms"] and r["rep"].isdigit() for r in rows)
+    t = bench.load_timings(out)
+    assert len(t) == len(rows)
+    # the first provenance.json is intact
+    assert json.loads((out / "provenance.json").read_text())["run_id"] == "run"
+
+
+@pytest.mark.pg
+def test_full_disk_before_start(small_fs, vanilla_build):
+    with open(small_fs / "filler", "wb") as f:
+        with pytest.raises(OSError):
+            while True:
+                f.write(b"x" * 4096)
+                f.flush()
+    with pytest.raises(ProfilesFull, match="^profiles folder is full: free space or choose"):
+        bench.run_bench("vanilla", "nested_loop", 0.005, 2, out_dir=small_fs / "run",
+                        progress=None, instructions="none")

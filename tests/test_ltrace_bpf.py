@@ -1,0 +1,305 @@
+"""ltrace and eBPF (bcc, bpftrace) against a real backend running join_sum.
+
+join_sum at the test scale (conftest JOIN_SUM_SCALE, 0.02): i1 has N = 20,000
+rows, i2 has M = 20.  The clusters load pg_stat_statements, which reads the
+clock twice around each utility statement from its own .so — visible to a libc
+uprobe, invisible to ltrace: that is the one constant between the two counts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from profkit import tables
+from profkit.analyze import predict as P
+from profkit.collect import bpf, kheaders
+from profkit.collect import ltrace as lt
+from profkit.errors import ProbeError
+from profkit.parse.ltrace import parse_ltrace_summary
+from profkit.pg.workloads import get_workload
+
+FIX = Path(__file__).parent / "fixtures"
+WL = get_workload("join_sum")
+
+
+def _sizes(scale: float) -> tuple[int, int]:
+    z = WL.sizes(scale)
+    return z["i1"], z["i2"]
+
+
+def _children_named(name: str) -> list[int]:
+    """Live child processes of this test process running *name* (ltrace, bpftrace)."""
+    me = str(os.getpid())
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        if comm == name and fields[1] == me and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def _perf_fds() -> int:
+    """perf-event and BPF fds held by this process (bcc's attached probes)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "perf_event" in target or "bpf" in target:
+            n += 1
+    return n
+
+
+@pytest.fixture
+def prediction(join_sum_conn):
+    plan = join_sum_conn.execute(WL.query("analyze_timing", fmt="json")).fetchone()[0]
+    return plan, P.predict(plan, P.context_from_conn(join_sum_conn, "analyze_timing"))
+
+
+# ---------------------------------------------------------------------------
+# The headline: ltrace, bcc and the prediction agree
+
+
+@pytest.mark.pg
+def test_clock_gettime_counts_agree(join_sum_conn, prediction, _join_sum_loaded, tmp_path):
+    n, m = _sizes(_join_sum_loaded)
+    _plan, pr = prediction
+    sql = WL.query("analyze_timing")
+
+    run = lt.count_calls(join_sum_conn, sql, out_dir=tmp_path / "ltrace")
+    lt_df = parse_ltrace_summary(run.summary_text)
+    assert lt_df.attrs["complete"]
+    ltrace_calls = int(lt_df.set_index("function").loc["clock_gettime", "calls"])
+
+    before = _perf_fds()
+    res = bpf.probe_query(join_sum_conn, sql, tool="bcc", functions=["clock_gettime"],
+                          per_node=False)
+    assert _perf_fds() == before, "bcc left probes attached"
+    bcc_calls = res.calls("clock_gettime")
+
+    # observer-effect.txt: 2N + 4M + K with K = 28, as ltrace counts
+    assert ltrace_calls == 2 * n + 4 * m + 28
+    assert ltrace_calls == pr.totals["clock_reads_ltrace"]
+    # the libc uprobe also sees pg_stat_statements' utility bracket
+    pgss = sum(c.clock_reads for c in pr.constants if not c.ltrace_visible)
+    assert pgss == 2
+    assert bcc_calls == ltrace_calls + pgss == pr.totals["clock_reads"]
+    assert res.tool == "bcc" and res.missing == ()
+
+
+@pytest.mark.pg
+def test_per_node_counts_match_plan(join_sum_conn, prediction, tmp_path):
+    plan, pr = prediction
+    res = bpf.probe_query(join_sum_conn, WL.query("analyze_timing"), tool="bcc",
+                          out_dir=tmp_path / "bcc")
+    assert (tmp_path / "bcc" / "probe.bpf.c").read_text().count("#define OFF_") == 5
+    assert res.errors == {"stack_overflow": 0, "stack_underflow": 0, "read_failed": 0}
+    nodes = res.nodes.set_index("node_id")
+    flat = P.flatten_plan(plan).set_index("node_id")
+    assert list(nodes.index) == list(flat.index)
+    # measured ExecProcNode calls per node = rows + loops from the plan itself
+    for nid, r in flat.iterrows():
+        rows, loops = int(r["rows"]), int(r["loops"])
+        if r["node_type"] == "Hash":  # MultiExecProcNode: one call per loop
+            assert nodes.loc[nid, "exec_calls"] == 0
+            assert nodes.loc[nid, "multiexec_calls"] == loops
+        else:
+            assert nodes.loc[nid, "exec_calls"] == rows + loops, (nid, r["node_type"])
+            assert nodes.loc[nid, "first_calls"] == 1
+        assert nodes.loc[nid, "shutdown_calls"] == 1
+    # the probe's plan_node_id/tag reading agrees with the derived numbering
+    assert P.check_node_ids(pr.nodes, res.nodes)["match"].all()
+    assert list(nodes["planstate_tag"]) == ["T_AggState", "T_HashJoinState", "T_SeqScanState",
+                                            "T_HashState", "T_SeqScanState"]
+    # clock reads charged to each node = prediction; the rest is EXPLAIN + pgss
+    merged = pr.nodes.set_index("node_id").join(nodes)
+    assert (merged["clock_reads"] == merged["clock_calls_predicted"]).all()
+    assert (nodes["clock_reads_shutdown"] == 2).all()
+    assert res.outside_clock_reads == sum(c.clock_reads for c in pr.constants) == 8
+    assert res.calls("clock_gettime") == pr.totals["clock_reads"]
+    assert res.calls("InstrStartNode") == res.calls("InstrStopNode") == \
+        pr.totals["instr_start_node"]
+    assert res.calls("InstrEndLoop") == pr.totals["instr_end_loop_min"]
+    table = P.plan_nodes_table(pr, run_id="t", build="vanilla", query="join_sum",
+                               measured=res.nodes)
+    tables.validate(table, "plan_nodes")
+    assert (table["clock_calls_measured"] == table["clock_calls_predicted"]).all()
+    assert (table["exec_calls_measured"] == table["exec_calls_predicted"]).all()
+
+
+@pytest.mark.pg
+def test_timing_off_and_plain(join_sum_conn, prediction, _join_sum_loaded):
+    plan, _ = prediction
+    ctx = P.context_from_conn(join_sum_conn, "analyze_notiming")
+    off = bpf.probe_query(join_sum_conn, WL.query("analyze_notiming"), tool="bcc")
+    pr_off = P.predict(plan, ctx)
+    assert off.calls("clock_gettime") == pr_off.totals["clock_reads"] == 8
+    assert (off.nodes["clock_reads"] == 0).all()
+    assert off.calls("InstrStartNode") == pr_off.totals["instr_start_node"]
+    plain = bpf.probe_query(join_sum_conn, WL.query("plain"), tool="bcc")
+    pr_plain = P.predict(plan, P.context_from_conn(join_sum_conn, "plain"))
+    assert plain.calls("ExecProcNodeInstr") == 0
+    assert plain.calls("clock_gettime") == pr_plain.totals["clock_reads"] == 4
+    assert plain.query_result == [(WL.expected_rows(_join_sum_loaded),)]
+
+
+@pytest.mark.pg
+def test_bpftrace_gives_the_same_counts(join_sum_conn, prediction, tmp_path):
+    _plan, pr = prediction
+    res = bpf.probe_query(join_sum_conn, WL.query("analyze_timing"), tool="bpftrace",
+                          out_dir=tmp_path / "bt")
+    assert res.tool == "bpftrace"
+    script = (tmp_path / "bt" / "probe.bt").read_text()
+    assert f"/pid == {join_sum_conn.info.backend_pid}/" in script
+    assert res.calls("clock_gettime") == pr.totals["clock_reads"]
+    merged = pr.nodes.set_index("node_id").join(res.nodes.set_index("node_id"))
+    assert (merged["exec_calls"] == merged["exec_calls_predicted"]).all()
+    assert (merged["clock_reads"] == merged["clock_calls_predicted"]).all()
+    assert not _children_named("bpftrace"), "bpftrace left running"
+
+
+@pytest.mark.pg
+def test_falls_back_to_bpftrace_when_bcc_is_missing(join_sum_conn, monkeypatch):
+    # bcc is installed here, so its absence is simulated (the only mock in this file)
+    def no_bcc():
+        raise kheaders.BccUnavailable("the bcc Python package is not installed (simulated)")
+
+    monkeypatch.setattr(kheaders, "import_bcc", no_bcc)
+    res = bpf.probe_query(join_sum_conn, WL.query("analyze_notiming"),
+                          functions=["ExecProcNodeInstr", "clock_gettime"])
+    assert res.tool == "bpftrace"
+    assert "bcc unavailable, used bpftrace instead" in res.fallback_reason
+    assert res.calls("ExecProcNodeInstr") == 20_045
+    with pytest.raises(kheaders.BccUnavailable):
+        bpf.probe_query(join_sum_conn, "SELECT 1", tool="bcc")
+
+
+# ---------------------------------------------------------------------------
+# Bad input, backends that die, nothing left behind
+
+
+@pytest.mark.pg
+def test_pid_that_is_not_a_backend(pg_cluster, join_sum_conn):
+    with pytest.raises(ProbeError, match="not a backend"):
+        bpf.backend_info(pg_cluster.pid)  # the postmaster
+    with pytest.raises(ProbeError, match="not a PostgreSQL backend"):
+        bpf.probe_query(None, "SELECT 1", pid=os.getpid())
+    with pytest.raises(ProbeError, match="not a PostgreSQL backend"):
+        lt.count_calls(None, "SELECT 1", pid=os.getpid())
+    with pytest.raises(ProbeError, match="no process with pid"):
+        bpf.backend_info(2**22 + 12345)
+    with pytest.raises(ProbeError, match="not the backend of this connection"):
+        bpf.probe_query(join_sum_conn, "SELECT 1", pid=pg_cluster.pid)
+
+
+def _terminate_when_sleeping(pg_cluster, pid: int) -> threading.Thread:
+    def go() -> None:
+        with pg_cluster.connect() as other:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                row = other.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                                    (pid,)).fetchone()
+                if row and row[0] == "PgSleep":
+                    break
+                time.sleep(0.05)
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.pg
+def test_backend_exits_mid_probe_bcc(pg_cluster):
+    conn = pg_cluster.connect()
+    pid = conn.info.backend_pid
+    before = _perf_fds()
+    t = _terminate_when_sleeping(pg_cluster, pid)
+    with pytest.raises(bpf.PartialProbe, match=f"backend {pid} exited") as ei:
+        bpf.probe_query(conn, "EXPLAIN (ANALYZE, TIMING TRUE) SELECT pg_sleep(30)", tool="bcc")
+    t.join(10)
+    part = ei.value.partial
+    # what was counted before the backend died is kept
+    assert part.calls("ExecProcNodeInstr") >= 1
+    assert part.calls("clock_gettime") >= 3  # planning bracket + node start at least
+    assert part.nodes["exec_calls"].sum() >= 1
+    assert _perf_fds() == before, "probes not detached"
+    conn.close()
+
+
+@pytest.mark.pg
+def test_backend_exits_mid_probe_ltrace(pg_cluster, tmp_path):
+    conn = pg_cluster.connect()
+    pid = conn.info.backend_pid
+    t = _terminate_when_sleeping(pg_cluster, pid)
+    with pytest.raises(bpf.PartialProbe, match="exited") as ei:
+        lt.count_calls(conn, "EXPLAIN (ANALYZE, TIMING TRUE) SELECT pg_sleep(30)",
+                       out_dir=tmp_path)
+    t.join(10)
+    run = ei.value.partial
+    assert isinstance(run, lt.LtraceRun)
+    df = parse_ltrace_summary(run.summary_text)
+    if run.summary_text.strip():
+        assert int(df.set_index("function").loc["clock_gettime", "calls"]) >= 3
+    else:
+        # ltrace itself sometimes loses its counts when the tracee dies; we say so
+        assert "No such process" in run.stderr
+        assert "ltrace printed no summary" in str(ei.value)
+    assert run.returncode is not None, "ltrace still running"
+    assert not _children_named("ltrace")
+    conn.close()
+
+
+@pytest.mark.pg
+def test_ltrace_refuses_a_traced_backend(join_sum_conn, tmp_path):
+    # while one ltrace is attached, a second attempt is refused with the tracer's pid
+    pid = join_sum_conn.info.backend_pid
+    seen: dict[str, object] = {}
+
+    def inner() -> None:
+        try:
+            lt.count_calls(None, pid=pid, runner=lambda: None, out_dir=tmp_path / "b")
+        except ProbeError as e:
+            seen["err"] = str(e)
+
+    run = lt.count_calls(join_sum_conn, None, runner=inner, out_dir=tmp_path / "a")
+    assert "already traced by pid" in str(seen.get("err"))
+    assert parse_ltrace_summary(run.summary_text).attrs["complete"]
+
+
+# ---------------------------------------------------------------------------
+# Cost guard (no backend needed: prediction from the recorded plan)
+
+
+def test_guard_estimates_and_refuses():
+    plan = json.loads((FIX / "plans" / "join_sum_0.02.json").read_text())
+    pr = P.predict(plan, P.PredictContext(mode="analyze_timing", pgss_loaded=True))
+    hits = bpf.estimate_probe_hits(pr.nodes, ["ExecProcNodeInstr", "clock_gettime"])
+    assert hits == {"ExecProcNodeInstr": 2 * 20_045, "clock_gettime": 40_102 + 8}
+    est = bpf.probe_cost_ms(hits)
+    assert est == pytest.approx((2 * 20_045 * 1000 + 40_110 * 6000) / 1e6)
+    # a 3 ms query: ~0.28 s of probing is within the 2 s floor
+    assert bpf.guard(hits, query_ms=3.0) == pytest.approx(est)
+    # ltrace at ~100 µs per call would take ~4 s: refused, bcc suggested
+    with pytest.raises(ProbeError, match=r"bcc uprobes .*--force"):
+        bpf.guard({"clock_gettime": 40_110}, query_ms=3.0, method="ltrace")
+    # the seed's scale (N = 1e6): 2e6 clock hits at 6 µs = 12 s for a 100 ms query
+    with pytest.raises(ProbeError, match="perf sampling"):
+        bpf.guard({"clock_gettime": 2_000_000}, query_ms=100.0)
+    assert bpf.guard({"clock_gettime": 2_000_000}, query_ms=100.0, force=True) == \
+        pytest.approx(12_000.0)
+    with pytest.raises(ProbeError, match="no hit estimate"):
+        bpf.estimate_probe_hits(pr.nodes, ["malloc"])

@@ -1,0 +1,151 @@
+"""%load_ext profkit in a real in-process IPython shell: bad options, --help and an
+unknown build give readable messages and the shell survives; a good cell runs on a
+real vanilla cluster and returns the query's rows; %profkit_stop stops the cluster
+by pid."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from profkit import magics
+from profkit.pg.workloads import get_workload
+
+SCALE = 0.01
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "profkit")
+    yield shell
+    magics.REGISTRY.stop()
+
+
+def test_help_is_in_the_docstring_and_usage(ip, capsys):
+    doc = ip.find_cell_magic("profkit").__doc__
+    assert "--collector {none,perf,gprof,ltrace,bpf,callgrind}" in doc
+    assert "--build" in doc and "--mode" in doc and "--workload" in doc
+    out = ip.run_cell_magic("profkit", "--help", "SELECT 1")
+    assert out is None
+    printed = capsys.readouterr().out
+    assert "usage: %%profkit" in printed and "--collector" in printed
+    assert magics.REGISTRY.names() == []  # --help runs nothing
+
+
+@pytest.mark.parametrize("line, expect", [
+    ("--collector nosuch", "invalid choice: 'nosuch'"),
+    ("--mode fast", "invalid choice: 'fast'"),
+    ("--scale", "expected one argument"),
+    ("--bogus 1", "unrecognized arguments: --bogus 1"),
+    ("--build 'unterminated", "check the quotes"),
+    ("--reps 0", "--reps must be >= 1"),
+])
+def test_bad_options_print_usage_and_the_cell_survives(ip, capsys, line, expect):
+    out = ip.run_cell_magic("profkit", line, "SELECT 1")
+    assert out is None
+    err = capsys.readouterr().err
+    assert expect in err
+    if "quotes" not in expect and "--reps" not in expect:
+        assert "usage: %%profkit" in err
+    # the shell still works
+    assert ip.run_cell("1 + 1").result == 2
+
+
+def test_unknown_build_is_a_readable_error(ip, capsys):
+    out = ip.run_cell_magic("profkit", "--build no_such_build", "SELECT 1")
+    assert out is None
+    err = capsys.readouterr().err
+    assert "unknown build 'no_such_build'" in err and "known presets" in err
+    assert "Traceback" not in err
+    assert "no_such_build" not in magics.REGISTRY.names()
+    assert ip.run_cell("x = 41 + 1").success
+
+
+def test_gprof_on_a_non_profiling_build_says_which_build_to_use(ip, capsys):
+    assert ip.run_cell_magic("profkit", "--collector gprof", "SELECT 1") is None
+    assert "use --build gprof" in capsys.readouterr().err
+
+
+def test_empty_cell_without_workload(ip, capsys):
+    assert ip.run_cell_magic("profkit", "", "-- nothing\n") is None
+    assert "the cell has no SQL" in capsys.readouterr().err
+
+
+@pytest.mark.pg
+def test_good_cell_returns_the_count_on_vanilla(ip, capsys, vanilla_build):
+    wl = get_workload("nested_loop")
+    df = ip.run_cell_magic("profkit", f"--build vanilla --workload nested_loop --scale {SCALE}",
+                           wl.select_sql + ";")
+    assert df is not None, capsys.readouterr().err
+    assert list(df.columns) == ["count"]
+    assert int(df.iloc[0, 0]) == wl.expected_rows(SCALE)
+    assert "loaded nested_loop at scale 0.01" in capsys.readouterr().out
+    sess = magics.REGISTRY.get("vanilla")
+    pid = sess.cluster.pid
+    assert os.path.exists(f"/proc/{pid}")
+
+    # the cluster and its tables are reused: an empty cell runs the workload's query
+    # in EXPLAIN ANALYZE (TIMING off)
+    plan = ip.run_cell_magic("profkit", f"--workload nested_loop --scale {SCALE} "
+                             "--mode analyze_notiming", "-- the workload's query")
+    assert plan.columns.tolist() == ["QUERY PLAN"]
+    text = "\n".join(plan["QUERY PLAN"])
+    assert "actual rows" in text and "Nested Loop" in text
+    assert "loaded" not in capsys.readouterr().out
+    assert magics.REGISTRY.get("vanilla").cluster.pid == pid
+
+    # a SQL error is a readable message, not a dead kernel
+    assert ip.run_cell_magic("profkit", "", "SELECT * FROM no_such_table") is None
+    assert 'relation "no_such_table" does not exist' in capsys.readouterr().err
+    # %profkit_stop stops the postmaster by pid
+    ip.run_line_magic("profkit_stop", "vanilla")
+    assert "stopped vanilla" in capsys.readouterr().out
+    assert magics.REGISTRY.names() == []
+    assert not _alive(pid)
+    ip.run_line_magic("profkit_stop", "vanilla")
+    assert "no %%profkit cluster for vanilla" in capsys.readouterr().err
+
+
+@pytest.mark.pg
+def test_ltrace_collector_counts_clock_reads(ip, capsys, vanilla_build):
+    """ltrace on the backend: TIMING on reads the clock, TIMING off does not (per row)."""
+    line = "--workload join_sum --scale 0.002 --collector ltrace --mode "
+    on = ip.run_cell_magic("profkit", line + "analyze_timing", "--")
+    assert on is not None, capsys.readouterr().err
+    off = ip.run_cell_magic("profkit", line + "analyze_notiming", "--")
+    calls_on = int(on.loc[on["function"] == "clock_gettime", "calls"].iloc[0])
+    calls_off = off.loc[off["function"] == "clock_gettime", "calls"]
+    calls_off = int(calls_off.iloc[0]) if len(calls_off) else 0
+    # join_sum at 0.002: 2000 + 2 rows scanned -> thousands of reads with TIMING on
+    assert calls_on > 2000
+    assert calls_off < 100
+    magics.REGISTRY.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.pg
+def test_perf_collector_shows_a_flamegraph_inline(ip, capsys, vanilla_build, tmp_path,
+                                                  monkeypatch):
+    from profkit.render.flamegraph import FlameGraph
+
+    monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path))
+    fg = ip.run_cell_magic("profkit", "--workload nested_loop --scale 0.03 --collector perf "
+                           "--mode analyze_timing", "-- the workload's query")
+    assert isinstance(fg, FlameGraph), capsys.readouterr().err
+    assert fg.total > 0
+    html = fg._repr_html_()
+    assert html.startswith("<iframe srcdoc=") and "ExecProcNodeInstr" in html
+    assert "instrumentation" in capsys.readouterr().out
+    # the run directory was written under PROFKIT_PROFILES
+    assert any((p / "perf.data").exists() for p in tmp_path.iterdir())
+    magics.REGISTRY.stop()
