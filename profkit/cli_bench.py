@@ -24,6 +24,9 @@ from profkit.errors import ProfkitError
 F = TypeVar("F", bound=Callable[..., Any])
 
 out_console = Console()
+if not out_console.is_terminal:
+    # piped or in CI: the seed-style table is wider than rich's default 80 columns
+    out_console = Console(width=150)
 err_console = Console(stderr=True)
 
 #: ``profkit reproduce`` defaults: chosen so the benchmark part takes ~3-5 minutes on

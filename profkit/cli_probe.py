@@ -150,7 +150,10 @@ def clock_calls(conn: Any, select_sql: str, *, modes: Sequence[str] = ("analyze_
             rows.append({"run_id": run_id, "mode": mode, "method": method,
                          "measured": measured, "predicted": predicted,
                          "difference": measured - predicted, "exact": pr.totals["exact"],
-                         "k": pr.totals["k"] if method != "ltrace" else pr.totals["k_ltrace"],
+                         # 2 per row returned through ExecProcNode, and everything else
+                         # (per-loop NULL calls, shutdown, EXPLAIN, pgss): see predict.py
+                         "predicted_row_reads": pr.totals["rows_term"],
+                         "predicted_other_reads": predicted - pr.totals["rows_term"],
                          "probed_query_ms": ms, "unprobed_query_ms": query_ms})
     out = pd.DataFrame(rows)
     if out_dir is not None:

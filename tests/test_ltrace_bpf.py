@@ -168,6 +168,10 @@ def test_bpftrace_gives_the_same_counts(join_sum_conn, prediction, tmp_path):
     merged = pr.nodes.set_index("node_id").join(res.nodes.set_index("node_id"))
     assert (merged["exec_calls"] == merged["exec_calls_predicted"]).all()
     assert (merged["clock_reads"] == merged["clock_calls_predicted"]).all()
+    # counts only (no node stack): the same total
+    flat = bpf.probe_query(join_sum_conn, WL.query("analyze_timing"), tool="bpftrace",
+                           functions=["clock_gettime"], per_node=False)
+    assert flat.calls("clock_gettime") == pr.totals["clock_reads"] and flat.nodes.empty
     assert not _children_named("bpftrace"), "bpftrace left running"
 
 
@@ -303,3 +307,81 @@ def test_guard_estimates_and_refuses():
         pytest.approx(12_000.0)
     with pytest.raises(ProbeError, match="no hit estimate"):
         bpf.estimate_probe_hits(pr.nodes, ["malloc"])
+
+
+@pytest.mark.pg
+def test_symbols_present_in_full_and_stripped_binaries(vanilla_build, tmp_path):
+    import subprocess
+
+    names = list(bpf.BINARY_FUNCTIONS)
+    full = bpf.binary_symbols(vanilla_build.postgres, names)
+    assert set(full) == set(names)
+    # gcc split the walker: the ".part.0" body is the one every node goes through
+    assert full["ExecShutdownNode_walker"].name == "ExecShutdownNode_walker.part.0"
+    # a stripped binary (like Debian's) keeps only exported functions: static
+    # ExecProcNodeInstr/ExecProcNodeFirst vanish, so do inlined ones in patched builds
+    stripped = tmp_path / "postgres"
+    subprocess.run(["strip", "-o", str(stripped), str(vanilla_build.postgres)], check=True)
+    left = bpf.binary_symbols(stripped, names)
+    assert set(left) == {"InstrStartNode", "InstrStopNode", "InstrEndLoop", "MultiExecProcNode"}
+    assert left["InstrStartNode"] == full["InstrStartNode"]  # same address, from .dynsym
+
+
+PROBE_SCRIPT = r"""
+import sys, psycopg
+from profkit.collect import bpf, ltrace
+conn = psycopg.connect(sys.argv[1], autocommit=True)
+print("pid", conn.info.backend_pid, flush=True)
+try:
+    if sys.argv[2] == "ltrace":
+        ltrace.count_calls(conn, "SELECT pg_sleep(30)", out_dir=sys.argv[3])
+    else:
+        bpf.probe_query(conn, "SELECT pg_sleep(30)", tool=sys.argv[2], out_dir=sys.argv[3])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("tool", ["bcc", "bpftrace", "ltrace"])
+def test_sigterm_detaches_everything(pg_cluster, tmp_path, tool):
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), pg_cluster.dsn, tool, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    backend = int(proc.stdout.readline().split()[1])
+    with pg_cluster.connect() as other:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # attached and the query is running
+            row = other.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                                (backend,)).fetchone()
+            if row and row[0] == "PgSleep":
+                break
+            time.sleep(0.1)
+        else:
+            proc.kill()
+            pytest.fail("probe never started the query")
+        if tool == "ltrace":
+            assert lt.tracer_pid(backend) > 0
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+        assert "interrupted" in out and proc.returncode == 3
+        # no tracer left: not attached to the backend, no child tool running anywhere
+        assert lt.tracer_pid(backend) in (0, -1)
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                assert str(tmp_path) not in cmd or "probe.py" in cmd, cmd
+        # the backend was not killed by a stray breakpoint (SIGTRAP): the server is
+        # up and nobody crashed
+        assert other.execute("SELECT 1").fetchone() == (1,)
+    log = pg_cluster.log_path.read_text(errors="replace")
+    assert "terminated by signal" not in log

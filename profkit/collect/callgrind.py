@@ -320,25 +320,14 @@ def postmaster_stopped(cluster: Cluster) -> Iterator[Path]:
 
     Connections to the cluster die with the stop; open new ones afterwards.
     """
-    # Cluster has no public pause/resume yet: stop the postmaster by pid through its
-    # Background handle (fast shutdown, escalating) and relaunch the same datadir,
-    # socket and port with Cluster._launch (the method Cluster.start uses).
     proc = getattr(cluster, "proc", None)
     if proc is None or not proc.alive():
         raise ClusterError(f"cluster {cluster.name} is not running; start it first")
-    pause = getattr(cluster, "pause", None)
-    if callable(pause):
-        pause()
-    else:
-        proc.stop(timeout=60)
+    cluster.pause()
     try:
         yield cluster.datadir
     finally:
-        resume = getattr(cluster, "resume", None)
-        if callable(resume):
-            resume()
-        else:
-            cluster._launch()
+        cluster.resume()
 
 
 def collect_callgrind_cluster(

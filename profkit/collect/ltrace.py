@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profkit.collect.bpf import PartialProbe, backend_info
+from profkit.collect.bpf import PartialProbe, backend_info, sigterm_raises
 from profkit.errors import ProbeError
 from profkit.run import Background, format_argv, which
 
@@ -80,6 +80,46 @@ def filter_expr(functions: Sequence[str]) -> str:
     if bad:
         raise ProbeError(f"not plain function names: {bad}")
     return "+".join(functions)
+
+
+@dataclass
+class _Outcome:
+    returncode: int | None = None
+    query_error: BaseException | None = None
+    attach_s: float = float("nan")
+    t0: float = 0.0
+    t1: float = 0.0
+
+
+def _traced(bg: Background, pid: int, runner: QueryRunner, t_attach: float,
+            attach_timeout: float, settle_s: float, err: Path) -> _Outcome:
+    """Start ltrace, wait for the attach, run the query, stop ltrace (always, by SIGINT)."""
+    out = _Outcome()
+    bg.start()
+    try:
+        deadline = t_attach + attach_timeout
+        while tracer_pid(pid) != bg.pid:
+            if not bg.alive():
+                raise ProbeError(f"ltrace exited before attaching to {pid}: "
+                                 f"{err.read_text(errors='replace')[-1500:]}")
+            if tracer_pid(pid) < 0:
+                raise ProbeError(f"backend {pid} exited before ltrace attached")
+            if time.monotonic() > deadline:
+                raise ProbeError(f"ltrace did not attach to {pid} within {attach_timeout:.0f} s "
+                                 "(check /proc/sys/kernel/yama/ptrace_scope)")
+            time.sleep(0.01)
+        out.attach_s = time.monotonic() - t_attach
+        # TracerPid is set at PTRACE_ATTACH; breakpoints go in right after.
+        time.sleep(settle_s)
+        out.t0 = time.perf_counter()
+        try:
+            runner()
+        except Exception as e:  # noqa: BLE001 - keep the summary, report below
+            out.query_error = e
+        out.t1 = time.perf_counter()
+    finally:
+        out.returncode = bg.stop()
+    return out
 
 
 def count_calls(conn: Any, sql: str | None = None, *, pid: int | None = None,
@@ -138,37 +178,13 @@ def count_calls(conn: Any, sql: str | None = None, *, pid: int | None = None,
     (work / "ltrace.argv").write_text(format_argv(argv) + "\n")
     bg = Background(argv, stdout_path=err, stderr_path=err, stop_signal=signal.SIGINT,
                     stop_timeout=stop_timeout, what="ltrace")
-    query_error: BaseException | None = None
     t_attach = time.monotonic()
-    attach_s = float("nan")
-    t0 = t1 = 0.0
-    bg.start()
-    try:
-        deadline = t_attach + attach_timeout
-        while tracer_pid(pid) != bg.pid:
-            if not bg.alive():
-                raise ProbeError(f"ltrace exited before attaching to {pid}: "
-                                 f"{err.read_text(errors='replace')[-1500:]}")
-            if tracer_pid(pid) < 0:
-                raise ProbeError(f"backend {pid} exited before ltrace attached")
-            if time.monotonic() > deadline:
-                raise ProbeError(f"ltrace did not attach to {pid} within {attach_timeout:.0f} s "
-                                 "(check /proc/sys/kernel/yama/ptrace_scope)")
-            time.sleep(0.01)
-        attach_s = time.monotonic() - t_attach
-        # TracerPid is set at PTRACE_ATTACH; breakpoints go in right after.
-        time.sleep(settle_s)
-        t0 = time.perf_counter()
-        try:
-            runner()
-        except Exception as e:  # noqa: BLE001 - keep the summary, report below
-            query_error = e
-        t1 = time.perf_counter()
-    finally:
-        rc = bg.stop()
+    with sigterm_raises():
+        rc = _traced(bg, pid, runner, t_attach, attach_timeout, settle_s, err)
+    query_error, attach_s, t0, t1 = rc.query_error, rc.attach_s, rc.t0, rc.t1
     run = LtraceRun(pid=pid, argv=tuple(argv), summary_path=summary,
                     summary_text=summary.read_text(errors="replace"),
-                    query_ms=(t1 - t0) * 1000, attach_s=attach_s, returncode=rc,
+                    query_ms=(t1 - t0) * 1000, attach_s=attach_s, returncode=rc.returncode,
                     stderr=err.read_text(errors="replace"))
     if query_error is not None:
         gone = tracer_pid(pid) < 0

@@ -45,6 +45,8 @@ from profkit.run import run as run_argv
 T = TypeVar("T")
 
 RAW = "pyspy.folded"
+FOLDED = "stacks.folded"
+NO_FRAME = "[no Python frame]"
 LOG = "py-spy.log"
 STACKS_PARQUET = "stacks.parquet"
 FUNCTIONS_PARQUET = "functions.parquet"
@@ -273,13 +275,29 @@ def split_frame(frame: str) -> tuple[str, str]:
     return m["name"], m["file"]
 
 
+def _normalised(raw: Path, dest: Path) -> Path:
+    """Copy py-spy's raw file to *dest*, naming empty stacks.
+
+    py-spy writes a sample taken while the thread had no Python frame (interpreter
+    start-up or shutdown) as an empty stack, `` 1``; FlameGraph counts such lines at the
+    root only, profkit's folded reader wants a frame, so they become ``[no Python frame]``.
+    """
+    with open(raw, encoding="utf-8", errors="replace") as src, \
+            open(dest, "w", encoding="utf-8") as dst:
+        for line in src:
+            if line[:1] == " " and line.strip():
+                line = NO_FRAME + line
+            dst.write(line)
+    return dest
+
+
 def fold_run(run: RunDir | str | os.PathLike[str]) -> PySpyProfile:
     """py-spy's raw file → stacks/functions tables (+ parquet in the run directory)."""
     rd = run if isinstance(run, RunDir) else load_run(run)
     raw = rd.file(RAW)
     if not raw.exists():
         raise PySpyError(f"no {RAW} in {rd.path}: record first")
-    counts = read_folded(raw)
+    counts = read_folded(_normalised(raw, rd.file(FOLDED)))
     label = str(rd.provenance.get("build_name") or "")
     stacks = stacks_table(counts, run_id=rd.run_id, build=label, tool=TOOL)
     funcs = functions_table(counts, root_is_process=False, run_id=rd.run_id, build=label,
@@ -291,6 +309,7 @@ def fold_run(run: RunDir | str | os.PathLike[str]) -> PySpyProfile:
     funcs["module"] = pd.array([s[1] for s in split], dtype="string")
     stacks.to_parquet(rd.file(STACKS_PARQUET), index=False)
     funcs.to_parquet(rd.file(FUNCTIONS_PARQUET), index=False)
+    rd.add_artifact(FOLDED, "folded stacks (py-spy's, empty stacks named)")
     rd.add_artifact(STACKS_PARQUET, "stacks table")
     rd.add_artifact(FUNCTIONS_PARQUET, "functions table (function, module = file)")
     rd.finish(status="ok", samples_folded=float(sum(counts.values())))
