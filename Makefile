@@ -25,7 +25,6 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/python -m profkit.collect.kheaders --link-bcc || true
 	@touch $(STAMP)
 
 test: setup

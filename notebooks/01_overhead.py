@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -35,7 +37,6 @@ INSTR_BUDGET_S = 30.0   # callgrind seconds per build (the scale is lowered to f
 RUN_DIR = None          # a run directory (or id under profiles/) to read instead of collecting
 
 # %%
-import pandas as pd
 from IPython.display import Image, Markdown, display
 
 from profkit import bench

@@ -60,6 +60,16 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "run_id": "string", "build": "string", "event": "string", "value": "float64",
         "unit": "string", "supported": "bool", "runtime_pct": "float64",
     },
+    # one row per plan node per EXPLAIN ANALYZE execution of the timing-accuracy runs
+    # (profkit.timing_variants): arm = build label (+ settings), times in ms,
+    # inclusive = Actual Total Time x loops, exclusive = inclusive - children's
+    "timing_nodes": {
+        "run_id": "string", "workload": "string", "arm": "string", "preset": "string",
+        "mode": "string", "rep": "int64", "order": "int64", "node_id": "int64",
+        "parent_id": "Int64", "node_type": "string", "depth": "int64", "rows": "float64",
+        "loops": "float64", "startup_ms": "float64", "total_ms": "float64",
+        "inclusive_ms": "float64", "exclusive_ms": "float64",
+    },
 }
 
 

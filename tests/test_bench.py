@@ -350,6 +350,18 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def _fill(path: Path) -> None:
+    """Write *path* until its file system is full (unbuffered: nothing left to flush)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"x" * 1024)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.pg
 def test_full_disk_keeps_rows_written(small_fs, vanilla_build):
     out = small_fs / "run"
@@ -359,13 +371,7 @@ def test_full_disk_keeps_rows_written(small_fs, vanilla_build):
     def filler() -> None:
         while not stop.is_set():
             if len(_csv_rows(out / "timings.csv")) >= 3:
-                with open(small_fs / "filler", "wb") as f:
-                    try:
-                        while True:
-                            f.write(b"x" * 4096)
-                            f.flush()
-                    except OSError as e:
-                        assert e.errno == errno.ENOSPC
+                _fill(small_fs / "filler")
                 filled.set()
                 return
             time.sleep(0.005)
@@ -394,11 +400,7 @@ def test_full_disk_keeps_rows_written(small_fs, vanilla_build):
 
 @pytest.mark.pg
 def test_full_disk_before_start(small_fs, vanilla_build):
-    with open(small_fs / "filler", "wb") as f:
-        with pytest.raises(OSError):
-            while True:
-                f.write(b"x" * 4096)
-                f.flush()
+    _fill(small_fs / "filler")
     with pytest.raises(ProfilesFull, match="^profiles folder is full: free space or choose"):
         bench.run_bench("vanilla", "nested_loop", 0.005, 2, out_dir=small_fs / "run",
                         progress=None, instructions="none")

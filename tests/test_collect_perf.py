@@ -252,6 +252,24 @@ def test_cli_perf(monkeypatch, tmp_path, vanilla_build) -> None:
     assert r.exit_code == 2 and "unknown build" in r.output
 
 
+def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
+    """`make demo`'s three SVGs. The demo's builds are vanilla and step3; here vanilla
+    twice (the step3 build is the patch library's, built by `make demo`), which checks
+    the plumbing: two recordings, two plain graphs, one differential."""
+    from profkit.cli_profile import demo_flamegraphs
+
+    monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path / "profiles"))
+    paths = demo_flamegraphs(tmp_path / "fg", scale=0.01, builds=("vanilla", "vanilla"),
+                             reps=1, progress=lambda _m: None)
+    assert [p.name for p in paths] == ["query2-vanilla.svg", "query2-vanilla.svg",
+                                       "query2-vanilla-vs-vanilla.svg"]
+    diff = paths[2].read_text()
+    assert 'data-diff="1"' in diff and "before (A)" in diff
+    plain = paths[0].read_text()
+    assert "Query-2" in plain and "instrumentation" in plain
+    assert len(list((tmp_path / "profiles").iterdir())) == 2
+
+
 @pytest.mark.browser
 def test_flamegraph_screenshot(query3, tmp_path_factory) -> None:
     """The vanilla Query-3 flamegraph of a real recording, rendered, searched, photographed."""

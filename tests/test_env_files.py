@@ -168,7 +168,8 @@ class Rec
       $rec["calls"] << [@path + "." + n.chomp("="), args[0].is_a?(Symbol) ? args[0].to_s : args[0]]
       return nil
     end
-    $rec["calls"] << [@path + "." + n, args.map { |a| a.is_a?(Symbol) ? a.to_s : a }, kw.transform_keys(&:to_s)]
+    plain = args.map { |a| a.is_a?(Symbol) ? a.to_s : a }
+    $rec["calls"] << [@path + "." + n, plain, kw.transform_keys(&:to_s)]
     # a block's receiver is named after its first argument: config.vm.provider.virtualbox
     sub = blk && args[0] ? @path + "." + n + "." + args[0].to_s : @path + "." + n
     child = Rec.new(sub)

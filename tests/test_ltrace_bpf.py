@@ -385,3 +385,30 @@ def test_sigterm_detaches_everything(pg_cluster, tmp_path, tool):
         assert other.execute("SELECT 1").fetchone() == (1,)
     log = pg_cluster.log_path.read_text(errors="replace")
     assert "terminated by signal" not in log
+
+
+def test_kernel_header_choice_and_tracefs_parsing():
+    names = ["linux-headers-6.1.0-57-common", "linux-headers-6.1.0-57-amd64",
+             "linux-headers-6.12.117+deb12-amd64", "linux-headers-6.12.117+deb12-common",
+             "linux-headers-6.12.117+deb12-rt-amd64", "linux-headers-6.12.118+deb12-amd64",
+             "linux-headers-amd64"]
+    # 6.12.118 has no -common package listed: not usable
+    assert kheaders.pick_header_version(names, "amd64") == "6.12.117+deb12"
+    assert kheaders.pick_header_version(names, "arm64") is None
+    assert kheaders.tracefs_mounted("nodev /sys/kernel/tracing tracefs rw,relatime 0 0\n")
+    assert not kheaders.tracefs_mounted("proc /proc proc rw 0 0\n")
+
+
+@pytest.mark.pg
+def test_bcc_env_and_import_here():
+    env = kheaders.ensure_bcc_env()
+    if not kheaders.running_kernel_build_dir().exists():
+        tree = Path(env["BCC_KERNEL_SOURCE"])
+        assert (tree / "include" / "linux" / "kconfig.h").exists()
+        assert (tree / ".config").exists() and (tree / "arch" / "x86").exists()
+    bcc = kheaders.import_bcc()
+    assert hasattr(bcc, "BPF")
+    import numpy
+
+    # only the bcc package came from dist-packages, not Debian's numpy
+    assert "/usr/lib/python3/dist-packages" not in numpy.__file__

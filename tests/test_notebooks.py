@@ -136,3 +136,103 @@ def test_notebook_runs_and_asserts(name, profiles):
         assert seconds2 < seconds
     if name == "02_flamegraphs.py":
         assert text.count("<iframe srcdoc=") >= 3
+
+
+# ---------------------------------------------------------------------------
+# profkit.notebook helpers (no PostgreSQL needed)
+
+
+def test_run_listing_latest_and_html(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from profkit import notebook as nbk
+
+    assert nbk.list_runs(tmp_path) == []
+    assert nbk.latest_run(root=tmp_path) is None
+    t = pd.DataFrame({"run_id": ["r"] * 2, "build": ["vanilla"] * 2, "workload": ["w"] * 2,
+                      "query": ["q"] * 2, "mode": ["plain", "analyze_timing"], "rep": [1, 1],
+                      "order": [0, 1], "client_ms": [1.0, 2.0], "server_ms": [0.9, 1.9]})
+    a = nbk.save_run(tmp_path / "a", {"kind": "bench", "builds": {"vanilla": {}},
+                                      "workload": "w", "scale": 0.1}, {"timings": t})
+    time.sleep(0.01)
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "provenance.json").write_text(json.dumps({"tool": "perf", "build_name": "step3",
+                                                   "workload": "w", "scale": 0.1}))
+    (tmp_path / "latest").symlink_to(b)  # symlinks are not runs of their own
+    (tmp_path / "broken").mkdir()        # no provenance.json: not a (complete) run
+    runs = nbk.list_runs(tmp_path)
+    assert [r.run_id for r in runs] == ["a", "b"]
+    assert runs[1].builds == ["step3"] and runs[1].kind == "perf"
+    assert nbk.latest_run(root=tmp_path).run_id == "a"  # b has no timings
+    assert nbk.latest_run(root=tmp_path, need=(), kind="perf").run_id == "b"
+    assert nbk.latest_run(root=tmp_path, builds=["vanilla", "step3"]) is None
+    assert nbk.latest_run(root=tmp_path, scale=0.2) is None
+    assert a.timings()["client_ms"].tolist() == [1.0, 2.0]
+    html = a._repr_html_()
+    assert "<table>" in html and "vanilla" in html and "timings.parquet" in html
+    assert nbk.resolve_run(str(b)).run_id == "b"
+    with pytest.raises(nbk.NotebookError, match="no table 'summary'"):
+        a.summary()
+    with pytest.raises(nbk.NotebookError, match="no run directory"):
+        nbk.Run.load(tmp_path / "missing")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "provenance.json").write_text("{not json")
+    with pytest.raises(nbk.NotebookError, match="not valid JSON"):
+        nbk.Run.load(tmp_path / "bad")
+
+
+def test_plan_tree_indents_by_depth():
+    import pandas as pd
+
+    from profkit import notebook as nbk
+
+    nodes = pd.DataFrame({"node_id": [0, 1, 2, 3, 4],
+                          "parent_id": pd.array([None, 0, 1, 1, 3], dtype="Int64"),
+                          "node_type": ["Aggregate", "Hash Join", "Seq Scan", "Hash",
+                                        "Seq Scan"],
+                          "rows": [1, 20, 20000, 20, 20]})
+    tree = nbk.plan_tree(nodes, ["rows"])
+    assert tree["node"].tolist() == ["Aggregate", "  → Hash Join", "      → Seq Scan",
+                                     "      → Hash", "          → Seq Scan"]
+    assert tree["rows"].tolist() == [1, 20, 20000, 20, 20]
+    assert nbk.plan_tree(nodes.iloc[0:0]).empty
+    with pytest.raises(nbk.NotebookError, match="needs columns"):
+        nbk.plan_tree(nodes.drop(columns=["parent_id"]))
+
+
+def test_progress_outside_a_notebook_prints_lines(capsys):
+    from profkit import notebook as nbk
+
+    with nbk.Progress(3, "work", min_interval_s=0) as p:
+        p.advance(message="one")
+        p.say("a message")
+        p.advance(2)
+    err = capsys.readouterr().err
+    assert "work [1/3]" in err and "a message" in err and "work [3/3]" in err
+    assert p.fraction == 1.0
+    assert "width:100.0%" in p._html()
+
+
+def test_comparison_html():
+    import numpy as np
+    import pandas as pd
+
+    from profkit import notebook as nbk
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for b, over in (("vanilla", 1.5), ("step3", 1.1)):
+        for r in range(8):
+            base = 100 + rng.normal(0, 1)
+            for m, f in (("plain", 1.0), ("analyze_notiming", over)):
+                rows.append({"run_id": "x", "build": b, "workload": "w", "query": "q",
+                             "mode": m, "rep": r, "order": 0, "client_ms": base * f,
+                             "server_ms": base * f})
+    c = nbk.Comparison.chain(pd.DataFrame(rows), ["vanilla", "step3"])
+    assert len(c) == 1
+    html = c._repr_html_()
+    assert "vanilla → step3" in html and "lower" in html
+    assert "no comparison" in nbk.Comparison(pd.DataFrame(), "m")._repr_html_()

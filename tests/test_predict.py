@@ -217,6 +217,10 @@ def test_correction_table_and_row_cost():
     assert by["analyze_timing − clock − row counting"] == pytest.approx(
         4.1 - (40_110 * 25 + 20_051 * row_cost) / 1e6)
     assert t.attrs["row_cost_ns"] == pytest.approx(row_cost)
+    # TIMING ON − OFF = 1.0 ms over 40,110 reads
+    assert t.attrs["in_situ_ns_per_read"] == pytest.approx(1.0e6 / 40_110)
+    with pytest.raises(C.CorrectionError, match="more often"):
+        C.in_situ_ns_per_read(4.0, 3.0, 8, notiming_clock_reads=8)
     with pytest.raises(C.CorrectionError, match="lack modes"):
         C.correction_table({"plain": 1.0}, clock_reads=1, instr_calls=1, ns_per_read=1)
     with pytest.raises(C.CorrectionError, match="no node times"):

@@ -71,7 +71,7 @@ def _add_self(df: pd.DataFrame, total_col: str, self_col: str) -> pd.DataFrame:
 
 def _descendants(df: pd.DataFrame) -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
-    for nid, pid in zip(df["node_id"], df["parent_id"]):
+    for nid, pid in zip(df["node_id"], df["parent_id"], strict=True):
         if not pd.isna(pid):
             kids.setdefault(int(pid), []).append(int(nid))
     out: dict[int, list[int]] = {}
@@ -109,8 +109,9 @@ def corrected_node_times(nodes: pd.DataFrame, ns_per_read: float, row_cost_ns: f
     if ns_per_read < 0 or row_cost_ns < 0:
         raise CorrectionError("costs must be >= 0")
     df = nodes.copy()
-    reads = dict(zip(df["node_id"].astype(int), df[reads_col].fillna(0).astype(float)))
-    calls = dict(zip(df["node_id"].astype(int), df[calls_col].fillna(0).astype(float)))
+    ids = df["node_id"].astype(int)
+    reads = dict(zip(ids, df[reads_col].fillna(0).astype(float), strict=True))
+    calls = dict(zip(ids, df[calls_col].fillna(0).astype(float), strict=True))
     desc = _descendants(df)
     in_window_reads = []
     in_window_calls = []
@@ -136,6 +137,20 @@ def row_counting_cost_ns(notiming_ms: float, plain_ms: float, instr_calls: int) 
     if instr_calls <= 0:
         raise CorrectionError("instr_calls must be > 0 to price row counting")
     return max(0.0, (float(notiming_ms) - float(plain_ms)) * 1e6 / instr_calls)
+
+
+def in_situ_ns_per_read(timing_ms: float, notiming_ms: float, clock_reads: int,
+                        notiming_clock_reads: int = 0) -> float:
+    """What one clock read really added inside EXPLAIN ANALYZE: the TIMING ON − OFF gap per read.
+
+    Differs from the tight-loop cost of :mod:`profkit.collect.clock` (cache and
+    pipeline effects of interleaving reads with executor work, CPU contention);
+    comparing the two says how far the simple correction can be trusted.
+    """
+    extra = clock_reads - notiming_clock_reads
+    if extra <= 0:
+        raise CorrectionError("TIMING ON must read the clock more often than TIMING OFF")
+    return (float(timing_ms) - float(notiming_ms)) * 1e6 / extra
 
 
 def corrected_total_ms(analyze_ms: float, clock_reads: int, ns_per_read: float,
@@ -182,6 +197,7 @@ def correction_table(timings: pd.DataFrame | Mapping[str, float], *, clock_reads
     ]
     df = pd.DataFrame(rows, columns=["what", "ms", "how"])
     df["vs_plain"] = df["ms"] / plain if plain > 0 else float("nan")
+    in_situ = in_situ_ns_per_read(timing, noti, clock_reads) if clock_reads > 0 else float("nan")
     df.attrs.update(ns_per_read=ns_per_read, row_cost_ns=row_cost, clock_reads=clock_reads,
-                    instr_calls=instr_calls)
+                    instr_calls=instr_calls, in_situ_ns_per_read=in_situ)
     return df

@@ -209,7 +209,8 @@ def headers_tree(version: str | None = None) -> Path:
         common = src / f"linux-headers-{version}-common"
         flavour = src / f"linux-headers-{version}-{arch}"
         if not common.is_dir() or not flavour.is_dir():
-            raise BccUnavailable(f"unexpected layout in the header packages: {sorted(src.glob('*'))}")
+            found = sorted(p.name for p in src.glob("*"))
+            raise BccUnavailable(f"unexpected layout in the header packages: {found}")
         staging = t / "merged"
         _merge(common, flavour, staging)
         (staging / ".profkit-complete").write_text(" ".join(pkgs) + "\n")
