@@ -720,6 +720,8 @@ class _Runner:
             time.sleep(0.1)
             crash = _crash_line(t.cluster)
         alive = t.cluster.proc is not None and t.cluster.proc.alive()
+        if crash and alive:
+            _wait_recovered(t.cluster)
         kept = len(self.rows)
         where = f"build {t.ref.label!r}, {e.mode}, during {when}"
         if crash or not alive:
@@ -734,6 +736,28 @@ class _Runner:
         return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
                           f"before are kept in {self.out_dir / TIMINGS_CSV}",
                           run_dir=self.out_dir, rows=kept)
+
+
+def _wait_recovered(cl: Cluster, timeout: float = 20.0) -> bool:
+    """Wait until a postmaster that restarted after a backend crash accepts connections.
+
+    A fast-shutdown request (SIGINT) that arrives while PostgreSQL 18's postmaster is
+    reinitializing after a crash is logged but not acted on until something else wakes
+    it (seen here: ignored for 60 s, then SIGTERM ignored too); once recovery is done it
+    stops at once. So the clusters are stopped only after this returns.
+    """
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cl.proc is None or not cl.proc.alive():
+            return False
+        try:
+            with psycopg.connect(cl.dsn, connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            time.sleep(0.1)
+    return False
 
 
 def _crash_line(cl: Cluster) -> str:
@@ -1015,20 +1039,31 @@ def run_bench(
                 rows_kept = len(runner.rows)
                 rd.update(measured_at=_now(), rows=rows_kept,
                           loadavg_after_timings=list(os.getloadavg()))
-                if counter == "callgrind":
-                    tdf = pd.DataFrame(runner.rows)
-                    if instr_scale is not None:
-                        iscale, why = instr_scale, "given (--instr-scale)"
-                    else:
-                        iscale, why = choose_instr_scale(req.workload, req.scale, tdf,
-                                                         callgrind_budget_s)
-                    rd.update(instr_scale=iscale, instr_scale_reason=why)
-                    reporter.say(f"instruction counts: {why}")
-                    instr_df = _count_callgrind(runner, iscale, timeout=max(
-                        1800.0, 20 * callgrind_budget_s))
-                elif counter == "perf_stat":
-                    rd.update(instr_scale=req.scale, instr_scale_reason="bench scale (perf stat)")
-                    instr_df = _count_perf_stat(runner)
+                try:
+                    if counter == "callgrind":
+                        tdf = pd.DataFrame(runner.rows)
+                        if instr_scale is not None:
+                            iscale, why = instr_scale, "given (--instr-scale)"
+                        else:
+                            iscale, why = choose_instr_scale(req.workload, req.scale, tdf,
+                                                             callgrind_budget_s)
+                        rd.update(instr_scale=iscale, instr_scale_reason=why)
+                        reporter.say(f"instruction counts: {why}")
+                        instr_df = _count_callgrind(runner, iscale, timeout=max(
+                            1800.0, 20 * callgrind_budget_s))
+                    elif counter == "perf_stat":
+                        rd.update(instr_scale=req.scale,
+                                  instr_scale_reason="bench scale (perf stat)")
+                        instr_df = _count_perf_stat(runner)
+                except ProfkitError as e:
+                    # The timings are complete and worth more than the counts: finish the
+                    # run without them and say so (provenance and report).
+                    if isinstance(e, BenchError) or (isinstance(e, OSError) and _is_full(e)):
+                        raise
+                    instr_df = None
+                    rd.update(instructions_error=f"{type(e).__name__}: {e}")
+                    reporter.say(f"[instruction counts failed, the run continues without "
+                                 f"them] {e}")
                 if instr_df is not None:
                     tmp = out / (INSTRUCTIONS_CSV + ".tmp")
                     instr_df.to_csv(tmp, index=False)
@@ -1150,6 +1185,8 @@ def _report_provenance(prov: Mapping[str, Any]) -> dict[str, Any]:
     }
     if prov.get("error"):
         out["error"] = prov["error"]
+    if prov.get("instructions_error"):
+        out["instruction counts failed"] = prov["instructions_error"]
     return out
 
 

@@ -171,8 +171,10 @@ def _attach_optional() -> None:
     for mod, names in (("profkit.cli_parse", ("parse_group", "flamegraph_cmd")),
                        ("profkit.cli_probe", ("clock_cost_cmd", "clock_calls_cmd", "probe_cmd")),
                        ("profkit.cli_bench", ("bench_cmd", "reproduce_cmd")),
+                       ("profkit.cli_observers", ("observers_cmd", "correction_cmd")),
                        ("profkit.cli_profile", ("perf_cmd", "gprof_cmd", "pyspy_cmd",
-                                                "check_cmd"))):
+                                                "check_cmd")),
+                       ("profkit.cli_variants", ("timing_accuracy_cmd",))):
         try:
             m = importlib.import_module(mod)
         except ImportError as e:

@@ -108,6 +108,12 @@ def _print_results(files: Any) -> None:
                       f"chart: {files.chart_png} (+ .svg)", highlight=False)
 
 
+def _warn_instructions(prov: dict[str, Any]) -> None:
+    if prov.get("instructions_error"):
+        err_console.print(f"[yellow]instruction counts failed (the timings are complete): "
+                          f"{prov['instructions_error']}[/]", highlight=False)
+
+
 def _mode_list(modes: str) -> list[str]:
     return [m.strip() for m in modes.split(",") if m.strip()]
 
@@ -164,6 +170,7 @@ def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, 
         _report_after_failure(e)
         raise
     files = write_report(res.out_dir, metric=metric)
+    _warn_instructions(res.provenance)
     update_latest(res.out_dir)
     _print_results(files)
     out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
@@ -248,6 +255,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     t_bench = time.monotonic() - t0
     files = write_report(res.out_dir)
     update_latest(res.out_dir)
+    _warn_instructions(res.provenance)
 
     err_console.rule("result")
     _print_results(files)

@@ -147,22 +147,39 @@ def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
     """Run a query in one backend of a -pg build (BUILD vanilla → gprof, step3 →
     step3+gprof); print gprof's flat profile top and the instrumentation call counts
     next to what the plan predicts."""
-    from profkit.collect.gprof import predicted_calls
+    from profkit.collect.gprof import gprof_artifact, merged_into, predicted_calls
 
     res, pred = profile_workload_with_prediction(build, workload, scale, mode, reps)
     click.echo(f"run {res.run.run_id}: gprof of backend {res.run.get('backend_pid')}")
     click.echo(f"flat profile, top {top_n}:")
     click.echo(_fmt_table(res.top(top_n)))
-    rows = []
+    binary = str(res.run.get("gprof_binary") or res.run.get("build.postgres"))
+    rows, notes = [], []
     for fn in INSTR_FUNCTIONS:
         c = res.calls(fn)
         if c is None:
             continue
         p = predicted_calls(pred, fn, reps) if pred is not None else None
-        rows.append({"function": fn, "calls": c, "predicted": p if p is not None else "",
-                     "difference": (c - p) if p is not None else ""})
-    click.echo("instrumentation calls:")
+        merged = merged_into(binary, fn)
+        extra = gprof_artifact(pred, fn, merged, reps) if pred is not None else 0
+        if merged:
+            notes.append(f"gprof counts {', '.join(merged)} (symbols it drops) as {fn}"
+                         + (f": +{extra}, one per plan node at ExecShutdownNode" if extra
+                            else ""))
+        rows.append({"function": fn, "calls": c,
+                     "predicted": p if p is not None else "",
+                     "gprof_artifact": extra if p is not None else "",
+                     "unexplained": (c - p - extra) if p is not None else ""})
+    click.echo("instrumentation calls (predicted from the plan's rows and loops):")
     click.echo(_fmt_table(pd.DataFrame(rows)))
+    if pred is not None and not pred.totals.get("exact", True):
+        inexact = pred.nodes[~pred.nodes["exact"]]
+        why = "; ".join(f"node {r.node_id} {r.node_type}: {r.exact_reason}"
+                        for r in inexact.itertuples())
+        notes.append("the prediction is an upper bound, by at most one call per loop of "
+                     f"these nodes (a loop may end without its NULL-returning call): {why}")
+    for n in notes:
+        click.echo(f"note: {n}")
     click.echo(f"artifacts: {res.run.path}")
 
 

@@ -70,6 +70,20 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "loops": "float64", "startup_ms": "float64", "total_ms": "float64",
         "inclusive_ms": "float64", "exclusive_ms": "float64",
     },
+    # one execution of one query, unobserved or watched by one observer (profkit.observers):
+    # method unobserved / ltrace / bcc / bpftrace / perf / callgrind, variant e.g.
+    # "clock_gettime", "per_node", "999Hz"; baseline_order = order of the unobserved
+    # execution run just before it; hits = probe hits (or perf samples) of this execution;
+    # guard_* = what profkit.collect.bpf's cost guard predicted before attaching;
+    # cpu_ms / runq_ms = the backend's CPU time / time waiting for a CPU during the
+    # statement (/proc/PID/schedstat), robust to other processes' load
+    "observer_timings": {
+        "run_id": "string", "workload": "string", "scale": "float64", "mode": "string",
+        "method": "string", "variant": "string", "rep": "int64", "order": "int64",
+        "baseline_order": "Int64", "client_ms": "float64", "server_ms": "float64",
+        "hits": "Int64", "hits_kind": "string", "guard_hits": "Int64",
+        "guard_estimate_ms": "float64", "cpu_ms": "float64", "runq_ms": "float64",
+    },
 }
 
 

@@ -22,7 +22,10 @@ must agree), by these rules (PostgreSQL 18 executor):
   EXPLAIN's own timers are plain INSTR_TIME_SET_CURRENT, not InstrStartNode.
 
 No node here can stop a loop early (no Limit, semi/anti join, merge join or sub-plan), so
-the explained constant is exactly the shutdown term and the counts match exactly.
+InstrStartNode and InstrStopNode match exactly. ExecProcNodeInstr's gprof count is the
+prediction + 8 (one per plan node), a gprof artifact explained in the test: gprof counts
+the calls of ``ExecShutdownNode_walker.part.0``, a symbol it drops, as the function
+placed before it, ExecProcNodeInstr.
 """
 from __future__ import annotations
 
@@ -97,6 +100,10 @@ def predict_from_plan(plan: dict) -> dict[str, int]:
             "InstrStopNode": instr_pairs}
 
 
+def gprof_binary(result: gprof.GprofResult) -> str:
+    return str(result.run.get("gprof_binary"))
+
+
 @pytest.fixture(scope="module")
 def query2(gprof_cluster, tmp_path_factory):
     wl = get_workload("nested_loop")
@@ -124,13 +131,40 @@ def test_query2_instr_calls_equal_plan_prediction(query2) -> None:
             collect(c)
 
     collect(explain[0]["Plan"])
-    assert types == ["Aggregate", "Nested Loop", "Seq Scan", "Materialize", "Hash Join",
-                     "Seq Scan", "Hash", "Seq Scan"]
+    assert {"Aggregate", "Nested Loop", "Materialize"} <= set(types)
+    # At the suite's scale (0.02) the inner join is a Hash Join: every loop of every node
+    # ends with its NULL-returning call, so the prediction is exact (slack 0). At larger
+    # scales the planner picks a Merge Join, which stops reading one side when the other
+    # ends: that side misses its NULL call (predict marks it inexact), up to 1 per loop.
+    inexact = pred.nodes[~pred.nodes["exact"]]
+    slack = int(inexact["loops"].sum())
+    if types == ["Aggregate", "Nested Loop", "Seq Scan", "Materialize", "Hash Join",
+                 "Seq Scan", "Hash", "Seq Scan"]:
+        assert slack == 0
+    binary = gprof_binary(result)
     for fn, want in expected.items():
-        got = result.calls(fn)
-        assert got == want, f"{fn}: gprof {got}, predicted {want}"
         # profkit.analyze.predict agrees with the derivation above
         assert gprof.predicted_calls(pred, fn) == want
+        got = result.calls(fn)
+        merged = gprof.merged_into(binary, fn)
+        if fn == "ExecProcNodeInstr" and merged:
+            # The explained constant. gprof drops symbols named like gcc's partial-
+            # inlining parts (binutils core_sym_class keeps only "name", "name.NNN",
+            # ".clone.N" and ".constprop.N") and counts their addresses — so their
+            # mcount calls — as the symbol before them. gcc places
+            # ExecShutdownNode_walker.part.0 right after ExecProcNodeInstr, and
+            # ExecShutdownNode enters it once per plan node: +8 at the suite's scale.
+            assert merged == ["ExecShutdownNode_walker.part.0"]
+            assert gprof.gprof_artifact(pred, fn, merged) == len(types)
+            assert want - slack <= got - len(types) <= want, (
+                f"{fn}: gprof {got}, predicted {want} + {len(types)} (slack {slack})")
+            # the walker's callees show up under ExecProcNodeInstr, one per node
+            e = result.call_edges
+            walk = e[(e["caller"] == fn) & (e["callee"] == "planstate_tree_walker_impl")]
+            assert int(walk["calls"].iloc[0]) == len(types)
+        else:
+            assert not merged
+            assert want - slack <= got <= want, f"{fn}: gprof {got}, predicted {want}"
     # the counts are large (rows of the nested loop) and the query really ran
     assert expected["ExecProcNodeInstr"] > 1000
     assert any("Nested Loop" in str(r[0]) for r in res.rows)
@@ -230,7 +264,10 @@ def test_cli_gprof(monkeypatch, tmp_path, gprof_cluster) -> None:
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path / "profiles"))
     r = CliRunner().invoke(main, ["gprof", "vanilla", "--scale", "0.01"])
     assert r.exit_code == 0, r.output
-    lines = {ln.split()[0]: ln.split() for ln in r.output.splitlines() if ln.strip()}
+    table = r.output.split("instrumentation calls")[1]
+    lines = {ln.split()[0]: ln.split() for ln in table.splitlines() if ln.strip()}
     for fn in ("InstrStartNode", "InstrStopNode", "ExecProcNodeInstr"):
-        calls, predicted, diff = lines[fn][1:4]
-        assert int(calls) == int(predicted) and int(diff) == 0, r.output
+        calls, predicted, artifact, unexplained = (int(x) for x in lines[fn][1:5])
+        assert calls == predicted + artifact and unexplained == 0, r.output
+        assert artifact == (8 if fn == "ExecProcNodeInstr" else 0), r.output
+    assert "note: gprof counts ExecShutdownNode_walker.part.0" in r.output

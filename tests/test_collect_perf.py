@@ -209,6 +209,17 @@ def test_backend_exits_while_recording(pg_cluster, tmp_path) -> None:
     assert prov["status"] == "failed" and str(pid) in prov["error"]
 
 
+def test_query_fails_while_recording(pg_cluster, tmp_path) -> None:
+    with pg_cluster.connect() as conn:
+        with pytest.raises(perf.PerfError, match="the profiled action failed") as ei:
+            perf.record_query(pg_cluster, conn, "SELECT * FROM no_such_table", base=tmp_path)
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the backend lives on
+    run_dir = next(tmp_path.iterdir())
+    assert "no_such_table" in str(ei.value) and str(run_dir / "perf.data") in str(ei.value)
+    assert not _perf_processes_for(run_dir / "perf.data")
+    assert load_run(run_dir).provenance["status"] == "failed"
+
+
 def test_perf_missing(pg_cluster, monkeypatch, tmp_path) -> None:
     with pytest.raises(ToolNotFound, match="apt-get install linux-perf"):
         perf.perf_path("/nonexistent/bin/perf")

@@ -155,3 +155,20 @@ def test_split_frame() -> None:
     assert pyspy.split_frame("hot (busy_child.py:12)") == ("hot", "busy_child.py")
     assert pyspy.split_frame("<module> (<string>)") == ("<module>", "<string>")
     assert pyspy.split_frame("process 12:\"python x.py\"") == ("process 12:\"python x.py\"", "")
+
+
+def test_cli_pyspy(child_script: Path, tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from profkit.cli import main
+
+    monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path / "profiles"))
+    out = tmp_path / "fg"
+    r = CliRunner().invoke(main, ["py-spy", "--rate", "200", "--label", "busy", "--out",
+                                  str(out), "--", sys.executable, str(child_script), "1"])
+    assert r.exit_code == 0, r.output
+    assert "hot" in r.output and "busy_child.py" in r.output
+    svg = (out / "py-spy-busy.svg").read_text()
+    assert "hot (busy_child.py)" in svg and "py-spy record --rate 200" in svg
+    r = CliRunner().invoke(main, ["py-spy"])
+    assert r.exit_code == 2 and "--pid PID or a command" in r.output

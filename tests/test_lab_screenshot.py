@@ -82,12 +82,20 @@ def lab(tmp_path):
     jupyter = Path(sys.executable).with_name("jupyter")
     argv = [str(jupyter), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
             f"--ServerApp.root_dir={ROOT}", f"--IdentityProvider.token={token}",
-            "--ServerApp.open_browser=False", "--LabApp.news_url=",
+            "--ServerApp.open_browser=False", "--LabApp.news_url=None",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if os.geteuid() == 0:
         argv.append("--allow-root")
     log = (tmp_path / "lab.log").open("wb")
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    # a private settings directory: no "fetch Jupyter news?" pop-up over the notebook,
+    # and nothing written to the user's own JupyterLab settings
+    settings = tmp_path / "lab-settings"
+    news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false"}\n')
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTERLAB_SETTINGS_DIR": str(settings),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")}
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     try:

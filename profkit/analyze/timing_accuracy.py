@@ -16,18 +16,26 @@ Definitions
   sub-plans included).  Can be negative when a child's time is overstated (a leaf's
   timer window holds about one clock read per call: its own start and stop reads
   half each) or estimated (sampling).
-- **cost**: the client's wall time around each execution (``client_ms``: Python's
-  ``perf_counter``, i.e. the machine's CLOCK_MONOTONIC, which none of the patches
-  touch).  The bench uses pg_stat_statements' ``server_ms``; here that would be
-  measured with the very clock under test (coarse_clock's pg_stat_statements times
-  are 4 ms-quantised), so the independent client clock is used; the overhead formula
-  is the bench's (:func:`profkit.analyze.stats.summarize`, median of per-repetition
-  overheads with a paired bootstrap CI).
-- **truth**: the plain query's client time minus what is not execution (round trip,
-  parse, plan, result transfer), estimated per workload from the baseline's TIMING
-  FALSE runs as ``median(client_ms − Execution Time)``.  EXPLAIN ANALYZE's root-node
-  inclusive time approximates that truth; its excess over it is the observer effect
-  (plus, for the clock variants, the clock's own error).
+- **wall time** (``server_ms`` of the collected ``timings`` table): the backend reads
+  ``clock_timestamp()`` right before and right after the statement, all three sent as
+  one simple-protocol message, so no client round trip or client scheduling delay is
+  inside (on this loaded 2-core VM the client's own wall time scattered by ±10 ms on
+  a 10 ms query).  ``clock_timestamp()`` is gettimeofday(), not instr_time: none of the
+  patches touches it, so it is the independent clock the variants are judged by.
+  (``profkit bench``'s server_ms is pg_stat_statements' — timed with instr_time, i.e.
+  with the very clock under test: coarse_clock's would be 4 ms-quantised.)
+- **cost**: overhead of TIMING TRUE / FALSE over the plain query of the same arm in the
+  backend's CPU time (``cpu_ms``, /proc/PID/schedstat: ns resolution, untouched by the
+  patches and by run-queue waits), and in wall time beside it, with
+  :func:`profkit.analyze.stats.summarize`'s estimator (median of per-repetition
+  overheads, paired bootstrap 95 % CI), as in the bench.
+- **truth**: the plain query's wall time minus what is not execution (parse, plan,
+  result output), estimated per workload from the baseline's TIMING FALSE runs as
+  ``median(wall − Execution Time)``.  EXPLAIN ANALYZE's root-node inclusive time
+  approximates that truth; its excess over it is the observer effect (plus, for the
+  clock variants, the clock's own error).
+- **clock check**: ``wall − Execution Time`` under TIMING TRUE, against the baseline's:
+  a clock that reports wrong durations (a 4 ms tick, a badly calibrated TSC) moves it.
 
 Comparisons against vanilla mix two things: the variant's measurement error and
 vanilla's own observer effect (vanilla's times include its ~30 ns clock reads, so a
@@ -61,6 +69,10 @@ PLAIN_MODE = "plain"
 #: (``DEFAULT_TOL_PCT`` % of the larger of their time and ``MIN_NODE_MS``).
 DEFAULT_TOL_PCT = 10.0
 MIN_NODE_MS = 1.0
+
+#: Fewer repetitions than this never make a node "outside" (an interquartile range of
+#: 3 values says little on a machine whose runs scatter by 3x under load).
+MIN_REPS_OUTSIDE = 5
 
 #: EXPLAIN prints times in ms with 3 decimals (per loop).
 EXPLAIN_ROUNDING_MS = 0.0005
@@ -314,24 +326,31 @@ def _spread(v: np.ndarray) -> float:
 # cost and truth
 
 
-def cost_table(timings: pd.DataFrame, baseline: str, *, n_resamples: int = 2999,
-               seed: int = 20250801) -> pd.DataFrame:
+def cost_table(timings: pd.DataFrame, baseline: str, *, metric: str = "cpu_ms",
+               n_resamples: int = 2999, seed: int = 20250801) -> pd.DataFrame:
     """Per workload and arm: median times of the three modes and the overheads vs plain.
 
-    *timings*: the ``timings`` table (``build`` = arm label) with ``client_ms``.  The
-    overheads are :func:`profkit.analyze.stats.summarize`'s (median of per-repetition
-    overheads, paired bootstrap 95 % CI).  ``timing_saved_pp``: the baseline's TIMING
-    TRUE overhead minus the arm's, in percentage points.
+    *timings*: the ``timings`` table (``build`` = arm label).  *metric*: ``cpu_ms`` (the
+    backend's on-CPU time, see the module doc), ``server_ms`` (the wall-time bracket)
+    or ``client_ms``.  The overheads are :func:`profkit.analyze.stats.summarize`'s
+    (median of per-repetition overheads, paired bootstrap 95 % CI).
+    ``timing_saved_pp``: the baseline's TIMING TRUE overhead minus the arm's, in
+    percentage points.
     """
     from profkit.analyze.stats import summarize
 
-    _require(timings, ["workload", "build", "mode", "rep", "client_ms"], "cost_table")
+    _require(timings, ["workload", "build", "mode", "rep", metric], "cost_table")
     out: list[dict[str, Any]] = []
     for wl, w in timings.groupby("workload", sort=True):
-        s = summarize(w, "client_ms", n_resamples=n_resamples, seed=seed)
+        if metric not in ("server_ms", "client_ms"):
+            # summarize() knows the bench's two metrics; the estimator is the same for
+            # any per-execution time, so hand the chosen one over under a known name
+            w = w.assign(server_ms=w[metric])
+        s = summarize(w, "server_ms" if metric not in ("server_ms", "client_ms") else metric,
+                      n_resamples=n_resamples, seed=seed)  # type: ignore[arg-type]
         for arm, sa in s.groupby("build", sort=False):
             by = sa.set_index("mode")
-            row: dict[str, Any] = {"workload": wl, "arm": arm}
+            row: dict[str, Any] = {"workload": wl, "arm": arm, "metric": metric}
             for mode, short in ((PLAIN_MODE, "plain"), (NOTIMING_MODE, "notiming"),
                                 (TIMING_MODE, "timing")):
                 if mode in by.index:
@@ -352,48 +371,53 @@ def cost_table(timings: pd.DataFrame, baseline: str, *, n_resamples: int = 2999,
 
 
 def truth_table(timings: pd.DataFrame, nodes: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Per workload and arm: EXPLAIN's totals against the plain query's time.
+    """Per workload and arm: EXPLAIN's totals against the plain query's wall time.
 
-    Columns: ``plain_ms`` (median client time of the plain query), ``non_exec_ms`` (the
-    baseline's median of client time − EXPLAIN's Execution Time under TIMING FALSE:
-    round trip, parse, plan, output), ``truth_ms`` = plain_ms − non_exec_ms,
-    ``root_ms`` (median root-node inclusive time, TIMING TRUE), ``exec_ms`` (median
-    Execution Time, TIMING TRUE), ``timing_client_ms`` (median client time of the same
-    executions), ``root_vs_truth_pct`` = (root_ms / truth_ms − 1) × 100,
-    ``exec_vs_client_pct``: median over executions of (Execution Time / client time −
-    1) × 100 under TIMING TRUE — a clock that reports wrong durations (bad TSC
-    calibration, a coarse tick) moves this away from the baseline's value
-    (``clock_gap_pp``: the arm's minus the baseline's, in points).
+    Wall times are the backend's clock_timestamp() bracket (``server_ms``).  Columns
+    (medians over repetitions, ms): ``plain_ms``; ``non_exec_ms`` (the baseline's
+    bracket − Execution Time under TIMING FALSE: parse, plan, output); ``truth_ms`` =
+    plain_ms − non_exec_ms; ``root_ms`` (root node's inclusive time, TIMING TRUE);
+    ``exec_ms`` (Execution Time, TIMING TRUE); ``timing_wall_ms``;
+    ``root_vs_truth_pct`` = (root_ms / truth_ms − 1) × 100 — what EXPLAIN ANALYZE
+    reports against what the query takes without it; ``clock_gap_ms``: median of
+    (bracket − Execution Time) under TIMING TRUE minus the baseline's, and
+    ``clock_err_pct`` = −clock_gap_ms / exec_ms × 100: how much the arm's own clock
+    over- (+) or under- (−) states its EXPLAIN execution against the independent wall
+    clock (0 for the baseline by construction); ``wait_ms``: median run-queue wait of
+    the backend around the TIMING TRUE executions (from the client's schedstat reads,
+    so it also holds the backend's wake-up latency outside the bracket: a diagnostic
+    of how disturbed the runs were, not subtracted from anything).
     """
-    _require(timings, ["workload", "build", "mode", "rep", "client_ms", "explain_ms"],
+    _require(timings, ["workload", "build", "mode", "rep", "server_ms", "explain_ms"],
              "truth_table")
     _require(nodes, ["workload", "arm", "mode", "rep", "parent_id", INCLUSIVE], "truth_table")
     out: list[dict[str, Any]] = []
     for wl, w in timings.groupby("workload", sort=True):
         b_no = w[(w["build"] == baseline) & (w["mode"] == NOTIMING_MODE)]
-        non_exec = float((b_no["client_ms"] - b_no["explain_ms"]).median()) \
+        non_exec = float((b_no["server_ms"] - b_no["explain_ms"]).median()) \
             if not b_no.empty else math.nan
+        b_t = w[(w["build"] == baseline) & (w["mode"] == TIMING_MODE)]
+        base_gap = float((b_t["server_ms"] - b_t["explain_ms"]).median()) \
+            if not b_t.empty else math.nan
         roots = nodes[(nodes["workload"] == wl) & (nodes["mode"] == TIMING_MODE)
                       & nodes["parent_id"].isna()]
         for arm, a in w.groupby("build", sort=False):
-            plain = float(a.loc[a["mode"] == PLAIN_MODE, "client_ms"].median())
+            plain = float(a.loc[a["mode"] == PLAIN_MODE, "server_ms"].median())
             t = a[a["mode"] == TIMING_MODE]
             root = float(roots.loc[roots["arm"] == arm, INCLUSIVE].median())
             truth = plain - non_exec if not math.isnan(non_exec) else plain
-            gap = ((t["explain_ms"] / t["client_ms"] - 1.0) * 100.0).median()
+            exec_ms = float(t["explain_ms"].median())
+            gap = float((t["server_ms"] - t["explain_ms"]).median()) - base_gap
             out.append({
                 "workload": wl, "arm": arm, "plain_ms": plain, "non_exec_ms": non_exec,
-                "truth_ms": truth, "root_ms": root,
-                "exec_ms": float(t["explain_ms"].median()),
-                "timing_client_ms": float(t["client_ms"].median()),
+                "truth_ms": truth, "root_ms": root, "exec_ms": exec_ms,
+                "timing_wall_ms": float(t["server_ms"].median()),
                 "root_vs_truth_pct": (root / truth - 1.0) * 100.0 if truth > 0 else math.nan,
-                "exec_vs_client_pct": float(gap),
+                "clock_gap_ms": gap,
+                "clock_err_pct": -gap / exec_ms * 100.0 if exec_ms > 0 else math.nan,
+                "wait_ms": float(t["wait_ms"].median()) if "wait_ms" in t else math.nan,
             })
-    df = pd.DataFrame(out)
-    if not df.empty:
-        base = df[df["arm"] == baseline].set_index("workload")["exec_vs_client_pct"]
-        df["clock_gap_pp"] = df["exec_vs_client_pct"] - df["workload"].map(base)
-    return df
+    return pd.DataFrame(out)
 
 
 # ---------------------------------------------------------------------------
@@ -427,32 +451,85 @@ def tick_grid(nodes: pd.DataFrame, tick_ms: float, *, column: str = INCLUSIVE
 # verdicts
 
 
+WITHIN, OUTSIDE, UNCLEAR = "within", "outside", "unclear"
+
+
+def node_status(acc: pd.DataFrame, *, tol_pct: float = DEFAULT_TOL_PCT,
+                min_node_ms: float = MIN_NODE_MS) -> pd.DataFrame:
+    """Classify each row of :func:`node_accuracy` against the tolerance, noise-aware.
+
+    Long nodes (baseline median ≥ *min_node_ms*), relative: ``within`` when
+    |rel_err_pct| ≤ *tol_pct*; ``outside`` when the interquartile range of the
+    per-repetition ratios lies wholly beyond ±*tol_pct* on one side (the arm is off in
+    most repetitions, not by one disturbed run); else ``unclear`` (the median is off
+    but the noise of this machine covers the band).  Short nodes, absolute: allowed
+    error *tol_pct* % of max(time, *min_node_ms*); ``outside`` when the arm's and the
+    baseline's interquartile ranges are further apart than that.  Adds ``long``,
+    ``allowed_ms``, ``status`` and ``direction`` (+1 above the baseline, −1 below).
+    """
+    df = acc.copy()
+    if df.empty:
+        for c in ("long", "allowed_ms", "status", "direction"):
+            df[c] = pd.Series(dtype="object")
+        return df
+    df["long"] = df["base_median_ms"] >= min_node_ms
+    df["allowed_ms"] = tol_pct / 100.0 * np.maximum(df["base_median_ms"].fillna(0.0),
+                                                     min_node_ms)
+    status = []
+    for r in df.itertuples():
+        if r.long:
+            err = r.rel_err_pct
+            lo, hi = (r.ratio_q25 - 1.0) * 100.0, (r.ratio_q75 - 1.0) * 100.0
+            if not math.isnan(err) and abs(err) <= tol_pct:
+                status.append(WITHIN)
+            elif r.n < MIN_REPS_OUTSIDE or math.isnan(lo) or math.isnan(hi):
+                status.append(UNCLEAR)
+            elif lo > tol_pct or hi < -tol_pct:
+                status.append(OUTSIDE)
+            else:
+                status.append(UNCLEAR)
+        else:
+            d = r.abs_diff_ms
+            if math.isnan(d) or abs(d) <= r.allowed_ms:
+                status.append(WITHIN)
+            elif r.n >= MIN_REPS_OUTSIDE and (r.arm_q25_ms - r.base_q75_ms > r.allowed_ms
+                  or r.base_q25_ms - r.arm_q75_ms > r.allowed_ms):
+                status.append(OUTSIDE)
+            else:
+                status.append(UNCLEAR)
+    df["status"] = status
+    df["direction"] = np.sign(df["abs_diff_ms"].fillna(0.0)).astype(int)
+    return df
+
+
 def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, baseline: str,
              *, tol_pct: float = DEFAULT_TOL_PCT, min_node_ms: float = MIN_NODE_MS,
              tick_ms: Mapping[str, float] | None = None) -> pd.DataFrame:
-    """One honest verdict per workload and arm.
+    """One honest verdict per workload and arm, from :func:`node_status` of every node
+    (inclusive time, and exclusive time of the nodes whose own work is long enough).
 
-    - ``accurate``: every node taking ≥ *min_node_ms* in the baseline is within
-      *tol_pct* % of the baseline (inclusive time; exclusive time too where the
-      baseline's exclusive time is ≥ *min_node_ms*), and every shorter node within
-      *tol_pct* % of max(its time, *min_node_ms*) in absolute terms.
-    - ``lower (less overhead)``: outside that, but every deviation of a long node is
-      downwards, the EXPLAIN total is closer to the plain query's time than the
-      baseline's, and the arm's clock agrees with the client's wall clock as well as
-      the baseline's does (|clock_gap_pp| ≤ *tol_pct* / 2): what a cheaper, correct
-      clock should show, since the baseline's own times include its clock reads.
-    - ``wrong``: anything else; ``text`` says by how much and where.
+    - ``accurate``: every node ``within``: "accurate within X %".
+    - ``lower (less overhead)``: some nodes ``outside``, all of them below the baseline,
+      none reading 0 where the baseline has time, the EXPLAIN total closer to the plain
+      query's time than the baseline's, and the arm's clock agreeing with the wall clock
+      (|clock_err_pct| ≤ *tol_pct* / 2): what a cheaper but correct clock shows, since
+      the baseline's own times include its clock reads.
+    - ``wrong``: other ``outside`` nodes: "wrong by Y" names the worst.
+    - ``inconclusive (noise)``: none outside, some ``unclear``: the machine's run-to-run
+      noise is wider than the tolerance on those nodes (more repetitions or a quieter
+      machine decide).
 
-    *tick_ms*: arm -> clock tick, for arms whose clock advances in ticks (the text
-    then says how many short nodes read 0).
+    *tick_ms*: arm -> clock tick, for arms whose clock advances in ticks (the text then
+    says how many short nodes read 0).
     """
     cols = ["workload", "arm", "verdict", "max_err_pct", "worst_node", "max_excl_err_pct",
-            "short_max_abs_ms", "short_nodes", "short_read_zero", "base_noise_pct",
-            "root_vs_truth_pct", "base_root_vs_truth_pct", "overhead_timing_pct",
-            "base_overhead_timing_pct", "clock_gap_pp", "text"]
+            "short_max_abs_ms", "short_nodes", "short_read_zero", "nodes_outside",
+            "nodes_unclear", "base_noise_pct", "root_vs_truth_pct", "base_root_vs_truth_pct",
+            "overhead_timing_pct", "base_overhead_timing_pct", "clock_err_pct", "text"]
     if accuracy.empty:
         return pd.DataFrame(columns=cols)
     tick_ms = dict(tick_ms or {})
+    st = node_status(accuracy, tol_pct=tol_pct, min_node_ms=min_node_ms)
     tr = truth.set_index(["workload", "arm"]) if not truth.empty else pd.DataFrame()
     co = cost.set_index(["workload", "arm"]) if not cost.empty else pd.DataFrame()
 
@@ -462,91 +539,91 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
         return float(df.at[key, col])
 
     out: list[dict[str, Any]] = []
-    for (wl, arm), g in accuracy.groupby(["workload", "arm"], sort=False):
+    for (wl, arm), g in st.groupby(["workload", "arm"], sort=False):
         inc = g[g["metric"] == INCLUSIVE]
-        exc = g[g["metric"] == EXCLUSIVE]
-        big = inc[inc["base_median_ms"] >= min_node_ms]
-        small = inc[inc["base_median_ms"] < min_node_ms]
-        big_ex = exc[exc["base_median_ms"] >= min_node_ms]
+        # exclusive time is judged only where the node's own work is long (else it is
+        # a difference of two nearly equal numbers and the inclusive check covers it)
+        exc = g[(g["metric"] == EXCLUSIVE) & g["long"]]
+        judged = pd.concat([inc, exc])
+        big, small = inc[inc["long"]], inc[~inc["long"]]
+        outside, unclear = judged[judged["status"] == OUTSIDE], judged[judged["status"] == UNCLEAR]
         max_err = float(big["rel_err_pct"].abs().max()) if not big.empty else math.nan
-        worst = big.loc[big["rel_err_pct"].abs().idxmax()] if not big.empty else None
-        max_ex = float(big_ex["rel_err_pct"].abs().max()) if not big_ex.empty else math.nan
-        worst_ex = big_ex.loc[big_ex["rel_err_pct"].abs().idxmax()] if not big_ex.empty \
-            else None
-        allowed = tol_pct / 100.0 * np.maximum(small["base_median_ms"], min_node_ms)
-        small_bad = small[small["abs_diff_ms"].abs() > allowed]
+        max_ex = float(exc["rel_err_pct"].abs().max()) if not exc.empty else math.nan
         small_max = float(small["abs_diff_ms"].abs().max()) if not small.empty else math.nan
-        worst_small = small.loc[small["abs_diff_ms"].abs().idxmax()] if not small.empty \
-            else None
-        read_zero = int(((small["arm_median_ms"] == 0) & (small["base_median_ms"] > 0)).sum())
+        read_zero = int(((inc["arm_median_ms"] == 0) & (inc["base_median_ms"] > 0)).sum())
         noise = float(big["base_spread_pct"].median()) if not big.empty else math.nan
         key = (wl, arm)
-        rvt, brvt = get(tr, key, "root_vs_truth_pct"), get(tr, (wl, baseline),
-                                                           "root_vs_truth_pct")
-        gap = get(tr, key, "clock_gap_pp")
-        ov, bov = get(co, key, "overhead_timing_pct"), get(co, (wl, baseline),
-                                                           "overhead_timing_pct")
-        ok_big = big.empty or max_err <= tol_pct
-        ok_ex = big_ex.empty or max_ex <= tol_pct
-        ok_small = small_bad.empty
-        if ok_big and ok_ex and ok_small:
+        rvt = get(tr, key, "root_vs_truth_pct")
+        brvt = get(tr, (wl, baseline), "root_vs_truth_pct")
+        cerr = get(tr, key, "clock_err_pct")
+        ov = get(co, key, "overhead_timing_pct")
+        bov = get(co, (wl, baseline), "overhead_timing_pct")
+        if outside.empty and unclear.empty:
             verdict = "accurate"
-        elif (not big.empty and (big["rel_err_pct"] <= tol_pct).all() and ok_small
-              and (big_ex.empty or (big_ex["rel_err_pct"] <= tol_pct).all())
-              and not math.isnan(rvt) and not math.isnan(brvt) and abs(rvt) < abs(brvt)
-              and not math.isnan(gap) and abs(gap) <= tol_pct / 2):
-            verdict = "lower (less overhead)"
+        elif not outside.empty:
+            lower = ((outside["direction"] < 0).all() and read_zero == 0
+                     and not (judged["rel_err_pct"] > tol_pct).any()
+                     and not math.isnan(rvt) and not math.isnan(brvt) and abs(rvt) < abs(brvt)
+                     and not math.isnan(cerr) and abs(cerr) <= tol_pct / 2)
+            verdict = "lower (less overhead)" if lower else "wrong"
         else:
-            verdict = "wrong"
+            verdict = "inconclusive (noise)"
+
+        def where(r: Any) -> str:
+            m = "" if r["metric"] == INCLUSIVE else " exclusive"
+            return (f"node {int(r['node_id'])} {r['node_type']}{m}: "
+                    f"{r['arm_median_ms']:.3f} vs {r['base_median_ms']:.3f} ms")
+
         parts: list[str] = []
         if verdict == "accurate":
             parts.append(f"accurate within {_fmt_pct(max_err)} of {baseline} on nodes ≥ "
-                         f"{min_node_ms:g} ms" + (f" (exclusive within {_fmt_pct(max_ex)})"
-                                                  if not big_ex.empty else ""))
+                         f"{min_node_ms:g} ms"
+                         + (f" (own time within {_fmt_pct(max_ex)})" if not exc.empty else "")
+                         + (f", within {small_max:.3f} ms on {len(small)} shorter node(s)"
+                            if not small.empty else ""))
         else:
-            if worst is not None:
-                parts.append(
-                    f"{'lower' if verdict.startswith('lower') else 'off'} by up to "
-                    f"{worst['rel_err_pct']:+.0f}% on nodes ≥ {min_node_ms:g} ms (worst: node "
-                    f"{int(worst['node_id'])} {worst['node_type']}: "
-                    f"{worst['arm_median_ms']:.2f} vs {worst['base_median_ms']:.2f} ms)")
-            if worst_ex is not None and not ok_ex:
-                parts.append(
-                    f"exclusive time off by up to {worst_ex['rel_err_pct']:+.0f}% (node "
-                    f"{int(worst_ex['node_id'])} {worst_ex['node_type']}: "
-                    f"{worst_ex['arm_median_ms']:.2f} vs {worst_ex['base_median_ms']:.2f} ms)")
-        if not small.empty:
-            if ok_small:
-                parts.append(f"{len(small)} short node(s) within {small_max:.3f} ms")
-            else:
-                assert worst_small is not None
-                parts.append(
-                    f"wrong by up to {small_max:.2f} ms on {len(small_bad)} of {len(small)} "
-                    f"node(s) < {min_node_ms:g} ms (node {int(worst_small['node_id'])} "
-                    f"{worst_small['node_type']}: {worst_small['arm_median_ms']:.3f} vs "
-                    f"{worst_small['base_median_ms']:.3f} ms)"
-                    + (f"; {read_zero} read 0 (tick {tick_ms[arm]:g} ms)"
-                       if arm in tick_ms else ""))
+            for label, sel in (("off", outside), ("unclear", unclear)):
+                if sel.empty:
+                    continue
+                lng, sht = sel[sel["long"]], sel[~sel["long"]]
+                if not lng.empty:
+                    w = lng.loc[lng["rel_err_pct"].abs().idxmax()]
+                    parts.append(
+                        f"{len(lng)} long node time(s) {label} (beyond ±{tol_pct:g}%"
+                        f"{' in most repetitions' if label == 'off' else ', within the noise'}"
+                        f"): worst {w['rel_err_pct']:+.0f}% ({where(w)})")
+                if not sht.empty:
+                    w = sht.loc[sht["abs_diff_ms"].abs().idxmax()]
+                    parts.append(
+                        f"{len(sht)} short node(s) {label} by up to {abs(w['abs_diff_ms']):.3f} "
+                        f"ms ({where(w)})")
+            if read_zero:
+                parts.append(f"{read_zero} node(s) read 0 ms where {baseline} has time"
+                             + (f" (clock tick {tick_ms[arm]:g} ms)" if arm in tick_ms else ""))
+            if not big.empty and verdict != "wrong":
+                parts.append(f"max deviation on nodes ≥ {min_node_ms:g} ms {_fmt_pct(max_err)}")
         if not math.isnan(noise):
-            parts.append(f"{baseline}'s own run-to-run spread (IQR) on those nodes: "
+            parts.append(f"{baseline}'s own run-to-run spread (IQR/median) on long nodes: "
                          f"{noise:.0f}%")
         if not math.isnan(rvt):
-            parts.append(f"EXPLAIN's total is {rvt:+.0f}% vs the plain query ({baseline}: "
+            parts.append(f"EXPLAIN's total {rvt:+.0f}% vs the plain query ({baseline}: "
                          f"{brvt:+.0f}%)")
         if not math.isnan(ov):
             parts.append(f"TIMING TRUE costs {ov:+.0f}% ({baseline}: {bov:+.0f}%)")
-        if not math.isnan(gap) and abs(gap) > tol_pct / 2:
-            parts.append(f"its Execution Time disagrees with the wall clock by {gap:+.0f} "
-                         f"points more than {baseline}'s")
+        if not math.isnan(cerr) and abs(cerr) > tol_pct / 2:
+            parts.append(f"its Execution Time is {cerr:+.0f}% off the wall clock (relative to "
+                         f"{baseline})")
+        worst = big.loc[big["rel_err_pct"].abs().idxmax()] if not big.empty else None
         out.append({
             "workload": wl, "arm": arm, "verdict": verdict, "max_err_pct": max_err,
             "worst_node": (f"{int(worst['node_id'])} {worst['node_type']}"
                            if worst is not None else ""),
             "max_excl_err_pct": max_ex, "short_max_abs_ms": small_max,
-            "short_nodes": len(small), "short_read_zero": read_zero, "base_noise_pct": noise,
-            "root_vs_truth_pct": rvt, "base_root_vs_truth_pct": brvt,
+            "short_nodes": len(small), "short_read_zero": read_zero,
+            "nodes_outside": len(outside), "nodes_unclear": len(unclear),
+            "base_noise_pct": noise, "root_vs_truth_pct": rvt, "base_root_vs_truth_pct": brvt,
             "overhead_timing_pct": ov, "base_overhead_timing_pct": bov,
-            "clock_gap_pp": gap, "text": "; ".join(parts),
+            "clock_err_pct": cerr, "text": "; ".join(parts),
         })
     return pd.DataFrame(out, columns=cols)
 
@@ -585,36 +662,50 @@ def _ci(x: float, lo: float, hi: float) -> str:
 
 
 def summary_table(verdict_df: pd.DataFrame, cost: pd.DataFrame, truth: pd.DataFrame,
-                  accuracy: pd.DataFrame, *, min_node_ms: float = MIN_NODE_MS
-                  ) -> pd.DataFrame:
-    """The headline table: per workload and arm, cost and error side by side."""
+                  accuracy: pd.DataFrame, *, cost_wall: pd.DataFrame | None = None,
+                  min_node_ms: float = MIN_NODE_MS) -> pd.DataFrame:
+    """The headline table: per workload and arm, cost and error side by side.
+
+    *cost*: :func:`cost_table` on CPU time; *cost_wall* (optional): on wall time.
+    """
     rows = []
     co = cost.set_index(["workload", "arm"]) if not cost.empty else pd.DataFrame()
+    cw = (cost_wall.set_index(["workload", "arm"])
+          if cost_wall is not None and not cost_wall.empty else pd.DataFrame())
     tr = truth.set_index(["workload", "arm"]) if not truth.empty else pd.DataFrame()
-    for _, v in verdict_df.iterrows():
-        key = (v["workload"], v["arm"])
-        inc = accuracy[(accuracy["workload"] == v["workload"]) & (accuracy["arm"] == v["arm"])
+    arms = list(dict.fromkeys([*cost.get("arm", pd.Series(dtype=str)).tolist()]))
+    keys = [(w, a) for w in sorted(set(cost.get("workload", []))) for a in arms] \
+        if not cost.empty else [(v["workload"], v["arm"]) for _, v in verdict_df.iterrows()]
+    ver = verdict_df.set_index(["workload", "arm"]) if not verdict_df.empty else pd.DataFrame()
+    for key in keys:
+        inc = accuracy[(accuracy["workload"] == key[0]) & (accuracy["arm"] == key[1])
                        & (accuracy["metric"] == INCLUSIVE)]
         big = inc[inc["base_median_ms"] >= min_node_ms]
         c = co.loc[key] if not co.empty and key in co.index else None
+        w = cw.loc[key] if not cw.empty and key in cw.index else None
         t = tr.loc[key] if not tr.empty and key in tr.index else None
+        v = ver.loc[key] if not ver.empty and key in ver.index else None
         rows.append({
-            "workload": v["workload"], "arm": v["arm"],
-            "plain ms": c["plain_ms"] if c is not None else math.nan,
-            "TIMING TRUE vs plain": _ci(c["overhead_timing_pct"], c["overhead_timing_ci_low"],
-                                        c["overhead_timing_ci_high"]) if c is not None else "–",
-            "TIMING FALSE vs plain": _ci(c["overhead_notiming_pct"],
-                                         c["overhead_notiming_ci_low"],
-                                         c["overhead_notiming_ci_high"])
+            "workload": key[0], "arm": key[1],
+            "plain CPU ms": c["plain_ms"] if c is not None else math.nan,
+            "TIMING TRUE vs plain (CPU)": _ci(c["overhead_timing_pct"],
+                                              c["overhead_timing_ci_low"],
+                                              c["overhead_timing_ci_high"])
             if c is not None else "–",
+            "TIMING FALSE vs plain (CPU)": _ci(c["overhead_notiming_pct"],
+                                               c["overhead_notiming_ci_low"],
+                                               c["overhead_notiming_ci_high"])
+            if c is not None else "–",
+            "TIMING TRUE vs plain (wall)": f"{w['overhead_timing_pct']:+.1f}%"
+            if w is not None else "–",
             "EXPLAIN total vs plain": f"{t['root_vs_truth_pct']:+.1f}%" if t is not None
             and not math.isnan(t["root_vs_truth_pct"]) else "–",
-            f"node err vs base (≥{min_node_ms:g} ms) median / max":
+            f"node err vs base (≥{min_node_ms:g} ms) median / worst":
                 (f"{big['rel_err_pct'].median():+.1f}% / "
                  f"{big.loc[big['rel_err_pct'].abs().idxmax(), 'rel_err_pct']:+.1f}%")
                 if not big.empty else "–",
-            "short nodes max |Δ| ms": v["short_max_abs_ms"],
-            "verdict": v["verdict"],
+            "short nodes max |Δ| ms": v["short_max_abs_ms"] if v is not None else math.nan,
+            "verdict": v["verdict"] if v is not None else "(baseline)",
         })
     return pd.DataFrame(rows)
 
@@ -622,21 +713,28 @@ def summary_table(verdict_df: pd.DataFrame, cost: pd.DataFrame, truth: pd.DataFr
 def markdown_report(*, title: str, facts: Mapping[str, Any], verdict_df: pd.DataFrame,
                     cost: pd.DataFrame, truth: pd.DataFrame, accuracy: pd.DataFrame,
                     mismatches: pd.DataFrame, grid: Mapping[str, pd.DataFrame],
-                    baseline: str, min_node_ms: float = MIN_NODE_MS,
-                    tol_pct: float = DEFAULT_TOL_PCT) -> str:
+                    baseline: str, cost_wall: pd.DataFrame | None = None,
+                    min_node_ms: float = MIN_NODE_MS, tol_pct: float = DEFAULT_TOL_PCT) -> str:
     """The run's report.md: provenance facts, the headline table, verdicts, per-node tables."""
     lines = [f"# {title}", ""]
     for k, v in facts.items():
         lines.append(f"- **{k}**: {v}")
     lines += ["", "## Cost and accuracy per workload and variant", "",
-              f"Overheads: client wall time, median of per-repetition (mode − plain) / plain "
-              f"with a paired bootstrap 95 % CI. *EXPLAIN total vs plain*: root node's "
-              f"inclusive time (TIMING TRUE) against the plain query's execution time. "
-              f"*node err*: per-node inclusive time against {baseline}'s (ratio of medians − "
-              f"1). Verdict thresholds: {tol_pct:g} % on nodes ≥ {min_node_ms:g} ms, "
-              f"{tol_pct / 100 * min_node_ms:g} ms below.", "",
-              _md_table(summary_table(verdict_df, cost, truth, accuracy,
+              "Overheads: the backend's CPU time per statement (/proc/PID/schedstat; "
+              "independent of the clock under test and of run-queue waits), median of "
+              "per-repetition (mode − plain) / plain with a paired bootstrap 95 % CI; the "
+              "wall-time column brackets the statement with clock_timestamp() in the "
+              "backend. *EXPLAIN total vs plain*: root node's inclusive time (TIMING TRUE) "
+              "against the plain query's execution time (wall bracket − parse/plan/output). *node "
+              f"err*: per-node inclusive time against {baseline}'s (ratio of medians − 1). "
+              f"Verdict thresholds: {tol_pct:g} % on nodes ≥ {min_node_ms:g} ms, "
+              f"{tol_pct / 100 * min_node_ms:g} ms below; a node is only called off when "
+              f"the interquartile range of its per-repetition ratios lies beyond the band "
+              f"(≥ {MIN_REPS_OUTSIDE} repetitions).", "",
+              _md_table(summary_table(verdict_df, cost, truth, accuracy, cost_wall=cost_wall,
                                       min_node_ms=min_node_ms)), "",
+              "### EXPLAIN against the plain query (medians, ms)", "",
+              _md_table(truth.round(3) if not truth.empty else truth), "",
               "## Verdicts", ""]
     for _, v in verdict_df.iterrows():
         lines.append(f"- **{v['workload']} / {v['arm']}: {v['verdict']}** — {v['text']}")

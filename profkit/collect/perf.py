@@ -294,13 +294,16 @@ def record_pid(pid: int, action: Callable[[], T], *, run: RunDir, perf: str = "p
             result = action()
         finally:
             times.append(time.monotonic() - ta)
-    except PerfError:
+    except PerfError as e:
+        run.finish(status="failed", error=str(e))
         raise
     except BaseException as e:  # noqa: BLE001 - action failed or Ctrl-C: stop perf, keep data
         failure = e
     finally:
         if st is not None:
             st.stop()
+            if run.file(STAT_LOG).exists() and run.file(STAT_LOG).stat().st_size == 0:
+                run.file(STAT_LOG).unlink()
         rc = rec.stop()
         run.update(record_returncode=rc)
     seconds = time.monotonic() - t0
@@ -321,9 +324,10 @@ def record_pid(pid: int, action: Callable[[], T], *, run: RunDir, perf: str = "p
         what = (f"process {pid} exited while perf was recording" if exited
                 else f"the profiled action failed while perf was recording: {failure}")
         run.finish(status="failed", error=what)
+        again = (" Reconnect (a new backend has a new pid) and record again." if exited
+                 else "")
         raise PerfError(f"{what}. perf was stopped; what it recorded is kept: {kept} "
-                        f"(run {run.run_id}). Reconnect (a new backend has a new pid) and "
-                        f"record again.") from failure
+                        f"(run {run.run_id}).{again}") from failure
     if rc not in (0, -signal.SIGINT, 128 + signal.SIGINT):
         raise PerfError(f"perf record failed with exit status {rc}: {log[-800:]} (perf.data "
                         f"kept at {data})")

@@ -56,9 +56,13 @@ _FLAT_ROW = re.compile(
     rf"(?:(?P<calls>\d+)\s+(?P<spc>{_FLOAT})\s+(?P<tpc>{_FLOAT})\s+)?(?P<name>\S.*?)\s*$"
 )
 _CG_COLS = re.compile(r"^\s*index\s+%\s*time\s+self\s+children\s+called\s+name\s*$")
+# gprof prints the leading "[N]" in a 6-character field, so from index 10000 on the
+# closing bracket is cut ("[13794   0.0 ...") and from 100000 on a digit too; the
+# trailing "[N]" is always whole, so it is the index and the leading one only a prefix.
 _CG_PRIMARY = re.compile(
-    rf"^\[(?P<index>\d+)\]\s+(?P<pct>{_FLOAT})\s+(?P<self>{_FLOAT})\s+(?P<children>{_FLOAT})"
-    rf"\s+(?:(?P<called>\d+)(?:\+(?P<recursive>\d+))?\s+)?(?P<name>\S.*?)\s+\[(?P=index)\]\s*$"
+    rf"^\[(?P<lead>\d+)\]?\s+(?P<pct>{_FLOAT})\s+(?P<self>{_FLOAT})\s+(?P<children>{_FLOAT})"
+    rf"\s+(?:(?P<called>\d+)(?:\+(?P<recursive>\d+))?\s+)?(?P<name>\S.*?)"
+    rf"\s+\[(?P<index>(?P=lead)\d*)\]\s*$"
 )
 _CG_LINE = re.compile(
     rf"^\s+(?:(?P<self>{_FLOAT})\s+(?P<children>{_FLOAT})\s+)?"

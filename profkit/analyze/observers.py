@@ -1,0 +1,358 @@
+"""The observer effect of the observers, and how far subtracting the clock gets us.
+
+Pure functions over tables (no processes, no database):
+
+- :func:`slowdown_table` — from the ``observer_timings`` table (one row per
+  execution of one query, unobserved or watched by ltrace, bcc, bpftrace, perf
+  or callgrind; written by :mod:`profkit.observers`) to one row per method:
+  median time, slowdown relative to the unobserved runs of the same mode,
+  the probe's hit count and what one hit cost::
+
+      slowdown_x = median(observed) / median(unobserved)
+      ns_per_hit = (median(observed) − median(unobserved)) / hits
+
+  plus the cost guard's estimate (:func:`profkit.collect.bpf.guard`) beside the
+  measured extra time, so the guard's defaults can be checked (``guard_ratio``
+  = measured ns/hit ÷ the guard's ns/hit; 1 means the guard is right).
+- :func:`correction_summary` — observer-effect.txt's proposal checked on the seed
+  workloads: EXPLAIN ANALYZE's total minus clock reads × cost per read (and
+  minus the row-counting cost) against the plain query's time.  The cost per
+  read comes from the clock micro-benchmark (:mod:`profkit.collect.clock`) or
+  in situ, (TIMING ON − TIMING OFF) / reads.  An in-situ cost taken from the
+  same runs it corrects reproduces plain by construction
+  (T_on − (T_on − T_off) − (T_off − plain) = plain), so the in-situ columns are
+  out of sample: costs from the odd repetitions applied to the even ones
+  (``split``), and costs from the *other* workloads (``xval``: does one number
+  per machine transfer between queries?).
+- :func:`median_node_times` / :func:`node_correction` — the same per plan node.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit import tables
+from profkit.analyze import correction as C
+from profkit.errors import ProfkitError
+
+UNOBSERVED = "unobserved"
+ANALYZE_MODES = ("analyze_notiming", "analyze_timing")
+CORRECTION_MODES = ("plain", "analyze_notiming", "analyze_timing")
+
+SLOWDOWN_COLUMNS: tuple[str, ...] = (
+    "workload", "mode", "method", "variant", "reps", "median_ms", "unobserved_ms",
+    "slowdown_x", "paired_slowdown_x", "server_median_ms", "server_unobserved_ms",
+    "server_slowdown_x", "cpu_median_ms", "cpu_unobserved_ms", "cpu_slowdown_x",
+    "runq_median_ms", "hits", "hits_kind", "extra_ms", "ns_per_hit", "extra_cpu_ms",
+    "ns_per_hit_cpu", "guard_estimate_ms", "guard_ns_per_hit", "guard_basis", "guard_ratio",
+)
+# Observers whose work runs in the observed backend's own context (uprobe handlers,
+# perf's sampling interrupt): their cost shows in the backend's CPU time, which a
+# loaded machine does not inflate.  ltrace works in its own process (ptrace stops,
+# context switches): only the wall time shows its cost.
+IN_PROCESS = frozenset({"bcc", "bpftrace", "perf"})
+MIN_HITS_FOR_VERDICT = 1000
+
+
+class ObserverError(ProfkitError):
+    pass
+
+
+def _median(s: pd.Series) -> float:
+    s = pd.to_numeric(s, errors="coerce").dropna()
+    return float(s.median()) if len(s) else math.nan
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+
+
+def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (workload, mode, method, variant): the slowdown the observer causes.
+
+    *runs* is the ``observer_timings`` table.  Unobserved rows have method
+    ``"unobserved"``; every observed row may name, in ``baseline_order``, the
+    unobserved execution run just before it (``paired_slowdown_x`` is the
+    median of those per-pair ratios: robust to slow drift of a loaded machine).
+    ``hits`` is the median hit count (clock_gettime calls for ltrace and the
+    clock probes, all uprobe hits for per-node probes, samples for perf);
+    ``ns_per_hit`` is NaN where hits are unknown (callgrind) or zero.
+    """
+    df = tables.validate(runs, "observer_timings")
+    if df.empty:
+        raise ObserverError("no observer timings to summarise: run profkit observers first")
+    base_rows = df[df["method"] == UNOBSERVED]
+    if base_rows.empty:
+        raise ObserverError("the timings hold no unobserved executions: nothing to compare with")
+    by_order = df.set_index("order")["client_ms"].astype(float)
+    out = []
+    for (wl, mode), part in df.groupby(["workload", "mode"], sort=False):
+        base = part[part["method"] == UNOBSERVED]
+        if base.empty:
+            raise ObserverError(f"no unobserved executions of {wl} {mode}")
+        b_client, b_server = _median(base["client_ms"]), _median(base["server_ms"])
+        b_cpu = _median(base["cpu_ms"])
+        for (method, variant), g in part.groupby(["method", "variant"], sort=False):
+            med, smed, cmed = (_median(g["client_ms"]), _median(g["server_ms"]),
+                               _median(g["cpu_ms"]))
+            pairs = [float(c) / by_order[int(o)] for c, o in
+                     zip(g["client_ms"], g["baseline_order"], strict=True)
+                     if not pd.isna(o) and int(o) in by_order.index and by_order[int(o)] > 0]
+            hits = _median(g["hits"]) if g["hits"].notna().any() else math.nan
+            observed = method != UNOBSERVED
+            extra = med - b_client if observed else 0.0
+            extra_cpu = cmed - b_cpu if observed else 0.0
+            counted = observed and bool(hits) and hits > 0
+            est = _median(g["guard_estimate_ms"])
+            est_hits = _median(g["guard_hits"])
+            row: dict[str, Any] = {
+                "workload": wl, "mode": mode, "method": method, "variant": variant,
+                "reps": int(len(g)), "median_ms": med, "unobserved_ms": b_client,
+                "slowdown_x": _ratio(med, b_client),
+                "paired_slowdown_x": float(np.median(pairs)) if pairs else math.nan,
+                "server_median_ms": smed, "server_unobserved_ms": b_server,
+                "server_slowdown_x": _ratio(smed, b_server),
+                "cpu_median_ms": cmed, "cpu_unobserved_ms": b_cpu,
+                "cpu_slowdown_x": _ratio(cmed, b_cpu), "runq_median_ms": _median(g["runq_ms"]),
+                "hits": hits, "hits_kind": str(g["hits_kind"].dropna().iloc[0])
+                if g["hits_kind"].notna().any() else "",
+                "extra_ms": extra,
+                "ns_per_hit": extra * 1e6 / hits if counted else math.nan,
+                "extra_cpu_ms": extra_cpu,
+                "ns_per_hit_cpu": extra_cpu * 1e6 / hits if counted else math.nan,
+                "guard_estimate_ms": est,
+                "guard_ns_per_hit": est * 1e6 / est_hits if est_hits and est_hits > 0
+                else math.nan,
+            }
+            basis = "cpu" if method in IN_PROCESS and math.isfinite(row["ns_per_hit_cpu"]) \
+                else "wall"
+            row["guard_basis"] = basis if math.isfinite(row["guard_ns_per_hit"]) else ""
+            measured = row["ns_per_hit_cpu"] if basis == "cpu" else row["ns_per_hit"]
+            row["guard_ratio"] = _ratio(measured, row["guard_ns_per_hit"])
+            out.append(row)
+    res = pd.DataFrame(out, columns=list(SLOWDOWN_COLUMNS))
+    order = {UNOBSERVED: 0, "perf": 1, "bcc": 2, "bpftrace": 3, "ltrace": 4, "callgrind": 5}
+    res["_k"] = res["method"].map(lambda m: order.get(m, 9))
+    res["_f"] = res["variant"].map(_variant_key)
+    res = res.sort_values(["workload", "mode", "_k", "_f"], kind="stable")
+    return res.drop(columns=["_k", "_f"]).reset_index(drop=True)
+
+
+def _variant_key(v: str) -> float:
+    """perf's "99Hz" < "999Hz" < "4999Hz"; other variants keep their order."""
+    v = str(v)
+    if v.endswith("Hz") and v[:-2].isdigit():
+        return float(v[:-2])
+    return {"clock_gettime": 0.0, "per_node": 1.0}.get(v, 0.0)
+
+
+def guard_verdict(table: pd.DataFrame, tolerance: float = 3.0,
+                  min_hits: int = MIN_HITS_FOR_VERDICT) -> pd.DataFrame:
+    """Per probe with a guard estimate: is the guard's cost per hit within *tolerance*×?
+
+    Compares the measured ns/hit (backend CPU time for in-process probes, wall
+    time for ltrace: ``guard_basis``) with what ``bpf.DEFAULT_COST_NS`` gives for
+    that mix of probes.  Verdicts: "ok", "guard too low" (it lets through probes
+    that cost more than it thinks), "guard too high" (it refuses affordable
+    probes), or "too few hits" (< *min_hits*: one-off costs such as the first
+    hit mapping uprobes' out-of-line page dominate).
+    """
+    t = table[table["guard_ns_per_hit"].notna() & (table["method"] != UNOBSERVED)].copy()
+    verdicts = []
+    for r in t.itertuples(index=False):
+        if not (r.hits and r.hits >= min_hits) or not math.isfinite(r.guard_ratio):
+            verdicts.append("too few hits")
+        elif r.guard_ratio > tolerance:
+            verdicts.append("guard too low")
+        elif r.guard_ratio < 1.0 / tolerance:
+            verdicts.append("guard too high")
+        else:
+            verdicts.append("ok")
+    t["verdict"] = verdicts
+    return t[["workload", "mode", "method", "variant", "hits", "ns_per_hit", "ns_per_hit_cpu",
+              "guard_ns_per_hit", "guard_basis", "guard_ratio", "verdict"]
+             ].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------
+# Correction vs plain
+
+
+# cpu_ms: the backend's CPU time for the statement (/proc/PID/schedstat), an extra
+# column of the timings table; on a loaded machine a long statement waits for a CPU
+# more often than a short one, which inflates TIMING ON's wall time beyond its cost.
+CORRECTION_METRICS: tuple[str, ...] = ("cpu_ms", "server_ms", "client_ms")
+CORRECTION_COLUMNS: tuple[str, ...] = (
+    "workload", "metric", "scale", "reps", "plain_ms", "notiming_ms", "timing_on_ms", "timing_on_x",
+    "clock_reads", "instr_calls", "ns_per_read_micro", "ns_per_read_in_situ",
+    "ns_per_read_in_situ_xval", "row_cost_ns", "row_cost_ns_xval",
+    "corrected_clock_only_micro_ms", "corrected_micro_ms", "corrected_micro_ratio",
+    "corrected_in_situ_split_ms", "plain_split_ms", "corrected_in_situ_split_ratio",
+    "corrected_in_situ_xval_ms", "corrected_in_situ_xval_ratio",
+)
+
+
+def _medians(t: pd.DataFrame, metric: str) -> dict[str, float]:
+    return {m: _median(t.loc[t["mode"] == m, metric]) for m in CORRECTION_MODES}
+
+
+def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
+                       metric: str = "cpu_ms") -> pd.DataFrame:
+    """One row per workload: plain, TIMING ON, and TIMING ON corrected three ways.
+
+    *timings*: the ``timings`` table (modes plain / analyze_notiming /
+    analyze_timing, interleaved repetitions).  *facts*: one row per workload
+    with ``workload``, ``scale``, ``clock_reads`` and ``instr_calls`` (per
+    TIMING ON execution, from :func:`profkit.analyze.predict.predict`) and
+    ``ns_per_read_micro`` (CLOCK_MONOTONIC from the clock micro-benchmark).
+
+    - ``corrected_micro_ms`` = T_on − reads × micro − Instr calls × row cost,
+      row cost = (T_off − plain) / Instr calls of the same workload (its
+      ``_clock_only_`` sibling leaves row counting in);
+    - ``corrected_in_situ_split_ms``: in-situ cost per read and row cost from
+      the odd repetitions, applied to the even repetitions' T_on; compare with
+      ``plain_split_ms`` (the even repetitions' plain median);
+    - ``corrected_in_situ_xval_ms``: the median in-situ cost per read and row
+      cost per call of the *other* workloads, applied to this one.
+    Ratios are corrected / plain (1.0 = the correction recovers plain).
+    """
+    if metric not in CORRECTION_METRICS:
+        raise ObserverError(f"metric must be one of {', '.join(CORRECTION_METRICS)}, "
+                            f"not {metric!r}")
+    t = tables.validate(timings, "timings")
+    if metric not in t.columns:
+        raise ObserverError(f"the timings have no {metric!r} column")
+    need = {"workload", "clock_reads", "instr_calls", "ns_per_read_micro"}
+    if not need <= set(facts.columns):
+        raise ObserverError(f"facts need columns {sorted(need)}; have {list(facts.columns)}")
+    per: dict[str, dict[str, Any]] = {}
+    for f in facts.itertuples(index=False):
+        wl = str(f.workload)
+        tw = t[t["workload"] == wl]
+        med = _medians(tw, metric)
+        missing = [m for m, v in med.items() if not math.isfinite(v)]
+        if missing:
+            raise ObserverError(f"{wl}: no {metric} for modes {missing}")
+        reads, calls = int(f.clock_reads), int(f.instr_calls)
+        in_situ = C.in_situ_ns_per_read(med["analyze_timing"], med["analyze_notiming"], reads)
+        row_cost = C.row_counting_cost_ns(med["analyze_notiming"], med["plain"], calls)
+        odd, even = tw[tw["rep"] % 2 == 1], tw[tw["rep"] % 2 == 0]
+        mo, me = _medians(odd, metric), _medians(even, metric)
+        if all(math.isfinite(v) for v in (*mo.values(), *me.values())):
+            s_read = C.in_situ_ns_per_read(mo["analyze_timing"], mo["analyze_notiming"], reads)
+            s_row = C.row_counting_cost_ns(mo["analyze_notiming"], mo["plain"], calls)
+            split = C.corrected_total_ms(me["analyze_timing"], reads, s_read, calls, s_row)
+            plain_even = me["plain"]
+        else:  # fewer than two repetitions
+            split = plain_even = math.nan
+        per[wl] = {
+            "workload": wl, "metric": metric, "scale": float(getattr(f, "scale", math.nan)),
+            "reps": int(tw.loc[tw["mode"] == "analyze_timing", "rep"].nunique()),
+            "plain_ms": med["plain"], "notiming_ms": med["analyze_notiming"],
+            "timing_on_ms": med["analyze_timing"],
+            "timing_on_x": _ratio(med["analyze_timing"], med["plain"]),
+            "clock_reads": reads, "instr_calls": calls,
+            "ns_per_read_micro": float(f.ns_per_read_micro),
+            "ns_per_read_in_situ": in_situ, "row_cost_ns": row_cost,
+            "corrected_clock_only_micro_ms": C.corrected_total_ms(
+                med["analyze_timing"], reads, float(f.ns_per_read_micro)),
+            "corrected_micro_ms": C.corrected_total_ms(
+                med["analyze_timing"], reads, float(f.ns_per_read_micro), calls, row_cost),
+            "corrected_in_situ_split_ms": split, "plain_split_ms": plain_even,
+        }
+    for wl, r in per.items():
+        others = [o for o in per if o != wl]
+        if others:
+            x_read = float(np.median([per[o]["ns_per_read_in_situ"] for o in others]))
+            x_row = float(np.median([per[o]["row_cost_ns"] for o in others]))
+            xval = C.corrected_total_ms(r["timing_on_ms"], r["clock_reads"], x_read,
+                                        r["instr_calls"], x_row)
+        else:
+            x_read = x_row = xval = math.nan
+        r.update(ns_per_read_in_situ_xval=x_read, row_cost_ns_xval=x_row,
+                 corrected_in_situ_xval_ms=xval)
+        r["corrected_micro_ratio"] = _ratio(r["corrected_micro_ms"], r["plain_ms"])
+        r["corrected_in_situ_split_ratio"] = _ratio(r["corrected_in_situ_split_ms"],
+                                                    r["plain_split_ms"])
+        r["corrected_in_situ_xval_ratio"] = _ratio(xval, r["plain_ms"])
+    return pd.DataFrame(list(per.values()), columns=list(CORRECTION_COLUMNS))
+
+
+def median_node_times(plans: Sequence[Any]) -> pd.DataFrame:
+    """Per node, the median over executions of EXPLAIN's inclusive time (all loops).
+
+    *plans*: several ``EXPLAIN (ANALYZE, TIMING TRUE, FORMAT JSON)`` results of
+    one query (same plan shape).  Returns :func:`profkit.analyze.correction.node_times`'
+    columns with total_ms the median and self_ms recomputed from it.
+    """
+    if not plans:
+        raise ObserverError("no EXPLAIN (ANALYZE, TIMING TRUE, FORMAT JSON) plans given")
+    frames = [C.node_times(p) for p in plans]
+    shape = [tuple(f["node_type"]) for f in frames]
+    if len(set(shape)) != 1:
+        raise ObserverError("the plans differ in shape between executions: the planner chose "
+                            "another plan; node times cannot be pooled")
+    first = frames[0].drop(columns=["total_ms", "self_ms"])
+    totals = pd.concat([f.set_index("node_id")["total_ms"] for f in frames], axis=1)
+    first["total_ms"] = first["node_id"].map(totals.median(axis=1))
+    first["executions"] = len(frames)
+    return C._add_self(first, "total_ms", "self_ms")
+
+
+def node_correction(nodes: pd.DataFrame, predicted: pd.DataFrame, *,
+                    costs: Mapping[str, tuple[float, float]], top: int | None = None
+                    ) -> pd.DataFrame:
+    """Corrected inclusive and self time per node, for each named (ns/read, row ns) cost.
+
+    *nodes*: :func:`median_node_times`; *predicted*: :func:`profkit.analyze.predict.predict`'s
+    ``nodes`` for TIMING ON (clock_calls_predicted, instr_start_predicted).
+    *costs*: e.g. ``{"micro": (25.1, 3.0), "in_situ": (41.0, 3.0)}`` → columns
+    ``corrected_total_micro_ms``, ``corrected_self_micro_ms``, ... *top*: keep
+    the nodes with the largest measured self time.
+    """
+    cols = ["node_id", "clock_calls_predicted", "instr_start_predicted"]
+    missing = [c for c in cols if c not in predicted.columns]
+    if missing:
+        raise ObserverError(f"predicted nodes lack {missing}")
+    df = nodes.merge(predicted[cols], on="node_id", how="left", validate="one_to_one")
+    out = df[["node_id", "node_type", "parent_id", "rows", "loops", "total_ms", "self_ms",
+              "clock_calls_predicted"]].copy()
+    out = out.rename(columns={"clock_calls_predicted": "clock_reads"})
+    for name, (ns_read, row_ns) in costs.items():
+        c = C.corrected_node_times(df, ns_read, row_ns)
+        out[f"corrected_total_{name}_ms"] = c["corrected_total_ms"].to_numpy()
+        out[f"corrected_self_{name}_ms"] = c["corrected_self_ms"].to_numpy()
+        out[f"overhead_share_{name}"] = c["overhead_share"].to_numpy()
+    if top is not None:
+        out = out.sort_values("self_ms", ascending=False, kind="stable").head(top)
+    return out.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------
+# Markdown (no tabulate dependency)
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: Mapping[str, str] | None = None,
+                   default_fmt: str = "{:.2f}") -> str:
+    """A GitHub markdown table of *df*; NaN prints as an empty cell."""
+    fmts = dict(floatfmt or {})
+
+    def cell(col: str, v: Any) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+            return ""
+        if isinstance(v, (float, np.floating)):
+            return fmts.get(col, default_fmt).format(float(v))
+        if isinstance(v, (int, np.integer)):
+            return f"{int(v):,}"
+        return str(v).replace("|", "\\|")
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for rec in df.itertuples(index=False):
+        lines.append("| " + " | ".join(cell(c, v) for c, v in zip(cols, rec, strict=True))
+                     + " |")
+    return "\n".join(lines) + "\n"

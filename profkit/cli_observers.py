@@ -1,0 +1,147 @@
+"""CLI: ``profkit observers`` (slowdown of each profiling method) and ``profkit correction``.
+
+Both start a throwaway cluster on a build (``--build``, default vanilla), load
+the workload(s), measure, print the tables and write them under
+``profiles/<run_id>/`` (csv, markdown, provenance.json).  The work is done by
+:func:`profkit.observers.measure_observers` and
+:func:`profkit.observers.measure_correction`, which notebooks can call with a
+Cluster of their own.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from profkit.errors import ProfkitError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Failed(click.ClickException):
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"profkit: {self.message}", err=True)
+
+
+def _friendly(f: F) -> F:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except ProfkitError as e:
+            raise _Failed(str(e)) from None
+        except KeyboardInterrupt:
+            from profkit.run import stop_all
+
+            stop_all()
+            click.echo("profkit: interrupted; tracers and the cluster were stopped", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"  {msg}", err=True)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.2f}"
+
+
+@click.command("observers")
+@click.argument("workload", default="join_sum")
+@click.option("--scale", type=float, default=0.02, show_default=True)
+@click.option("--build", "build_name", default="vanilla", show_default=True)
+@click.option("--mode", "modes", multiple=True,
+              type=click.Choice(["analyze_timing", "analyze_notiming", "plain"]),
+              default=("analyze_timing", "plain"), show_default=True)
+@click.option("--method", "methods", multiple=True, default=None,
+              help="Observers (repeatable): ltrace, bcc-clock, bcc-nodes, bpftrace-clock, "
+                   "bpftrace-nodes, perf-99, perf-999, perf-4999 (any perf-FREQ), callgrind. "
+                   "Default: all but bpftrace-nodes.")
+@click.option("--reps", type=int, default=5, show_default=True,
+              help="Repetitions of the cheap observers.")
+@click.option("--expensive-reps", type=int, default=2, show_default=True,
+              help="Repetitions of observers the cost guard puts above 2 s (ltrace).")
+@click.option("--force", is_flag=True,
+              help="Run observers the cost guard estimates above --max-probe-s.")
+@click.option("--max-probe-s", type=float, default=300.0, show_default=True)
+@click.option("--out", default=None, help="Parent directory of the run (default profiles/).")
+@_friendly
+def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str, ...],
+                  methods: tuple[str, ...], reps: int, expensive_reps: int, force: bool,
+                  max_probe_s: float, out: str | None) -> None:
+    """Slowdown of the query under each observer (ltrace, bcc, bpftrace, perf, callgrind)."""
+    from profkit.observers import DEFAULT_METHODS, SLOWDOWN_SHOW, measure_observers
+    from profkit.pg.build import get_build
+    from profkit.pg.cluster import Cluster
+
+    build = get_build(build_name, progress=_progress)
+    with Cluster(build, name=f"observers-{build_name}") as cl:
+        res = measure_observers(cl, workload=workload, scale=scale, modes=modes,
+                                methods=methods or DEFAULT_METHODS, reps=reps,
+                                expensive_reps=expensive_reps, force=force,
+                                max_probe_s=max_probe_s, base=out, progress=_progress)
+    la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
+    la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
+    click.echo(f"{workload} at scale {scale}; load average before {la0}, after {la1}")
+    click.echo(res.slowdown[SLOWDOWN_SHOW].to_string(index=False, float_format=_fmt))
+    click.echo("\ncost guard check (measured ns/hit vs profkit.collect.bpf defaults):")
+    click.echo(res.guard.to_string(index=False, float_format=_fmt))
+    click.echo(f"written to {res.run_dir}")
+
+
+def _parse_workloads(items: tuple[str, ...]) -> dict[str, float] | None:
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for it in items:
+        name, sep, scale = it.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{it!r}: use NAME=SCALE, e.g. join_sum=0.5")
+        try:
+            out[name.strip()] = float(scale)
+        except ValueError:
+            raise click.BadParameter(f"{it!r}: scale {scale!r} is not a number") from None
+    return out
+
+
+@click.command("correction")
+@click.option("--workload", "workloads", multiple=True,
+              help="NAME=SCALE (repeatable). Default: nested_loop=0.05 join_sum=0.5 "
+                   "count_star=0.1.")
+@click.option("--build", "build_name", default="vanilla", show_default=True)
+@click.option("--reps", type=int, default=7, show_default=True)
+@click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]),
+              default="cpu_ms", show_default=True,
+              help="cpu_ms: the backend's CPU time (robust to other processes' load).")
+@click.option("--top", type=int, default=4, show_default=True,
+              help="Nodes per workload in the per-node table.")
+@click.option("--out", default=None, help="Parent directory of the run (default profiles/).")
+@_friendly
+def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metric: str,
+                   top: int, out: str | None) -> None:
+    """TIMING ON minus clock reads × cost per read, against the plain query's time."""
+    from profkit.observers import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW, measure_correction
+    from profkit.pg.build import get_build
+    from profkit.pg.cluster import Cluster
+
+    wls = _parse_workloads(workloads)
+    build = get_build(build_name, progress=_progress)
+    with Cluster(build, name=f"correction-{build_name}") as cl:
+        res = measure_correction(cl, workloads=wls, reps=reps, metric=metric, top=top,
+                                 base=out, progress=_progress)
+    la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
+    la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
+    click.echo(f"metric {metric}; load average before {la0}, after {la1}")
+    click.echo(res.summary[CORRECTION_SHOW].to_string(index=False, float_format=_fmt))
+    click.echo("\ncosts:")
+    click.echo(res.summary[COSTS_SHOW].to_string(index=False, float_format=_fmt))
+    click.echo("\ntop nodes:")
+    click.echo(res.nodes[NODES_SHOW].to_string(index=False, float_format=_fmt))
+    click.echo(f"written to {res.run_dir}")

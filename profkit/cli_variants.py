@@ -1,0 +1,126 @@
+"""CLI: ``profkit timing-accuracy`` — per-node accuracy and cost of the clock-source variants.
+
+A standalone click command that :mod:`profkit.cli` attaches to the main group
+(``_attach_optional``).  Library errors (ProfkitError) become one line on stderr and
+exit status 2; Ctrl-C stops everything profkit started (exit 130).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from profkit.errors import ProfkitError
+
+F = TypeVar("F", bound=Callable[..., Any])
+err_console = Console(stderr=True)
+
+
+def _friendly(f: F) -> F:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except ProfkitError as e:
+            err_console.print(f"[bold red]profkit:[/] {e}", highlight=False)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            from profkit.run import stop_all
+
+            stop_all()
+            err_console.print("[yellow]interrupted; everything profkit started was stopped[/]")
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _say(msg: str) -> None:
+    err_console.print(f"[cyan]•[/] {msg}", highlight=False)
+
+
+def _print(res: Any) -> None:
+    from profkit.analyze.timing_accuracy import _md_table
+
+    click.echo(_md_table(res.summary))
+    for r in res.verdicts.itertuples():
+        click.echo(f"- {r.workload} / {r.arm}: {r.verdict} — {r.text}")
+    if not res.mismatches.empty:
+        click.echo(f"\n{len(res.mismatches)} row/loop MISMATCHES against the baseline: "
+                   f"{res.run_dir / 'mismatches.csv'}")
+    click.echo(f"\nreport: {res.report_md}\nrun: {res.run_dir}")
+
+
+@click.command("timing-accuracy")
+@click.option("--arm", "arms", multiple=True, metavar="[LABEL=]PRESET[:GUC=V,...]",
+              help="An arm to measure (repeatable). Default: vanilla, coarse_clock, tsc_clock, "
+                   "sampled_timing, sampled_timing_n1=sampled_timing:"
+                   "explain_timing_sample_rate=1.")
+@click.option("--workloads", default="nested_loop,join_sum,count_star", show_default=True,
+              help="Comma-separated seed workloads.")
+@click.option("--nl-scale", type=float, default=0.05, show_default=True,
+              help="nested_loop scale (work grows with scale²).")
+@click.option("--js-scale", type=float, default=0.2, show_default=True, help="join_sum scale.")
+@click.option("--cs-scale", type=float, default=0.1, show_default=True,
+              help="count_star scale.")
+@click.option("--reps", type=int, default=9, show_default=True,
+              help="Interleaved repetitions of every (arm, mode).")
+@click.option("--warmup", type=int, default=1, show_default=True)
+@click.option("--baseline", default="vanilla", show_default=True)
+@click.option("--build-missing", is_flag=True,
+              help="Build arms whose build is not cached (else they are skipped).")
+@click.option("--no-clock-cost", is_flag=True, help="Skip measuring ns per clock read.")
+@click.option("--tol", type=float, default=10.0, show_default=True,
+              help="Verdict: % error allowed on nodes >= --min-node-ms.")
+@click.option("--min-node-ms", type=float, default=1.0, show_default=True)
+@click.option("--nice", "nice", default="auto", show_default=True,
+              help="Priority for the measured backends: -20..19, 'none', or 'auto' (-20 as "
+                   "root): keeps them on the CPU on a shared, loaded machine.")
+@click.option("--seed", type=int, default=None, help="Order seed (default: random, recorded).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory (default: profiles/<timestamp>-timing_accuracy).")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False, exists=True,
+                                                         path_type=Path), default=None,
+              help="Only (re)analyse an existing run directory.")
+@_friendly
+def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
+                        js_scale: float, cs_scale: float, reps: int, warmup: int,
+                        baseline: str, build_missing: bool, no_clock_cost: bool, tol: float,
+                        min_node_ms: float, nice: str, seed: int | None, out: Path | None,
+                        report_dir: Path | None) -> None:
+    """How far coarse_clock/tsc_clock/sampled_timing's per-node times are from vanilla's,
+    and what TIMING TRUE costs on each (issue 3).
+
+    Takes a few minutes with the default scales and 5 arms on 2 cores.
+    """
+    from profkit.timing_variants import DEFAULT_ARMS, analyze_run, run_timing_accuracy
+
+    if report_dir is not None:
+        _print(analyze_run(report_dir, baseline=baseline, tol_pct=tol,
+                           min_node_ms=min_node_ms))
+        return
+    per = {"nested_loop": nl_scale, "join_sum": js_scale, "count_star": cs_scale}
+    names = [w.strip() for w in workloads.split(",") if w.strip()]
+    unknown = [w for w in names if w not in per]
+    if unknown:
+        raise click.UsageError(f"unknown workload(s) {', '.join(unknown)}; known: "
+                               f"{', '.join(per)}")
+    nice_v: int | None | str
+    if nice in ("auto", "none"):
+        nice_v = None if nice == "none" else "auto"
+    else:
+        try:
+            nice_v = int(nice)
+        except ValueError:
+            raise click.BadParameter(f"{nice!r}: give -20..19, 'none' or 'auto'",
+                                     param_hint="--nice") from None
+    res = run_timing_accuracy(list(arms) or list(DEFAULT_ARMS), {w: per[w] for w in names},
+                              reps=reps, warmup=warmup, baseline=baseline,
+                              build_missing=build_missing, out_dir=out, seed=seed,
+                              clock_cost=not no_clock_cost, nice=nice_v, tol_pct=tol,
+                              min_node_ms=min_node_ms, progress=_say)
+    _print(res)
