@@ -266,6 +266,7 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     Returns the three SVG paths (``query2-vanilla.svg``, ``query2-step3.svg``,
     ``query2-vanilla-vs-step3.svg`` for the defaults).
     """
+    from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
     from profkit.collect.perf import profile_workload
     from profkit.pg.workloads import SEED_QUERY_NAMES
 
@@ -287,11 +288,17 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
         say(f"{name}: {prof.folding.samples} samples, instrumentation "
             f"{prof.instrumentation_share:.1%}")
     a, b = profs
+    # Stacks are matched by their whole path: drop the executor's wrapper frames
+    # (ExecProcNodeInstr...) inside the stacks of both builds so the plan nodes line up
+    # even when one build has no wrapper (step3); leaf wrapper time is kept.
     diff = flamegraph_for(
-        b.counts, b.run, out / f"{slug}-{a_name}-vs-{b_name}.svg",
+        drop_frames(b.counts), b.run, out / f"{slug}-{a_name}-vs-{b_name}.svg",
         title=f"{a_name} → {b_name}: {workload} {qname} (differential, perf)",
-        diff_against=a.counts, copy_name="flamegraph-diff-vs-" + a_name + ".svg",
-        extra={"before (A)": f"{a_name} run {a.run.run_id}",
+        diff_against=drop_frames(a.counts),
+        copy_name="flamegraph-diff-vs-" + a_name + ".svg",
+        extra={"aligned": "wrapper frames " + "/".join(sorted(EXECUTOR_WRAPPERS))
+                          + " removed inside stacks",
+               "before (A)": f"{a_name} run {a.run.run_id}",
                "after (B)": f"{b_name} run {b.run.run_id}",
                "instrumentation A→B": f"{a.instrumentation_share:.1%} → "
                                       f"{b.instrumentation_share:.1%}"})

@@ -226,9 +226,10 @@ class ObserverResult:
 
 class _ObserverRun:
     def __init__(self, cluster: Cluster, wl: Workload, scale: float, modes: Sequence[str],
-                 specs: Sequence[tuple[str, str]], rd: RunDir, progress: Progress | None
-                 ) -> None:
+                 specs: Sequence[tuple[str, str]], rd: RunDir, progress: Progress | None,
+                 dbname: str = "postgres") -> None:
         self.cluster = cluster
+        self.dbname = dbname
         self.wl = wl
         self.scale = scale
         self.modes = list(modes)
@@ -245,7 +246,7 @@ class _ObserverRun:
 
     # -- connection ------------------------------------------------------------
     def connect(self) -> psycopg.Connection:
-        self.conn = self.cluster.connect(prepare_threshold=None)
+        self.conn = self.cluster.connect(prepare_threshold=None, dbname=self.dbname)
         self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self.pgss = _Pgss(self.conn)
         return self.conn
@@ -414,19 +415,21 @@ def _count_perf_samples(data: Path) -> int:
     return sum(1 for line in cp.stdout.splitlines() if line.strip())
 
 
-def _callgrind(cluster: Cluster, queries: Mapping[str, str], out_dir: Path) -> Any:
+def _callgrind(cluster: Cluster, queries: Mapping[str, str], out_dir: Path,
+               dbname: str = "postgres") -> Any:
     """One callgrind session (warm-up + one execution per mode); the cluster is restarted."""
     from profkit.collect import callgrind as cg
 
     if hasattr(cluster, "pause") and hasattr(cluster, "resume"):
-        return cg.collect_callgrind_cluster(cluster, queries, out_dir)
+        return cg.collect_callgrind_cluster(cluster, queries, out_dir, dbname=dbname)
     # Cluster without pause/resume: stop the postmaster by pid (keeping its data
     # directory), run single-user, start it again on the same port.
     assert cluster.proc is not None
     cluster.proc.stop(timeout=60)
     try:
         return cg.collect_callgrind(postgres=cluster.build.postgres, datadir=cluster.datadir,
-                                    os_user=cluster.os_user, queries=queries, out_dir=out_dir)
+                                    os_user=cluster.os_user, queries=queries, out_dir=out_dir,
+                                    dbname=dbname)
     finally:
         cluster._launch()
 
@@ -436,7 +439,7 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
                       methods: Sequence[str] = DEFAULT_METHODS, reps: int = 5,
                       expensive_reps: int = 2, expensive_ms: float = 2000.0,
                       warmup: int = 2, load: bool = True, force: bool = False,
-                      max_probe_s: float = 300.0, seed: int = 0,
+                      max_probe_s: float = 300.0, seed: int = 0, dbname: str = "postgres",
                       base: str | os.PathLike[str] | None = None, run_id: str | None = None,
                       progress: Progress | None = None) -> ObserverResult:
     """Time *workload*'s query unobserved and under each observer; write profiles/<run_id>/.
@@ -458,7 +461,7 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
                  run_id=run_id, tools=("perf", "ltrace", "bpftrace", "valgrind"),
                  scale=scale, modes=list(modes), methods=[f"{m} {v}" for m, v in specs],
                  reps=reps, expensive_reps=expensive_reps, loadavg_before=list(la0))
-    r = _ObserverRun(cluster, wl, scale, modes, specs, rd, progress)
+    r = _ObserverRun(cluster, wl, scale, modes, specs, rd, progress, dbname)
     try:
         conn = r.connect()
         rd.update(backend_pid=cluster.backend_pid(conn), settings=server_settings(conn))
@@ -496,7 +499,7 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
             r.say("callgrind (the postmaster is stopped meanwhile)")
             conn.close()
             d = rd.path / "callgrind"
-            session = _callgrind(cluster, {m: r.sql(m) for m in modes}, d)
+            session = _callgrind(cluster, {m: r.sql(m) for m in modes}, d, dbname)
             r.connect()
             for q in session.queries:
                 r.rows.append({"run_id": rd.run_id, "workload": wl.name, "scale": scale,
@@ -608,6 +611,7 @@ def measure_correction(cluster: Cluster, *,
                        workloads: Mapping[str, float] | None = None, reps: int = 7,
                        warmup: int = 1, metric: str = "cpu_ms", top: int = 4,
                        clock_loops: int = 200_000, clock_repeats: int = 9, seed: int = 0,
+                       dbname: str = "postgres",
                        base: str | os.PathLike[str] | None = None, run_id: str | None = None,
                        progress: Progress | None = None) -> CorrectionResult:
     """How close TIMING ON minus the predicted clock reads × cost comes to plain.
@@ -631,7 +635,7 @@ def measure_correction(cluster: Cluster, *,
     la0 = loadavg()
     rd = new_run("correction", build=cluster.build, base=base, run_id=run_id,
                  workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0))
-    conn = cluster.connect(prepare_threshold=None)
+    conn = cluster.connect(prepare_threshold=None, dbname=dbname)
     rows: list[dict[str, Any]] = []
     plans_on: dict[str, list[Any]] = {w: [] for w in wls}
     plan_off: dict[str, Any] = {}

@@ -271,7 +271,8 @@ def node_accuracy(nodes: pd.DataFrame, baseline: str, *, mode: str = TIMING_MODE
     cols = ["workload", "arm", "node_id", "node_type", "depth", "rows", "loops", "metric",
             "n", "arm_median_ms", "arm_q25_ms", "arm_q75_ms", "base_median_ms",
             "base_q25_ms", "base_q75_ms", "abs_diff_ms", "ratio", "rel_err_pct",
-            "ratio_q25", "ratio_q75", "arm_spread_pct", "base_spread_pct", "arm_zero_share"]
+            "ratio_q25", "ratio_q75", "arm_spread_pct", "base_spread_pct", "arm_zero_share",
+            "run_err_p90_ms", "base_run_err_p90_ms", "run_err_p90_pct", "base_run_err_p90_pct"]
     df = nodes[(nodes["mode"] == mode)]
     if df.empty:
         return pd.DataFrame(columns=cols)
@@ -309,8 +310,23 @@ def node_accuracy(nodes: pd.DataFrame, baseline: str, *, mode: str = TIMING_MODE
                         "arm_spread_pct": _spread(av.to_numpy()),
                         "base_spread_pct": _spread(bv.to_numpy()),
                         "arm_zero_share": float((av == 0).mean()) if len(av) else math.nan,
+                        **_run_errors(av.to_numpy(), bv.to_numpy(), bm),
                     })
     return pd.DataFrame(rows, columns=cols)
+
+
+def _run_errors(av: np.ndarray, bv: np.ndarray, bm: float) -> dict[str, float]:
+    """What one EXPLAIN ANALYZE run gets wrong: 90th percentile over repetitions of
+    |run − baseline median| (ms and % of it), for the arm and, as the noise floor, for
+    the baseline's own runs.  Medians over repetitions hide an estimator's scatter
+    (a 4 ms tick, a 1-in-100 sample), but a user reads one run."""
+    def p90(v: np.ndarray) -> float:
+        return _q(np.abs(v - bm), 0.9) if len(v) and not math.isnan(bm) else math.nan
+
+    a, b = p90(av), p90(bv)
+    return {"run_err_p90_ms": a, "base_run_err_p90_ms": b,
+            "run_err_p90_pct": a / bm * 100.0 if bm > 0 else math.nan,
+            "base_run_err_p90_pct": b / bm * 100.0 if bm > 0 else math.nan}
 
 
 def _spread(v: np.ndarray) -> float:
@@ -451,21 +467,30 @@ def tick_grid(nodes: pd.DataFrame, tick_ms: float, *, column: str = INCLUSIVE
 # verdicts
 
 
-WITHIN, OUTSIDE, UNCLEAR = "within", "outside", "unclear"
+WITHIN, OUTSIDE, SCATTER, UNCLEAR = "within", "outside", "scatter", "unclear"
 
 
 def node_status(acc: pd.DataFrame, *, tol_pct: float = DEFAULT_TOL_PCT,
                 min_node_ms: float = MIN_NODE_MS) -> pd.DataFrame:
     """Classify each row of :func:`node_accuracy` against the tolerance, noise-aware.
 
-    Long nodes (baseline median ≥ *min_node_ms*), relative: ``within`` when
-    |rel_err_pct| ≤ *tol_pct*; ``outside`` when the interquartile range of the
-    per-repetition ratios lies wholly beyond ±*tol_pct* on one side (the arm is off in
-    most repetitions, not by one disturbed run); else ``unclear`` (the median is off
-    but the noise of this machine covers the band).  Short nodes, absolute: allowed
-    error *tol_pct* % of max(time, *min_node_ms*); ``outside`` when the arm's and the
-    baseline's interquartile ranges are further apart than that.  Adds ``long``,
-    ``allowed_ms``, ``status`` and ``direction`` (+1 above the baseline, −1 below).
+    The allowed error is *tol_pct* % of the baseline's median for long nodes (≥
+    *min_node_ms*) and *tol_pct* % of *min_node_ms* for shorter ones (``allowed_ms``).
+
+    - ``within``: the median is within the allowed error, and so are single runs
+      (90th percentile of |run − baseline median|) beyond the baseline's own run-to-run
+      noise (the same percentile of its runs).
+    - ``outside``: systematically off — the interquartile range of the per-repetition
+      ratios (long nodes) or of the values (short nodes) lies wholly beyond the
+      allowed error on one side.
+    - ``scatter``: the median may be right, but single runs are off by more than the
+      allowed error on top of the baseline's noise: a coarse or sampled estimate that
+      needs many runs to average out.
+    - ``unclear``: anything else (the baseline's own noise covers the band).
+
+    ``outside`` and ``scatter`` need ≥ :data:`MIN_REPS_OUTSIDE` repetitions.  Adds
+    ``long``, ``allowed_ms``, ``status`` and ``direction`` (+1 above the baseline, −1
+    below).
     """
     df = acc.copy()
     if df.empty:
@@ -473,33 +498,41 @@ def node_status(acc: pd.DataFrame, *, tol_pct: float = DEFAULT_TOL_PCT,
             df[c] = pd.Series(dtype="object")
         return df
     df["long"] = df["base_median_ms"] >= min_node_ms
-    df["allowed_ms"] = tol_pct / 100.0 * np.maximum(df["base_median_ms"].fillna(0.0),
-                                                     min_node_ms)
+    df["allowed_ms"] = np.where(df["long"], tol_pct / 100.0 * df["base_median_ms"],
+                                tol_pct / 100.0 * min_node_ms)
     status = []
     for r in df.itertuples():
+        d = r.abs_diff_ms
+        if math.isnan(d):
+            status.append(UNCLEAR)
+            continue
+        run_ok = (math.isnan(r.run_err_p90_ms)
+                  or r.run_err_p90_ms <= r.allowed_ms + _nz(r.base_run_err_p90_ms))
+        enough = r.n >= MIN_REPS_OUTSIDE
+        if abs(d) <= r.allowed_ms and run_ok:
+            status.append(WITHIN)
+            continue
         if r.long:
-            err = r.rel_err_pct
             lo, hi = (r.ratio_q25 - 1.0) * 100.0, (r.ratio_q75 - 1.0) * 100.0
-            if not math.isnan(err) and abs(err) <= tol_pct:
-                status.append(WITHIN)
-            elif r.n < MIN_REPS_OUTSIDE or math.isnan(lo) or math.isnan(hi):
-                status.append(UNCLEAR)
-            elif lo > tol_pct or hi < -tol_pct:
-                status.append(OUTSIDE)
-            else:
-                status.append(UNCLEAR)
+            systematic = not (math.isnan(lo) or math.isnan(hi)) and (lo > tol_pct
+                                                                      or hi < -tol_pct)
         else:
-            d = r.abs_diff_ms
-            if math.isnan(d) or abs(d) <= r.allowed_ms:
-                status.append(WITHIN)
-            elif r.n >= MIN_REPS_OUTSIDE and (r.arm_q25_ms - r.base_q75_ms > r.allowed_ms
-                  or r.base_q25_ms - r.arm_q75_ms > r.allowed_ms):
-                status.append(OUTSIDE)
-            else:
-                status.append(UNCLEAR)
+            systematic = (r.arm_q25_ms - r.base_q75_ms > r.allowed_ms
+                          or r.base_q25_ms - r.arm_q75_ms > r.allowed_ms)
+        if enough and systematic:
+            status.append(OUTSIDE)
+        elif enough and not run_ok and r.run_err_p90_ms > r.allowed_ms + 2 * _nz(
+                r.base_run_err_p90_ms):
+            status.append(SCATTER)
+        else:
+            status.append(UNCLEAR)
     df["status"] = status
     df["direction"] = np.sign(df["abs_diff_ms"].fillna(0.0)).astype(int)
     return df
+
+
+def _nz(x: float) -> float:
+    return 0.0 if x is None or math.isnan(x) else float(x)
 
 
 def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, baseline: str,
@@ -508,24 +541,27 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
     """One honest verdict per workload and arm, from :func:`node_status` of every node
     (inclusive time, and exclusive time of the nodes whose own work is long enough).
 
-    - ``accurate``: every node ``within``: "accurate within X %".
+    - ``accurate``: every node ``within``: "accurate within X %" (medians; single runs
+      within the tolerance beyond the baseline's own noise).
     - ``lower (less overhead)``: some nodes ``outside``, all of them below the baseline,
-      none reading 0 where the baseline has time, the EXPLAIN total closer to the plain
-      query's time than the baseline's, and the arm's clock agreeing with the wall clock
-      (|clock_err_pct| ≤ *tol_pct* / 2): what a cheaper but correct clock shows, since
-      the baseline's own times include its clock reads.
-    - ``wrong``: other ``outside`` nodes: "wrong by Y" names the worst.
-    - ``inconclusive (noise)``: none outside, some ``unclear``: the machine's run-to-run
-      noise is wider than the tolerance on those nodes (more repetitions or a quieter
+      no node ``scatter``, none reading 0 where the baseline has time, the EXPLAIN total
+      closer to the plain query's time than the baseline's, and the arm's clock
+      agreeing with the wall clock (|clock_err_pct| ≤ *tol_pct* / 2): what a cheaper
+      but correct clock shows, since the baseline's own times include its clock reads.
+    - ``wrong``: any other ``outside`` or ``scatter`` node: the text says by how much
+      (the worst systematic error, and what single runs get wrong).
+    - ``inconclusive (noise)``: only ``unclear`` nodes besides ``within``: the
+      baseline's own run-to-run noise covers the band (more repetitions or a quieter
       machine decide).
 
     *tick_ms*: arm -> clock tick, for arms whose clock advances in ticks (the text then
-    says how many short nodes read 0).
+    names it where nodes read 0).
     """
     cols = ["workload", "arm", "verdict", "max_err_pct", "worst_node", "max_excl_err_pct",
-            "short_max_abs_ms", "short_nodes", "short_read_zero", "nodes_outside",
-            "nodes_unclear", "base_noise_pct", "root_vs_truth_pct", "base_root_vs_truth_pct",
-            "overhead_timing_pct", "base_overhead_timing_pct", "clock_err_pct", "text"]
+            "run_err_p90_pct", "short_max_abs_ms", "short_nodes", "short_read_zero",
+            "nodes_outside", "nodes_scatter", "nodes_unclear", "base_noise_pct",
+            "root_vs_truth_pct", "base_root_vs_truth_pct", "overhead_timing_pct",
+            "base_overhead_timing_pct", "clock_err_pct", "text"]
     if accuracy.empty:
         return pd.DataFrame(columns=cols)
     tick_ms = dict(tick_ms or {})
@@ -538,30 +574,37 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
             return math.nan
         return float(df.at[key, col])
 
+    def where(r: Any) -> str:
+        m = "" if r["metric"] == INCLUSIVE else " (own time)"
+        return (f"node {int(r['node_id'])} {r['node_type']}{m}: "
+                f"{r['arm_median_ms']:.3f} vs {r['base_median_ms']:.3f} ms")
+
     out: list[dict[str, Any]] = []
     for (wl, arm), g in st.groupby(["workload", "arm"], sort=False):
         inc = g[g["metric"] == INCLUSIVE]
-        # exclusive time is judged only where the node's own work is long (else it is
-        # a difference of two nearly equal numbers and the inclusive check covers it)
+        # own (exclusive) time is judged only where it is long: else it is a difference
+        # of two nearly equal numbers and the inclusive check covers the node
         exc = g[(g["metric"] == EXCLUSIVE) & g["long"]]
         judged = pd.concat([inc, exc])
         big, small = inc[inc["long"]], inc[~inc["long"]]
-        outside, unclear = judged[judged["status"] == OUTSIDE], judged[judged["status"] == UNCLEAR]
+        by = {k: judged[judged["status"] == k] for k in (OUTSIDE, SCATTER, UNCLEAR)}
         max_err = float(big["rel_err_pct"].abs().max()) if not big.empty else math.nan
         max_ex = float(exc["rel_err_pct"].abs().max()) if not exc.empty else math.nan
+        run_p90 = float(big["run_err_p90_pct"].max()) if not big.empty else math.nan
         small_max = float(small["abs_diff_ms"].abs().max()) if not small.empty else math.nan
         read_zero = int(((inc["arm_median_ms"] == 0) & (inc["base_median_ms"] > 0)).sum())
-        noise = float(big["base_spread_pct"].median()) if not big.empty else math.nan
+        noise = float(big["base_run_err_p90_pct"].median()) if not big.empty else math.nan
         key = (wl, arm)
         rvt = get(tr, key, "root_vs_truth_pct")
         brvt = get(tr, (wl, baseline), "root_vs_truth_pct")
         cerr = get(tr, key, "clock_err_pct")
         ov = get(co, key, "overhead_timing_pct")
         bov = get(co, (wl, baseline), "overhead_timing_pct")
-        if outside.empty and unclear.empty:
+        off, scatter, unclear = by[OUTSIDE], by[SCATTER], by[UNCLEAR]
+        if off.empty and scatter.empty and unclear.empty:
             verdict = "accurate"
-        elif not outside.empty:
-            lower = ((outside["direction"] < 0).all() and read_zero == 0
+        elif not off.empty or not scatter.empty:
+            lower = (scatter.empty and (off["direction"] < 0).all() and read_zero == 0
                      and not (judged["rel_err_pct"] > tol_pct).any()
                      and not math.isnan(rvt) and not math.isnan(brvt) and abs(rvt) < abs(brvt)
                      and not math.isnan(cerr) and abs(cerr) <= tol_pct / 2)
@@ -569,42 +612,47 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
         else:
             verdict = "inconclusive (noise)"
 
-        def where(r: Any) -> str:
-            m = "" if r["metric"] == INCLUSIVE else " exclusive"
-            return (f"node {int(r['node_id'])} {r['node_type']}{m}: "
-                    f"{r['arm_median_ms']:.3f} vs {r['base_median_ms']:.3f} ms")
-
         parts: list[str] = []
         if verdict == "accurate":
             parts.append(f"accurate within {_fmt_pct(max_err)} of {baseline} on nodes ≥ "
                          f"{min_node_ms:g} ms"
                          + (f" (own time within {_fmt_pct(max_ex)})" if not exc.empty else "")
                          + (f", within {small_max:.3f} ms on {len(small)} shorter node(s)"
-                            if not small.empty else ""))
+                            if not small.empty else "")
+                         + (f"; single runs within {run_p90:.0f}% (p90)"
+                            if not math.isnan(run_p90) else ""))
         else:
-            for label, sel in (("off", outside), ("unclear", unclear)):
+            for label, sel in (("off", off), ("scattered", scatter), ("unclear", unclear)):
                 if sel.empty:
                     continue
                 lng, sht = sel[sel["long"]], sel[~sel["long"]]
                 if not lng.empty:
-                    w = lng.loc[lng["rel_err_pct"].abs().idxmax()]
-                    parts.append(
-                        f"{len(lng)} long node time(s) {label} (beyond ±{tol_pct:g}%"
-                        f"{' in most repetitions' if label == 'off' else ', within the noise'}"
-                        f"): worst {w['rel_err_pct']:+.0f}% ({where(w)})")
+                    if label == "scattered":
+                        w = lng.loc[lng["run_err_p90_pct"].idxmax()]
+                        parts.append(
+                            f"single runs scattered on {len(lng)} long node time(s): 1 run in "
+                            f"10 off by more than {w['run_err_p90_pct']:.0f}% "
+                            f"({baseline}'s own runs: {w['base_run_err_p90_pct']:.0f}%), "
+                            f"median {w['rel_err_pct']:+.0f}% ({where(w)})")
+                    else:
+                        w = lng.loc[lng["rel_err_pct"].abs().idxmax()]
+                        how = ("in most repetitions" if label == "off"
+                               else f"within {baseline}'s noise")
+                        parts.append(f"{len(lng)} long node time(s) {label} (beyond "
+                                     f"±{tol_pct:g}% {how}): worst {w['rel_err_pct']:+.0f}% "
+                                     f"({where(w)})")
                 if not sht.empty:
-                    w = sht.loc[sht["abs_diff_ms"].abs().idxmax()]
-                    parts.append(
-                        f"{len(sht)} short node(s) {label} by up to {abs(w['abs_diff_ms']):.3f} "
-                        f"ms ({where(w)})")
+                    w = sht.loc[sht["run_err_p90_ms"].idxmax() if label == "scattered"
+                                else sht["abs_diff_ms"].abs().idxmax()]
+                    amount = (f"single runs by up to {w['run_err_p90_ms']:.3f} ms (p90)"
+                              if label == "scattered"
+                              else f"by {abs(w['abs_diff_ms']):.3f} ms")
+                    parts.append(f"{len(sht)} short node(s) {label}, {amount} ({where(w)})")
             if read_zero:
                 parts.append(f"{read_zero} node(s) read 0 ms where {baseline} has time"
                              + (f" (clock tick {tick_ms[arm]:g} ms)" if arm in tick_ms else ""))
-            if not big.empty and verdict != "wrong":
-                parts.append(f"max deviation on nodes ≥ {min_node_ms:g} ms {_fmt_pct(max_err)}")
         if not math.isnan(noise):
-            parts.append(f"{baseline}'s own run-to-run spread (IQR/median) on long nodes: "
-                         f"{noise:.0f}%")
+            parts.append(f"{baseline}'s own single-run noise on long nodes: {noise:.0f}% (p90)")
         if not math.isnan(rvt):
             parts.append(f"EXPLAIN's total {rvt:+.0f}% vs the plain query ({baseline}: "
                          f"{brvt:+.0f}%)")
@@ -618,9 +666,10 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
             "workload": wl, "arm": arm, "verdict": verdict, "max_err_pct": max_err,
             "worst_node": (f"{int(worst['node_id'])} {worst['node_type']}"
                            if worst is not None else ""),
-            "max_excl_err_pct": max_ex, "short_max_abs_ms": small_max,
-            "short_nodes": len(small), "short_read_zero": read_zero,
-            "nodes_outside": len(outside), "nodes_unclear": len(unclear),
+            "max_excl_err_pct": max_ex, "run_err_p90_pct": run_p90,
+            "short_max_abs_ms": small_max, "short_nodes": len(small),
+            "short_read_zero": read_zero, "nodes_outside": len(off),
+            "nodes_scatter": len(scatter), "nodes_unclear": len(unclear),
             "base_noise_pct": noise, "root_vs_truth_pct": rvt, "base_root_vs_truth_pct": brvt,
             "overhead_timing_pct": ov, "base_overhead_timing_pct": bov,
             "clock_err_pct": cerr, "text": "; ".join(parts),
@@ -728,9 +777,10 @@ def markdown_report(*, title: str, facts: Mapping[str, Any], verdict_df: pd.Data
               "against the plain query's execution time (wall bracket − parse/plan/output). *node "
               f"err*: per-node inclusive time against {baseline}'s (ratio of medians − 1). "
               f"Verdict thresholds: {tol_pct:g} % on nodes ≥ {min_node_ms:g} ms, "
-              f"{tol_pct / 100 * min_node_ms:g} ms below; a node is only called off when "
-              f"the interquartile range of its per-repetition ratios lies beyond the band "
-              f"(≥ {MIN_REPS_OUTSIDE} repetitions).", "",
+              f"{tol_pct / 100 * min_node_ms:g} ms below; a node is called *off* when the "
+              f"interquartile range of its per-repetition ratios lies beyond the band, "
+              f"*scattered* when 1 run in 10 misses by more than the band plus "
+              f"{baseline}'s own run-to-run noise (≥ {MIN_REPS_OUTSIDE} repetitions).", "",
               _md_table(summary_table(verdict_df, cost, truth, accuracy, cost_wall=cost_wall,
                                       min_node_ms=min_node_ms)), "",
               "### EXPLAIN against the plain query (medians, ms)", "",

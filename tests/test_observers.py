@@ -1,0 +1,313 @@
+"""Observer effect of the observers, and the clock correction vs the plain query.
+
+Pure tables on synthetic timings (every number below is worked out by hand),
+then two short real runs on the session cluster: join_sum at the test scale
+unobserved vs perf at 99 Hz vs a bcc clock_gettime uprobe, and the correction
+on join_sum in a database of its own (so the shared tables stay as the other
+test files expect them).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from profkit import tables
+from profkit.analyze import observers as A
+from profkit.analyze import predict as P
+from profkit.errors import ProbeError
+from profkit.observers import (
+    explain_execution_ms,
+    measure_correction,
+    measure_observers,
+    parse_method,
+    schedstat,
+)
+
+PLANS = Path(__file__).parent / "fixtures" / "plans"
+
+
+def _row(order: int, method: str, variant: str, client: float, *, mode: str = "analyze_timing",
+         rep: int = 1, base: int | None = None, hits: int | None = None, kind: str | None = None,
+         guard_hits: int | None = None, guard_ms: float = math.nan, cpu: float = math.nan,
+         server: float = math.nan) -> dict:
+    return {"run_id": "t", "workload": "join_sum", "scale": 0.02, "mode": mode,
+            "method": method, "variant": variant, "rep": rep, "order": order,
+            "baseline_order": base, "client_ms": client, "server_ms": server, "hits": hits,
+            "hits_kind": kind, "guard_hits": guard_hits, "guard_estimate_ms": guard_ms,
+            "cpu_ms": cpu, "runq_ms": 0.0}
+
+
+def _synthetic_runs() -> pd.DataFrame:
+    rows = []
+    o = 0
+    for rep in (1, 2, 3):
+        # unobserved 10 ms (CPU 8 ms); bcc adds 100 ms wall / 60 ms CPU for 10,000 hits;
+        # perf adds ~0.5 ms for 5 samples; the guard assumed 6 µs per hit (60 ms)
+        rows.append(_row(o, "unobserved", "", 10.0, rep=rep, cpu=8.0, server=9.0))
+        rows.append(_row(o + 1, "bcc", "clock_gettime", 110.0, rep=rep, base=o, hits=10_000,
+                         kind="clock_gettime calls", guard_hits=10_000, guard_ms=60.0,
+                         cpu=68.0, server=108.0))
+        rows.append(_row(o + 2, "unobserved", "", 10.0, rep=rep, cpu=8.0, server=9.0))
+        rows.append(_row(o + 3, "perf", "99Hz", 10.5, rep=rep, base=o + 2, hits=5,
+                         kind="samples", cpu=8.1, server=9.4))
+        o += 4
+    rows.append(_row(o, "ltrace", "clock_gettime", 1010.0, base=0, hits=10_000,
+                     kind="clock_gettime calls", guard_hits=10_000, guard_ms=1000.0, cpu=9.0))
+    rows.append(_row(o + 1, "callgrind", "single execution", 500.0))
+    return tables.validate(pd.DataFrame(rows), "observer_timings")
+
+
+def test_slowdown_table_on_synthetic_timings():
+    t = A.slowdown_table(_synthetic_runs())
+    assert list(t.columns) == list(A.SLOWDOWN_COLUMNS)
+    # unobserved first, then perf, bcc, ltrace, callgrind
+    assert list(t["method"]) == ["unobserved", "perf", "bcc", "ltrace", "callgrind"]
+    r = t.set_index("method")
+    assert r.loc["unobserved", "reps"] == 6 and r.loc["unobserved", "slowdown_x"] == 1.0
+    assert r.loc["bcc", "slowdown_x"] == pytest.approx(11.0)
+    assert r.loc["bcc", "paired_slowdown_x"] == pytest.approx(11.0)
+    assert r.loc["bcc", "server_slowdown_x"] == pytest.approx(12.0)
+    assert r.loc["bcc", "cpu_slowdown_x"] == pytest.approx(8.5)
+    # (110 - 10) ms over 10,000 hits = 10 µs; CPU: 60 ms / 10,000 = 6 µs
+    assert r.loc["bcc", "ns_per_hit"] == pytest.approx(10_000.0)
+    assert r.loc["bcc", "ns_per_hit_cpu"] == pytest.approx(6_000.0)
+    # the guard's 6 µs per hit matches the CPU cost: in-process probes compare on CPU
+    assert r.loc["bcc", "guard_ns_per_hit"] == pytest.approx(6_000.0)
+    assert r.loc["bcc", "guard_basis"] == "cpu"
+    assert r.loc["bcc", "guard_ratio"] == pytest.approx(1.0)
+    # ltrace's cost is in the ltrace process: wall time, 100 µs per call as the guard says
+    assert r.loc["ltrace", "guard_basis"] == "wall"
+    assert r.loc["ltrace", "ns_per_hit"] == pytest.approx(100_000.0)
+    assert r.loc["ltrace", "guard_ratio"] == pytest.approx(1.0)
+    assert r.loc["perf", "slowdown_x"] == pytest.approx(1.05)
+    assert r.loc["perf", "ns_per_hit"] == pytest.approx(0.5e6 / 5)
+    assert r.loc["perf", "hits_kind"] == "samples"
+    assert r.loc["callgrind", "slowdown_x"] == pytest.approx(50.0)
+    assert math.isnan(r.loc["callgrind", "ns_per_hit"]) and r.loc["callgrind", "hits_kind"] == ""
+
+    g = A.guard_verdict(t).set_index("method")
+    assert set(g.index) == {"bcc", "ltrace"}
+    assert g.loc["bcc", "verdict"] == "ok" and g.loc["ltrace", "verdict"] == "ok"
+
+
+def test_guard_verdicts_and_errors():
+    runs = _synthetic_runs()
+    # the probe really cost 10× what the guard assumed
+    runs.loc[runs["method"] == "bcc", "cpu_ms"] = 608.0
+    g = A.guard_verdict(A.slowdown_table(runs)).set_index("method")
+    assert g.loc["bcc", "guard_ratio"] == pytest.approx(10.0)
+    assert g.loc["bcc", "verdict"] == "guard too low"
+    runs.loc[runs["method"] == "bcc", "hits"] = 4
+    g = A.guard_verdict(A.slowdown_table(runs)).set_index("method")
+    assert g.loc["bcc", "verdict"] == "too few hits"
+
+    with pytest.raises(A.ObserverError, match="no observer timings"):
+        A.slowdown_table(tables.empty("observer_timings"))
+    only_observed = runs[runs["method"] != "unobserved"]
+    with pytest.raises(A.ObserverError, match="no unobserved"):
+        A.slowdown_table(only_observed)
+
+
+def _timings(workload: str, plain: float, off: float, on: float, reps: int = 4) -> list[dict]:
+    rows = []
+    for rep in range(1, reps + 1):
+        for mode, ms in (("plain", plain), ("analyze_notiming", off), ("analyze_timing", on)):
+            rows.append({"run_id": "t", "build": "vanilla", "workload": workload,
+                         "query": mode, "mode": mode, "rep": rep, "order": len(rows),
+                         "client_ms": ms + 1.0, "server_ms": ms, "cpu_ms": ms - 0.5})
+    return rows
+
+
+def test_correction_summary_on_synthetic_timings():
+    # a: 2,000,000 reads, TIMING ON − OFF = 40 ms → 20 ns/read in situ;
+    #    1,000,000 Instr calls, OFF − plain = 10 ms → 10 ns per call
+    # b: 1,000,000 reads, ON − OFF = 30 ms → 30 ns/read; OFF − plain = 5 ms / 500,000 = 10 ns
+    t = pd.DataFrame(_timings("a", 100.0, 110.0, 150.0) + _timings("b", 50.0, 55.0, 85.0))
+    facts = pd.DataFrame([
+        {"workload": "a", "scale": 1.0, "clock_reads": 2_000_000, "instr_calls": 1_000_000,
+         "ns_per_read_micro": 20.0},
+        {"workload": "b", "scale": 0.5, "clock_reads": 1_000_000, "instr_calls": 500_000,
+         "ns_per_read_micro": 20.0},
+    ])
+    s = A.correction_summary(t, facts, metric="server_ms")
+    assert list(s.columns) == list(A.CORRECTION_COLUMNS)
+    r = s.set_index("workload")
+    assert r.loc["a", "reps"] == 4 and r.loc["a", "metric"] == "server_ms"
+    assert r.loc["a", "ns_per_read_in_situ"] == pytest.approx(20.0)
+    assert r.loc["b", "ns_per_read_in_situ"] == pytest.approx(30.0)
+    assert r.loc["a", "row_cost_ns"] == pytest.approx(10.0)
+    # micro (20 ns) is a's in-situ cost: corrected = 150 − 40 − 10 = plain
+    assert r.loc["a", "corrected_micro_ms"] == pytest.approx(100.0)
+    assert r.loc["a", "corrected_micro_ratio"] == pytest.approx(1.0)
+    assert r.loc["a", "corrected_clock_only_micro_ms"] == pytest.approx(110.0)
+    # b's reads cost 30 ns in situ: the 20 ns micro figure leaves 10 ms in
+    assert r.loc["b", "corrected_micro_ms"] == pytest.approx(85.0 - 20.0 - 5.0)
+    # split halves: constant timings reproduce plain exactly
+    assert r.loc["a", "corrected_in_situ_split_ms"] == pytest.approx(100.0)
+    assert r.loc["a", "plain_split_ms"] == pytest.approx(100.0)
+    # cross-workload: a corrected with b's 30 ns: 150 − 60 − 10 = 80
+    assert r.loc["a", "ns_per_read_in_situ_xval"] == pytest.approx(30.0)
+    assert r.loc["a", "corrected_in_situ_xval_ms"] == pytest.approx(80.0)
+    assert r.loc["a", "corrected_in_situ_xval_ratio"] == pytest.approx(0.8)
+    assert r.loc["b", "corrected_in_situ_xval_ms"] == pytest.approx(85.0 - 20.0 - 5.0)
+    # other metrics come from their own column
+    c = A.correction_summary(t, facts, metric="cpu_ms").set_index("workload")
+    assert c.loc["a", "plain_ms"] == pytest.approx(99.5)
+    with pytest.raises(A.ObserverError, match="metric must be"):
+        A.correction_summary(t, facts, metric="wall")
+    with pytest.raises(A.ObserverError, match="facts need"):
+        A.correction_summary(t, facts.drop(columns=["clock_reads"]))
+    with pytest.raises(A.ObserverError, match="no server_ms for modes"):
+        A.correction_summary(t[t["mode"] != "plain"], facts, metric="server_ms")
+
+
+def test_node_correction_from_recorded_plans():
+    plan = json.loads((PLANS / "join_sum_0.02.json").read_text())
+    slower = json.loads(json.dumps(plan))
+    slower[0]["Plan"]["Actual Total Time"] = plan[0]["Plan"]["Actual Total Time"] * 3
+    nodes = A.median_node_times([plan, slower, plan])
+    assert nodes["executions"].iloc[0] == 3
+    # median of (t, 3t, t) is t: the recorded plan's own times
+    base = A.median_node_times([plan])
+    assert nodes["total_ms"].tolist() == pytest.approx(base["total_ms"].tolist())
+    pr = P.predict(plan, P.PredictContext(mode="analyze_timing", pgss_loaded=True))
+    out = A.node_correction(nodes, pr.nodes, costs={"micro": (25.0, 0.0), "zero": (0.0, 0.0)})
+    r = out.set_index("node_id")
+    # i1's seq scan (node 2, 20,000 rows → 40,004 reads): half its reads in its window
+    assert r.loc[2, "clock_reads"] == 40_004
+    assert r.loc[2, "corrected_total_micro_ms"] == pytest.approx(
+        max(0.0, r.loc[2, "total_ms"] - 20_002 * 25 / 1e6))
+    assert out["corrected_total_zero_ms"].tolist() == pytest.approx(out["total_ms"].tolist())
+    assert out["corrected_self_micro_ms"].sum() == pytest.approx(
+        r.loc[0, "corrected_total_micro_ms"])
+    top = A.node_correction(nodes, pr.nodes, costs={"micro": (25.0, 0.0)}, top=2)
+    assert len(top) == 2 and top["self_ms"].is_monotonic_decreasing
+    other = json.loads((PLANS / "bitmap.json").read_text())
+    with pytest.raises(A.ObserverError, match="differ in shape"):
+        A.median_node_times([plan, other])
+
+
+def test_small_helpers():
+    assert parse_method("bcc-clock") == ("bcc", "clock_gettime")
+    assert parse_method("perf-1234") == ("perf", "1234Hz")
+    with pytest.raises(ProbeError, match="unknown observer"):
+        parse_method("strace")
+    assert explain_execution_ms([("Seq Scan on t1",), ("Execution Time: 12.345 ms",)]) == 12.345
+    assert explain_execution_ms([([{"Plan": {}, "Execution Time": 3.5}],)]) == 3.5
+    assert math.isnan(explain_execution_ms([]))
+    s = schedstat(os.getpid())
+    assert s is not None and s[0] > 0
+    assert schedstat(2**22 + 12345) is None
+    md = A.markdown_table(pd.DataFrame({"a": ["x|y"], "b": [1.5], "c": [math.nan], "d": [3]}),
+                          {"b": "{:.1f}"})
+    assert md.splitlines() == ["| a | b | c | d |", "|---|---|---|---|", "| x\\|y | 1.5 |  | 3 |"]
+
+
+# ---------------------------------------------------------------------------
+# real runs
+
+
+def _tracers_left() -> list[int]:
+    """perf/ltrace/bpftrace processes that are children of this test process."""
+    me = str(os.getpid())
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        if comm in ("perf", "ltrace", "bpftrace") and fields[1] == me and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def _bpf_fds() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        n += "perf_event" in target or "bpf" in target
+    return n
+
+
+@pytest.mark.pg
+def test_observers_real_perf_and_bcc(pg_cluster, _join_sum_loaded, tmp_path):
+    fds = _bpf_fds()
+    res = measure_observers(pg_cluster, workload="join_sum", scale=_join_sum_loaded,
+                            modes=("analyze_timing",), methods=("perf-99", "bcc-clock"),
+                            reps=2, load=False, base=tmp_path)
+    t = res.slowdown.set_index("method")
+    assert list(res.slowdown.columns) == list(A.SLOWDOWN_COLUMNS)
+    assert set(t.index) == {"unobserved", "perf", "bcc"}
+    assert t.loc["bcc", "reps"] == 2 and t.loc["perf", "reps"] == 2
+    assert t.loc["unobserved", "reps"] == 4
+    # a uprobe on libc's clock_gettime costs µs per hit against ~25 ns for the read
+    # itself: the query runs many times slower, on the CPU too, not only on the clock
+    assert t.loc["bcc", "slowdown_x"] > 5
+    assert t.loc["bcc", "cpu_slowdown_x"] > 5
+    assert t.loc["bcc", "slowdown_x"] > t.loc["perf", "slowdown_x"]
+    # the probe's hits are the predicted clock reads: 2N + 4M + 28 that ltrace sees,
+    # plus the 2 reads pg_stat_statements makes from its own .so
+    pred = res.predicted["analyze_timing"]
+    n = _join_sum_loaded * 1_000_000
+    m = _join_sum_loaded * 1_000
+    assert pred["clock_reads_ltrace"] == 2 * n + 4 * m + 28
+    assert t.loc["bcc", "hits"] == pred["clock_reads"] == pred["clock_reads_ltrace"] + 2
+    assert t.loc["bcc", "hits_kind"] == "clock_gettime calls"
+    assert 1_000 < t.loc["bcc", "ns_per_hit_cpu"] < 200_000
+    assert t.loc["perf", "hits_kind"] == "samples" and t.loc["perf", "hits"] >= 0
+    # the guard predicted the same hits before attaching
+    runs = res.timings[res.timings["method"] == "bcc"]
+    assert (runs["guard_hits"] == pred["clock_reads"]).all()
+    for f in ("observer_timings.csv", "slowdown.csv", "slowdown.md", "guard_check.csv",
+              "provenance.json", "plan_notiming.json"):
+        assert (res.run_dir / f).exists(), f
+    prov = json.loads((res.run_dir / "provenance.json").read_text())
+    assert prov["status"] == "ok" and len(prov["loadavg_after"]) == 3
+    assert "load average" in (res.run_dir / "slowdown.md").read_text()
+    # every tracer was stopped and every probe detached
+    assert _tracers_left() == []
+    assert _bpf_fds() <= fds
+
+
+@pytest.mark.pg
+def test_correction_brings_timing_on_closer_to_plain(pg_cluster, tmp_path):
+    db = "profkit_correction_test"
+    with pg_cluster.connect() as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone():
+            conn.execute(f"CREATE DATABASE {db}")
+    res = measure_correction(pg_cluster, workloads={"join_sum": 0.05}, reps=5, dbname=db,
+                             base=tmp_path, clock_loops=100_000, clock_repeats=3)
+    s = res.summary.set_index("workload").loc["join_sum"]
+    assert s["metric"] == "cpu_ms" and s["reps"] == 5
+    # 50,000 rows of i1, 50 of i2: 2N + 4M + 30 reads, N + 2M + 10 Instr pairs
+    assert s["clock_reads"] == 2 * 50_000 + 4 * 50 + 30
+    assert s["instr_calls"] == 50_000 + 2 * 50 + 10
+    assert s["timing_on_ms"] > s["plain_ms"]
+    # costs from the odd repetitions, applied to the even ones: closer to plain than
+    # the uncorrected EXPLAIN ANALYZE total
+    assert abs(s["corrected_in_situ_split_ms"] - s["plain_split_ms"]) < abs(
+        s["timing_on_ms"] - s["plain_ms"])
+    assert s["corrected_micro_ms"] < s["timing_on_ms"]
+    assert 1.0 < s["ns_per_read_in_situ"] < 1000.0
+    assert s["ns_per_read_micro"] > 1.0
+    assert math.isnan(s["corrected_in_situ_xval_ms"])  # one workload: no other to learn from
+    nodes = res.nodes
+    assert set(nodes["workload"]) == {"join_sum"} and len(nodes) <= 4
+    assert nodes.iloc[0]["node_type"] == "Seq Scan"  # i1's scan carries most self time
+    for f in ("timings.csv", "correction.csv", "correction_nodes.csv", "correction.md",
+              "clock_cost.csv", "provenance.json"):
+        assert (res.run_dir / f).exists(), f
+    t = pd.read_csv(res.run_dir / "timings.csv")
+    assert len(t) == 15 and set(t["mode"]) == set(A.CORRECTION_MODES)
