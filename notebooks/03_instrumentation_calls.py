@@ -174,12 +174,18 @@ assert totals["callgrind_instrumentation_share"].between(0, 1).all()
 if "vanilla" in gprof_tables:
     # gprof's counts are exact too, and agree with callgrind and the prediction
     assert v.loc["InstrStartNode", "gprof_calls"] == pv.totals["instr_start_node"]
-    assert v.loc["ExecProcNodeInstr", "gprof_calls"] == pv.totals["exec_proc_node_instr"]
+    # gprof skips local symbols with a dot in their name, such as gcc's partial-inlining
+    # clone ExecShutdownNode_walker.part.0 that follows ExecProcNodeInstr in the binary:
+    # the clone's calls (one per executed node at shutdown) land on ExecProcNodeInstr.
+    clone = cg("vanilla", "ExecShutdownNode_walker.part.0", "calls") or 0
+    assert v.loc["ExecProcNodeInstr", "gprof_calls"] == (
+        pv.totals["exec_proc_node_instr"] + clone), (v.loc["ExecProcNodeInstr"], clone)
 for name in choice.builds:
     if name != "vanilla":
         # the patched builds inline InstrStartNode/StopNode: no out-of-line calls remain
         s = side[side["build"] == name].set_index("function")
-        assert not (s.loc["InstrStartNode", "callgrind_calls"] or 0), s.loc["InstrStartNode"]
+        calls = s.loc["InstrStartNode", "callgrind_calls"]
+        assert pd.isna(calls) or calls == 0, s.loc["InstrStartNode"]
         # ... and spend fewer instructions in instrumentation functions than vanilla
         t = totals.set_index("build")
         assert (t.loc[name, "callgrind_instrumentation_instr"]

@@ -91,8 +91,12 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
     la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
     click.echo(f"{workload} at scale {scale}; load average before {la0}, after {la1}")
     click.echo(res.slowdown[SLOWDOWN_SHOW].to_string(index=False, float_format=_fmt))
-    click.echo("\ncost guard check (measured ns/hit vs profkit.collect.bpf defaults):")
-    click.echo(res.guard.to_string(index=False, float_format=_fmt))
+    if len(res.guard):
+        click.echo("\ncost guard check (measured ns/hit vs profkit.collect.bpf defaults):")
+        click.echo(res.guard.to_string(index=False, float_format=_fmt))
+    if len(res.hit_costs):
+        click.echo("\nns per hit by probe kind (vs profkit.collect.bpf.DEFAULT_COST_NS):")
+        click.echo(res.hit_costs.to_string(index=False, float_format=_fmt))
     click.echo(f"written to {res.run_dir}")
 
 

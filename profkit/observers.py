@@ -218,6 +218,7 @@ class ObserverResult:
     timings: pd.DataFrame          # observer_timings
     slowdown: pd.DataFrame         # analyze.observers.slowdown_table
     guard: pd.DataFrame            # analyze.observers.guard_verdict
+    hit_costs: pd.DataFrame        # analyze.observers.hit_costs (guard's terms)
     predicted: dict[str, dict[str, int]]
     loadavg_before: tuple[float, float, float]
     loadavg_after: tuple[float, float, float]
@@ -417,21 +418,14 @@ def _count_perf_samples(data: Path) -> int:
 
 def _callgrind(cluster: Cluster, queries: Mapping[str, str], out_dir: Path,
                dbname: str = "postgres") -> Any:
-    """One callgrind session (warm-up + one execution per mode); the cluster is restarted."""
+    """One callgrind session (warm-up + one execution per mode).
+
+    The postmaster is paused for it (single-user mode needs the data directory)
+    and resumed after; open connections die and must be reopened.
+    """
     from profkit.collect import callgrind as cg
 
-    if hasattr(cluster, "pause") and hasattr(cluster, "resume"):
-        return cg.collect_callgrind_cluster(cluster, queries, out_dir, dbname=dbname)
-    # Cluster without pause/resume: stop the postmaster by pid (keeping its data
-    # directory), run single-user, start it again on the same port.
-    assert cluster.proc is not None
-    cluster.proc.stop(timeout=60)
-    try:
-        return cg.collect_callgrind(postgres=cluster.build.postgres, datadir=cluster.datadir,
-                                    os_user=cluster.os_user, queries=queries, out_dir=out_dir,
-                                    dbname=dbname)
-    finally:
-        cluster._launch()
+    return cg.collect_callgrind_cluster(cluster, queries, out_dir, dbname=dbname)
 
 
 def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: float = 0.02,
@@ -512,30 +506,62 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
                 r.order += 1
             r.notes.append("callgrind: wall time of the statement in a single-user backend "
                            "under valgrind (dump times), one execution after a warm-up")
+    except BaseException as e:
+        rd.finish(status="failed", error=f"{type(e).__name__}: {e}",
+                  executions_kept=len(r.rows))
+        raise
     finally:
         timings = _timings_frame(r.rows)
         timings.to_csv(rd.file("observer_timings.csv"), index=False)
         rd.add_artifact("observer_timings.csv", "one row per execution (observer_timings)")
         if r.conn is not None and not r.conn.closed:
             r.conn.close()
-    la1 = loadavg()
+    timings.to_parquet(rd.file("observer_timings.parquet"), index=False)
+    rd.add_artifact("observer_timings.parquet", "observer_timings table")
+    rd.finish(status="ok", loadavg_after=list(loadavg()), uptime=_uptime(), notes=r.notes)
+    return summarize_observers(rd.path)
+
+
+def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:
+    """Tables and markdown of an observers run, from its directory alone.
+
+    Reads ``observer_timings.csv`` and ``provenance.json`` (written by
+    :func:`measure_observers`), writes slowdown.csv, guard_check.csv,
+    hit_costs.csv and slowdown.md, and returns them.  A run can so be
+    summarised again later (e.g. after the guard's defaults change).
+    """
+    from profkit.collect.artifacts import load_run
+    from profkit.collect.bpf import DEFAULT_COST_NS
+
+    rd = load_run(run_dir)
+    try:
+        timings = pd.read_csv(rd.file("observer_timings.csv"))
+    except FileNotFoundError:
+        raise ProbeError(f"{rd.path} has no observer_timings.csv: not an observers run, or it "
+                         "failed before the first execution") from None
+    timings = _timings_frame(timings.to_dict("records"))
     slow = A.slowdown_table(timings)
     guard = A.guard_verdict(slow)
-    timings.to_parquet(rd.file("observer_timings.parquet"), index=False)
+    costs = A.hit_costs(slow, DEFAULT_COST_NS)
     slow.to_csv(rd.file("slowdown.csv"), index=False)
     guard.to_csv(rd.file("guard_check.csv"), index=False)
-    uptime = _uptime()
-    md = observers_markdown(slow, guard, wl=wl, scale=scale, run_id=rd.run_id, la0=la0, la1=la1,
-                            uptime=uptime, predicted=predicted, notes=r.notes)
+    costs.to_csv(rd.file("hit_costs.csv"), index=False)
+    p = rd.provenance
+    la0 = tuple(p.get("loadavg_before") or (math.nan,) * 3)
+    la1 = tuple(p.get("loadavg_after") or (math.nan,) * 3)
+    predicted = p.get("predicted") or {}
+    md = observers_markdown(slow, guard, costs, workload=str(p.get("workload")),
+                            scale=float(p.get("scale") or math.nan), run_id=rd.run_id,
+                            la0=la0, la1=la1, uptime=str(p.get("uptime") or ""),
+                            predicted=predicted, notes=p.get("notes") or ())
     rd.file("slowdown.md").write_text(md)
-    for name, what in (("observer_timings.parquet", "observer_timings table"),
-                       ("slowdown.csv", "slowdown per method (analyze.observers)"),
+    for name, what in (("slowdown.csv", "slowdown per method (analyze.observers)"),
                        ("guard_check.csv", "measured ns/hit vs the cost guard's defaults"),
+                       ("hit_costs.csv", "ns per hit by probe kind vs bpf.DEFAULT_COST_NS"),
                        ("slowdown.md", "the tables as markdown, with load average")):
         rd.add_artifact(name, what)
-    rd.finish(status="ok", loadavg_after=list(la1), uptime=uptime)
-    return ObserverResult(rd.run_id, rd.path, timings, slow, guard, predicted, la0, la1,
-                          tuple(r.notes))
+    return ObserverResult(rd.run_id, rd.path, timings, slow, guard, costs, predicted,
+                          la0, la1, tuple(p.get("notes") or ()))  # type: ignore[arg-type]
 
 
 def _timings_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -561,7 +587,8 @@ SLOWDOWN_SHOW = ["mode", "method", "variant", "reps", "median_ms", "slowdown_x",
                  "ns_per_hit", "ns_per_hit_cpu"]
 
 
-def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, *, wl: Workload, scale: float,
+def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFrame, *,
+                       workload: str, scale: float,
                        run_id: str, la0: Sequence[float], la1: Sequence[float], uptime: str,
                        predicted: Mapping[str, Mapping[str, int]],
                        notes: Sequence[str] = ()) -> str:
@@ -569,7 +596,7 @@ def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, *, wl: Workload,
            "server_slowdown_x": "{:.2f}", "hits": "{:,.0f}", "ns_per_hit": "{:,.0f}",
            "guard_ns_per_hit": "{:,.0f}", "guard_ratio": "{:.2f}", "cpu_slowdown_x": "{:.2f}",
            "ns_per_hit_cpu": "{:,.0f}"}
-    lines = [f"# Observer effect of the observers: {wl.name} at scale {scale}", "",
+    lines = [f"# Observer effect of the observers: {workload} at scale {scale}", "",
              f"run `{run_id}`; load average before {_loadavg_text(la0)}, after "
              f"{_loadavg_text(la1)} (`uptime`: {uptime})", "",
              "slowdown_x = median observed / median unobserved client time; paired = median "
@@ -580,6 +607,10 @@ def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, *, wl: Workload,
              "profkit.collect.bpf's cost guard assumes for that probe mix.", "",
              A.markdown_table(slow[SLOWDOWN_SHOW], fmt), "",
              "## Cost guard check", "", A.markdown_table(guard, fmt), "",
+             "Per probe kind (profkit.collect.bpf.DEFAULT_COST_NS keys; uprobe = a function of "
+             "the postgres binary, derived from the per-node probe minus its clock hits):", "",
+             A.markdown_table(costs, {**fmt, "ns_per_hit_wall": "{:,.0f}",
+                                      "default_ns": "{:,.0f}", "ratio": "{:.2f}"}), "",
              "## Predicted clock reads per execution", ""]
     for mode, t in predicted.items():
         lines.append(f"- {mode}: clock_reads {t.get('clock_reads', 0):,} (ltrace-visible "
@@ -719,6 +750,9 @@ def measure_correction(cluster: Cluster, *,
             (plans_dir / f"{name}-analyze_timing.json").write_text(
                 json.dumps(plans_on[name], indent=1))
         facts = pd.DataFrame(facts_rows)
+    except BaseException as e:
+        rd.finish(status="failed", error=f"{type(e).__name__}: {e}", executions_kept=len(rows))
+        raise
     finally:
         timings = (tables.validate(pd.DataFrame(rows), "timings") if rows
                    else tables.empty("timings"))

@@ -175,12 +175,32 @@ def test_gprof_collector_counts_calls_exactly(ip, capsys, tmp_path, monkeypatch)
         pytest.skip("the gprof build is not cached (`profkit build gprof`)")
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path))
     fn = ip.run_cell_magic("profkit", "--build gprof --workload join_sum --scale 0.002 "
-                           "--collector gprof --mode analyze_notiming --top 40",
+                           "--collector gprof --mode analyze_notiming --top 400",
                            "-- the workload's query")
     assert fn is not None, capsys.readouterr().err
-    calls = dict(zip(fn["function"], fn["calls"]))
+    calls = dict(zip(fn["function"], fn["calls"], strict=True))
     # join_sum at 0.002: i1 2000 rows, i2 2; exec calls = rows + loops per node:
-    # Agg 1+1, Hash Join 2+1, Seq Scan i1 2000+1, Seq Scan i2 2+1 -> 2009, Hash via MultiExec
-    assert calls["ExecProcNodeInstr"] == 2009
+    # Agg 1+1, Hash Join 2+1, Seq Scan i1 2000+1, Seq Scan i2 2+1 -> 2009; the Hash node's
+    # MultiExec bracket 1; the shutdown bracket of each of the 5 nodes -> 2015 InstrStartNode
+    assert calls["InstrStartNode"] == calls["InstrStopNode"] == 2015
+    # gprof skips dotted local symbols: the 5 calls of ExecShutdownNode_walker.part.0 (right
+    # after ExecProcNodeInstr in the binary) are counted as ExecProcNodeInstr's
+    assert calls["ExecProcNodeInstr"] == 2009 + 5
     assert "gprof call counts of backend" in capsys.readouterr().out
+    magics.REGISTRY.stop()
+
+
+@pytest.mark.pg
+def test_callgrind_collector_counts_instructions(ip, capsys, vanilla_build, tmp_path,
+                                                 monkeypatch):
+    monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path))
+    line = "--workload join_sum --scale 0.002 --collector callgrind --mode analyze_notiming"
+    fn = ip.run_cell_magic("profkit", line + " --top 200", "-- the workload's query")
+    assert fn is not None, capsys.readouterr().err
+    calls = dict(zip(fn["function"], fn["calls"], strict=True))
+    assert calls["ExecProcNodeInstr"] == 2009  # rows + loops of the four pulled nodes
+    assert "instructions in exec_simple_query" in capsys.readouterr().out
+    # the cluster was restarted after callgrind: the next cell runs on it again
+    df = ip.run_cell_magic("profkit", "--workload join_sum --scale 0.002", "SELECT 1 AS one")
+    assert df is not None and int(df.iloc[0, 0]) == 1
     magics.REGISTRY.stop()

@@ -31,9 +31,10 @@ NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("[0-9][0-9]_*.py"))
 
 # Small scales for the test run; per-notebook timeout in seconds.
 PARAMS: dict[str, dict[str, object]] = {
-    "01_overhead.py": {"SCALE": 0.02, "REPS": 5, "INSTR_BUDGET_S": 15.0},
+    "01_overhead.py": {"SCALE": 0.02, "REPS": 5, "INSTR_BUDGET_S": 15.0,
+                       "BUILDS": ["vanilla", "step3"]},
     "02_flamegraphs.py": {"SCALE": 0.03},
-    "03_instrumentation_calls.py": {"SCALE": 0.2},
+    "03_instrumentation_calls.py": {"SCALE": 0.2, "BUILDS": ["vanilla", "step3"]},
     "04_clock_calls_per_node.py": {"SCALE": 0.02, "REPS": 5},
     "05_clock_sources.py": {"SCALE": 0.02, "REPS": 5, "CLOCK_LOOPS": 2_000_000},
 }

@@ -149,7 +149,8 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
     msg = str(exc.value)
     assert msg.startswith("patch 'step3' does not apply: ")
     assert "execProcnode.c: looks already applied (or reversed)" in msg
-    assert "src/include/executor/instrument.h hunk #1 (at line 122) @@ -122,6 +122,24 @@" in msg
+    hdr = patches.hunk_headers(patches.read_patch("step3"))["src/include/executor/instrument.h"][0]
+    assert f"src/include/executor/instrument.h hunk #1 (at line 122) {hdr}" in msg
     assert "step3 = step1 + step2 + step3" in msg
 
 

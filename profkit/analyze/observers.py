@@ -83,6 +83,8 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
     ``ns_per_hit`` is NaN where hits are unknown (callgrind) or zero.
     """
     df = tables.validate(runs, "observer_timings")
+    # "" (unobserved) comes back from a CSV as NaN; groupby would drop those rows
+    df["variant"] = df["variant"].fillna("")
     if df.empty:
         raise ObserverError("no observer timings to summarise: run profkit observers first")
     base_rows = df[df["method"] == UNOBSERVED]
@@ -176,6 +178,52 @@ def guard_verdict(table: pd.DataFrame, tolerance: float = 3.0,
     return t[["workload", "mode", "method", "variant", "hits", "ns_per_hit", "ns_per_hit_cpu",
               "guard_ns_per_hit", "guard_basis", "guard_ratio", "verdict"]
              ].reset_index(drop=True)
+
+
+def hit_costs(table: pd.DataFrame, defaults: Mapping[str, float],
+              min_hits: int = MIN_HITS_FOR_VERDICT) -> pd.DataFrame:
+    """Cost per hit by probe kind, in the guard's own terms (``bpf.DEFAULT_COST_NS`` keys).
+
+    - ``uprobe_libc``: the clock_gettime-only probe's ns/hit;
+    - ``uprobe``: from the per-node probe of the same tool and mode, once the
+      clock_gettime hits (priced as above) are taken out::
+
+          (extra_per_node − clock_hits × ns_libc) / (hits_per_node − clock_hits)
+
+    - ``ltrace``: ltrace's ns per counted call (wall time).
+    Columns: workload, mode, method, kind, hits, ns_per_hit_cpu, ns_per_hit_wall,
+    default_ns, ratio (measured ÷ default, on CPU time for uprobes, wall for ltrace).
+    """
+    rows = []
+    t = table[table["method"] != UNOBSERVED]
+    for (wl, mode, method), g in t.groupby(["workload", "mode", "method"], sort=False):
+        by = g.set_index("variant")
+        if method == "ltrace" and "clock_gettime" in by.index:
+            r = by.loc["clock_gettime"]
+            if r["hits"] >= min_hits:
+                rows.append((wl, mode, method, "ltrace", r["hits"], r["ns_per_hit_cpu"],
+                             r["ns_per_hit"]))
+            continue
+        if method not in ("bcc", "bpftrace") or "clock_gettime" not in by.index:
+            continue
+        c = by.loc["clock_gettime"]
+        if not c["hits"] >= min_hits:
+            continue
+        rows.append((wl, mode, method, "uprobe_libc", c["hits"], c["ns_per_hit_cpu"],
+                     c["ns_per_hit"]))
+        if "per_node" in by.index:
+            n = by.loc["per_node"]
+            other = n["hits"] - c["hits"]
+            if other >= min_hits:
+                cpu = (n["extra_cpu_ms"] * 1e6 - c["hits"] * c["ns_per_hit_cpu"]) / other
+                wall = (n["extra_ms"] * 1e6 - c["hits"] * c["ns_per_hit"]) / other
+                rows.append((wl, mode, method, "uprobe", other, cpu, wall))
+    out = pd.DataFrame(rows, columns=["workload", "mode", "method", "kind", "hits",
+                                      "ns_per_hit_cpu", "ns_per_hit_wall"])
+    out["default_ns"] = out["kind"].map(lambda k: float(defaults.get(k, math.nan)))
+    measured = out["ns_per_hit_wall"].where(out["kind"] == "ltrace", out["ns_per_hit_cpu"])
+    out["ratio"] = measured / out["default_ns"]
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -234,6 +234,25 @@ class Cluster:
             if self.dir is not None and not self.keep:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
+    def pause(self) -> None:
+        """Stop the postmaster by pid (fast shutdown), keeping datadir, socket and port.
+
+        For tools that need the data directory to themselves (callgrind runs a
+        single-user backend on it); :meth:`resume` starts the postmaster again.
+        Open connections die; reconnect after resume().
+        """
+        if self.proc is None or not self.proc.alive():
+            raise ClusterError(f"cluster {self.name} is not running; start it first")
+        self.proc.stop(timeout=60)
+
+    def resume(self) -> None:
+        """Start the postmaster again after :meth:`pause` (same datadir, socket, port)."""
+        if self.proc is not None and self.proc.alive():
+            return
+        if self.dir is None:
+            raise ClusterError(f"cluster {self.name} was never started")
+        self._launch()
+
     def __enter__(self) -> Cluster:
         if self.proc is None:
             self.start()
