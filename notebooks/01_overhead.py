@@ -113,8 +113,14 @@ if INSTRUCTIONS != "none":
           f"+{q2['instr_overhead_pct']:.1f} % instructions")
 
 if "step3" in s.index.get_level_values(0):
-    # the seed's claim: step 3 cuts most of the TIMING-off overhead
-    assert s.loc[("step3", "analyze_notiming"), "overhead_pct"] < q2["overhead_pct"]
+    # the seed's claim: step 3 cuts most of the TIMING-off overhead. Checked on instruction
+    # counts, which do not drift; times on a shared VM move by ±30 % run to run.
+    q2_step3 = s.loc[("step3", "analyze_notiming")]
+    print(f"Query-2 overhead, vanilla → step3: {q2['overhead_pct']:.1f} % → "
+          f"{q2_step3['overhead_pct']:.1f} % (time), {q2['instr_overhead_pct']:.1f} % → "
+          f"{q2_step3['instr_overhead_pct']:.1f} % (instructions)")
+    if INSTRUCTIONS != "none":
+        assert q2_step3["instr_overhead_pct"] < q2["instr_overhead_pct"] / 2, (q2, q2_step3)
 
 # %% [markdown]
 # ## The chart (error bars: 95 % CI)

@@ -39,6 +39,7 @@ from IPython.display import display
 from profkit import bench
 from profkit import notebook as nb
 from profkit.analyze import predict as P
+from profkit.analyze.stats import summarize
 from profkit.collect import clock
 
 info = clock.clock_info()
@@ -100,8 +101,6 @@ if run is None:
     run = nb.Run.load(res.out_dir)
 display(run)
 timings = run.timings()
-from profkit.analyze.stats import summarize
-
 summary = summarize(timings)
 s = summary.set_index(["build", "mode"])
 display(summary[["build", "mode", "n", "median_ms", "overhead_pct", "ci_low_pct",

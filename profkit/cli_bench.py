@@ -29,12 +29,15 @@ if not out_console.is_terminal:
     out_console = Console(width=150)
 err_console = Console(stderr=True)
 
-#: ``profkit reproduce`` defaults: chosen so the benchmark part takes ~3-5 minutes on
-#: 2 cores (see the note in reproduce_cmd's help) and callgrind ~1-2 minutes.
+#: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
+#: ~0.55 s on vanilla and Query-3 ~3.5x that, so one repetition of the 4 builds x 3
+#: modes is ~10 s (~14 s while other work loads the machine): 20 repetitions + warm-up
+#: ~3.5-5 minutes. callgrind at 0.01 (work / 49) counts the 4 builds in ~30 s (2 in
+#: parallel); the instruction overhead there differs from 0.02's by < 0.2 points.
 REPRO_BUILDS = "vanilla,step1,step2,step3"
-REPRO_SCALE = 0.1
-REPRO_REPS = 15
-REPRO_INSTR_SCALE = 0.02
+REPRO_SCALE = 0.07
+REPRO_REPS = 20
+REPRO_INSTR_SCALE = 0.01
 
 
 def _friendly(f: F) -> F:
@@ -221,8 +224,9 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     Builds the four variants (cached after the first time), runs nested_loop's Query-1/2/3
     interleaved across builds, counts instructions with callgrind, prints the seed-style
     table beside the seed's figures and writes report.md, overheads.png/svg and
-    summary.csv under profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.1
-    (Query-1 ≈ 1 s on vanilla here), 15 repetitions: ~4 minutes of benchmark on 2 cores.
+    summary.csv under profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.07
+    (Query-1 ≈ 0.55 s on vanilla here), 20 repetitions: ~4 minutes of benchmark on 2
+    cores; callgrind at scale 0.01.
     """
     from profkit.bench import check_request, new_run_id, run_bench, update_latest, write_report
     from profkit.pg.build import get_build
@@ -236,7 +240,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     for ref in req.refs:
         with err_console.status(f"build {ref.preset} (cached after the first time)"):
             b = get_build(ref.preset, progress=_say)
-        _say(f"{ref.label}: PostgreSQL {b.version}, "
+        _say(f"{ref.label}: {b.version}, "
              f"{', '.join(p['name'] for p in b.patches) or 'no patches'} ({b.key[:12]})")
     t_builds = time.monotonic() - t0
 

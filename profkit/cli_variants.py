@@ -77,6 +77,8 @@ def _print(res: Any) -> None:
 @click.option("--tol", type=float, default=10.0, show_default=True,
               help="Verdict: % error allowed on nodes >= --min-node-ms.")
 @click.option("--min-node-ms", type=float, default=1.0, show_default=True)
+@click.option("--reference", default="tsc_clock", show_default=True,
+              help="Second yardstick arm for the per-node errors ('' for none).")
 @click.option("--nice", "nice", default="auto", show_default=True,
               help="Priority for the measured backends: -20..19, 'none', or 'auto' (-20 as "
                    "root): keeps them on the CPU on a shared, loaded machine.")
@@ -90,7 +92,8 @@ def _print(res: Any) -> None:
 def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
                         js_scale: float, cs_scale: float, reps: int, warmup: int,
                         baseline: str, build_missing: bool, no_clock_cost: bool, tol: float,
-                        min_node_ms: float, nice: str, seed: int | None, out: Path | None,
+                        min_node_ms: float, reference: str, nice: str, seed: int | None,
+                        out: Path | None,
                         report_dir: Path | None) -> None:
     """How far coarse_clock/tsc_clock/sampled_timing's per-node times are from vanilla's,
     and what TIMING TRUE costs on each (issue 3).
@@ -101,7 +104,7 @@ def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
 
     if report_dir is not None:
         _print(analyze_run(report_dir, baseline=baseline, tol_pct=tol,
-                           min_node_ms=min_node_ms))
+                           min_node_ms=min_node_ms, reference=reference))
         return
     per = {"nested_loop": nl_scale, "join_sum": js_scale, "count_star": cs_scale}
     names = [w.strip() for w in workloads.split(",") if w.strip()]
@@ -123,4 +126,7 @@ def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
                               build_missing=build_missing, out_dir=out, seed=seed,
                               clock_cost=not no_clock_cost, nice=nice_v, tol_pct=tol,
                               min_node_ms=min_node_ms, progress=_say)
+    if reference != "tsc_clock":
+        res = analyze_run(res.run_dir, baseline=baseline, tol_pct=tol,
+                          min_node_ms=min_node_ms, reference=reference)
     _print(res)

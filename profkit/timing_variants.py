@@ -73,6 +73,9 @@ TIMINGS_COLUMNS: tuple[str, ...] = (
 DEFAULT_SCALES: dict[str, float] = {"nested_loop": 0.05, "join_sum": 0.2, "count_star": 0.1}
 DEFAULT_REPS = 9
 BASELINE = "vanilla"
+#: The second yardstick: the TSC clock's times carry a fraction of vanilla's clock
+#: overhead and its Execution Time agrees with the wall clock (checked per run).
+DEFAULT_REFERENCE = "tsc_clock"
 
 # Linux's clock id (time.h): Python's time module does not export it.
 CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)
@@ -702,9 +705,14 @@ def load_nodes(run_dir: Path, run_id: str) -> pd.DataFrame:
 
 
 def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
-                tol_pct: float | None = None, min_node_ms: float | None = None
-                ) -> TimingAccuracyResult:
-    """Tables, verdicts and report.md of a run directory (re-runnable: only reads files)."""
+                tol_pct: float | None = None, min_node_ms: float | None = None,
+                reference: str | None = None) -> TimingAccuracyResult:
+    """Tables, verdicts and report.md of a run directory (re-runnable: only reads files).
+
+    *reference*: a second yardstick arm (default :data:`DEFAULT_REFERENCE`, used when
+    it was measured; "" for none): the verdicts also say how far each arm's node
+    times are from it (``accuracy_vs_<reference>.csv``).
+    """
     from profkit.collect.artifacts import load_run
 
     rd = load_run(run_dir)
@@ -742,9 +750,17 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     cost_wall = ta.cost_table(timings, baseline, metric="server_ms")
     truth = ta.truth_table(timings, nodes, baseline)
     tick_arms = {k: float(v) for k, v in (prov.get("tick_arms") or {}).items() if v}
+    arms_present = set(timings["build"])
+    ref = reference if reference is not None else prov.get("reference", DEFAULT_REFERENCE)
+    ref = ref if ref and ref in arms_present and ref != baseline else None
+    acc_ref = ta.node_accuracy(nodes, ref) if ref else None
     verd = ta.verdicts(acc, truth, cost, baseline, tol_pct=tol, min_node_ms=mnm,
-                       tick_ms=tick_arms)
-    summ = ta.summary_table(verd, cost, truth, acc, cost_wall=cost_wall, min_node_ms=mnm)
+                       tick_ms=tick_arms,
+                       reference=(ref, acc_ref) if ref and acc_ref is not None else None)
+    summ = ta.summary_table(verd, cost, truth, acc, cost_wall=cost_wall, min_node_ms=mnm,
+                            reference=ref)
+    if acc_ref is not None:
+        acc_ref.to_csv(out / f"accuracy_vs_{ref}.csv", index=False)
     grid = {arm: ta.tick_grid(nodes[(nodes["arm"] == arm) & (nodes["mode"] == ta.TIMING_MODE)],
                               tick)
             for arm, tick in tick_arms.items()}
@@ -779,7 +795,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     md = ta.markdown_report(title="Timing accuracy of the clock-source variants",
                             facts=facts, verdict_df=verd, cost=cost, truth=truth,
                             accuracy=acc, mismatches=mism, grid=grid, baseline=baseline,
-                            cost_wall=cost_wall, min_node_ms=mnm, tol_pct=tol)
+                            cost_wall=cost_wall, min_node_ms=mnm, tol_pct=tol, reference=ref)
     report = out / "report.md"
     report.write_text(md)
     with contextlib.suppress(OSError):

@@ -70,7 +70,9 @@ def _check_shares(prof: pyspy.PySpyProfile, samples: int) -> None:
     assert hot == pytest.approx(0.75, abs=0.12), prof.top()
     assert cold == pytest.approx(0.25, abs=0.12), prof.top()
     f = prof.functions.set_index("function")
-    assert f.loc["drive", "total_share"] > 0.95
+    # when py-spy launches the command it also samples interpreter start-up
+    # (imports) outside drive(): a few percent on a loaded machine
+    assert f.loc["drive", "total_share"] > 0.85
     assert f.loc["hot", "module"] == "busy_child.py"
     assert prof.functions["frame"].str.startswith("hot (").any()
 

@@ -21,8 +21,10 @@ VARIANTS = [name for name in PRESETS if name != "vanilla"]
 
 
 @pytest.fixture(scope="module")
-def vanilla_rows(pg_cluster):
-    with pg_cluster.connect() as conn:
+def vanilla_rows(vanilla_build):
+    # a cluster of its own: an open transaction elsewhere would keep VACUUM from
+    # setting pages all-visible and change index-only-scan plans
+    with Cluster(vanilla_build, name="test-corpus-vanilla") as cl, cl.connect() as conn:
         corpus.load(conn)
         rows = corpus.plan_rows(conn)
     missing = corpus.missing_node_types(rows)

@@ -272,7 +272,8 @@ def node_accuracy(nodes: pd.DataFrame, baseline: str, *, mode: str = TIMING_MODE
             "n", "arm_median_ms", "arm_q25_ms", "arm_q75_ms", "base_median_ms",
             "base_q25_ms", "base_q75_ms", "abs_diff_ms", "ratio", "rel_err_pct",
             "ratio_q25", "ratio_q75", "arm_spread_pct", "base_spread_pct", "arm_zero_share",
-            "run_err_p90_ms", "base_run_err_p90_ms", "run_err_p90_pct", "base_run_err_p90_pct"]
+            "run_err_p90_ms", "base_run_err_p90_ms", "run_err_p90_pct", "base_run_err_p90_pct",
+            "scatter_p90_ms", "base_scatter_p90_ms", "scatter_p90_pct"]
     df = nodes[(nodes["mode"] == mode)]
     if df.empty:
         return pd.DataFrame(columns=cols)
@@ -318,15 +319,24 @@ def node_accuracy(nodes: pd.DataFrame, baseline: str, *, mode: str = TIMING_MODE
 def _run_errors(av: np.ndarray, bv: np.ndarray, bm: float) -> dict[str, float]:
     """What one EXPLAIN ANALYZE run gets wrong: 90th percentile over repetitions of
     |run − baseline median| (ms and % of it), for the arm and, as the noise floor, for
-    the baseline's own runs.  Medians over repetitions hide an estimator's scatter
-    (a 4 ms tick, a 1-in-100 sample), but a user reads one run."""
+    the baseline's own runs; and the scatter of each around its own median.  Medians
+    over repetitions hide an estimator's scatter (a 4 ms tick, a 1-in-100 sample), but
+    a user reads one run."""
     def p90(v: np.ndarray) -> float:
         return _q(np.abs(v - bm), 0.9) if len(v) and not math.isnan(bm) else math.nan
 
+    def scatter(v: np.ndarray) -> float:
+        return _q(np.abs(v - np.median(v)), 0.9) if len(v) else math.nan
+
     a, b = p90(av), p90(bv)
+    sa = scatter(av)
+    am = float(np.median(av)) if len(av) else math.nan
     return {"run_err_p90_ms": a, "base_run_err_p90_ms": b,
             "run_err_p90_pct": a / bm * 100.0 if bm > 0 else math.nan,
-            "base_run_err_p90_pct": b / bm * 100.0 if bm > 0 else math.nan}
+            "base_run_err_p90_pct": b / bm * 100.0 if bm > 0 else math.nan,
+            # the estimator's own scatter: runs around the arm's median
+            "scatter_p90_ms": sa, "base_scatter_p90_ms": scatter(bv),
+            "scatter_p90_pct": sa / abs(am) * 100.0 if am else math.nan}
 
 
 def _spread(v: np.ndarray) -> float:
@@ -483,9 +493,11 @@ def node_status(acc: pd.DataFrame, *, tol_pct: float = DEFAULT_TOL_PCT,
     - ``outside``: systematically off — the interquartile range of the per-repetition
       ratios (long nodes) or of the values (short nodes) lies wholly beyond the
       allowed error on one side.
-    - ``scatter``: the median may be right, but single runs are off by more than the
-      allowed error on top of the baseline's noise: a coarse or sampled estimate that
-      needs many runs to average out.
+    - ``scatter`` (long nodes): not systematically off, but single runs scatter around
+      the arm's own median (90th percentile) by more than the allowed error plus twice
+      the baseline's own scatter: a coarse or sampled estimate that needs many runs to
+      average out.  (Short nodes are judged on their medians only: a 0.1 ms band is
+      within the scheduling noise of single runs.)
     - ``unclear``: anything else (the baseline's own noise covers the band).
 
     ``outside`` and ``scatter`` need ≥ :data:`MIN_REPS_OUTSIDE` repetitions.  Adds
@@ -494,7 +506,7 @@ def node_status(acc: pd.DataFrame, *, tol_pct: float = DEFAULT_TOL_PCT,
     """
     df = acc.copy()
     if df.empty:
-        for c in ("long", "allowed_ms", "status", "direction"):
+        for c in ("long", "allowed_ms", "status", "direction", "scattered", "impossible"):
             df[c] = pd.Series(dtype="object")
         return df
     df["long"] = df["base_median_ms"] >= min_node_ms
@@ -521,13 +533,21 @@ def node_status(acc: pd.DataFrame, *, tol_pct: float = DEFAULT_TOL_PCT,
                           or r.base_q25_ms - r.arm_q75_ms > r.allowed_ms)
         if enough and systematic:
             status.append(OUTSIDE)
-        elif enough and not run_ok and r.run_err_p90_ms > r.allowed_ms + 2 * _nz(
-                r.base_run_err_p90_ms):
+        elif (enough and r.long
+              and _nz(r.scatter_p90_ms) > r.allowed_ms + 2 * _nz(r.base_scatter_p90_ms)):
             status.append(SCATTER)
         else:
             status.append(UNCLEAR)
     df["status"] = status
     df["direction"] = np.sign(df["abs_diff_ms"].fillna(0.0)).astype(int)
+    # scatter beyond the band whatever the status (an "outside" node can scatter too)
+    df["scattered"] = (df["n"] >= MIN_REPS_OUTSIDE) & df["long"] & (
+        df["scatter_p90_ms"].fillna(0.0) > df["allowed_ms"]
+        + 2 * df["base_scatter_p90_ms"].fillna(0.0))
+    # a node's own time below zero is impossible (its children took longer than it):
+    # beyond EXPLAIN's per-loop rounding it marks an estimate that does not add up
+    neg_tol = np.maximum(0.05, EXPLAIN_ROUNDING_MS * 2 * df["loops"].clip(lower=1))
+    df["impossible"] = (df["metric"] == EXCLUSIVE) & (df["arm_median_ms"] < -neg_tol)
     return df
 
 
@@ -537,9 +557,13 @@ def _nz(x: float) -> float:
 
 def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, baseline: str,
              *, tol_pct: float = DEFAULT_TOL_PCT, min_node_ms: float = MIN_NODE_MS,
-             tick_ms: Mapping[str, float] | None = None) -> pd.DataFrame:
+             tick_ms: Mapping[str, float] | None = None,
+             reference: tuple[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """One honest verdict per workload and arm, from :func:`node_status` of every node
     (inclusive time, and exclusive time of the nodes whose own work is long enough).
+
+    A node whose own (exclusive) time is negative beyond rounding makes the arm
+    ``wrong`` whatever else holds: its children took longer than it did.
 
     - ``accurate``: every node ``within``: "accurate within X %" (medians; single runs
       within the tolerance beyond the baseline's own noise).
@@ -555,13 +579,16 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
       machine decide).
 
     *tick_ms*: arm -> clock tick, for arms whose clock advances in ticks (the text then
-    names it where nodes read 0).
+    names it where nodes read 0).  *reference*: (name, :func:`node_accuracy` against
+    that arm) — a second yardstick, e.g. tsc_clock, whose times carry less clock
+    overhead than the baseline's; the text then says how far each arm is from it.
     """
     cols = ["workload", "arm", "verdict", "max_err_pct", "worst_node", "max_excl_err_pct",
             "run_err_p90_pct", "short_max_abs_ms", "short_nodes", "short_read_zero",
             "nodes_outside", "nodes_scatter", "nodes_unclear", "base_noise_pct",
             "root_vs_truth_pct", "base_root_vs_truth_pct", "overhead_timing_pct",
-            "base_overhead_timing_pct", "clock_err_pct", "text"]
+            "base_overhead_timing_pct", "clock_err_pct", "negative_own", "ref_median_err_pct",
+            "ref_worst_err_pct", "text"]
     if accuracy.empty:
         return pd.DataFrame(columns=cols)
     tick_ms = dict(tick_ms or {})
@@ -601,10 +628,14 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
         ov = get(co, key, "overhead_timing_pct")
         bov = get(co, (wl, baseline), "overhead_timing_pct")
         off, scatter, unclear = by[OUTSIDE], by[SCATTER], by[UNCLEAR]
-        if off.empty and scatter.empty and unclear.empty:
+        neg = g[g["impossible"]]
+        if not neg.empty:
+            verdict = "wrong"
+        elif off.empty and scatter.empty and unclear.empty:
             verdict = "accurate"
         elif not off.empty or not scatter.empty:
-            lower = (scatter.empty and (off["direction"] < 0).all() and read_zero == 0
+            lower = (scatter.empty and not judged["scattered"].any()
+                     and (off["direction"] < 0).all() and read_zero == 0
                      and not (judged["rel_err_pct"] > tol_pct).any()
                      and not math.isnan(rvt) and not math.isnan(brvt) and abs(rvt) < abs(brvt)
                      and not math.isnan(cerr) and abs(cerr) <= tol_pct / 2)
@@ -651,6 +682,17 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
             if read_zero:
                 parts.append(f"{read_zero} node(s) read 0 ms where {baseline} has time"
                              + (f" (clock tick {tick_ms[arm]:g} ms)" if arm in tick_ms else ""))
+            if not neg.empty:
+                w = neg.loc[neg["arm_median_ms"].idxmin()]
+                parts.append(f"{len(neg)} node(s) with a negative own time — children "
+                             f"longer than their parent, impossible (node {int(w['node_id'])} "
+                             f"{w['node_type']}: {w['arm_median_ms']:.3f} ms)")
+            sc = judged[judged["scattered"] & judged["long"]]
+            if not sc.empty and scatter.empty:
+                w = sc.loc[sc["scatter_p90_pct"].idxmax()]
+                parts.append(f"single runs scatter by ±{w['scatter_p90_pct']:.0f}% (p90) "
+                             f"around their median on {len(sc)} long node time(s) ("
+                             f"node {int(w['node_id'])} {w['node_type']})")
         if not math.isnan(noise):
             parts.append(f"{baseline}'s own single-run noise on long nodes: {noise:.0f}% (p90)")
         if not math.isnan(rvt):
@@ -661,6 +703,19 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
         if not math.isnan(cerr) and abs(cerr) > tol_pct / 2:
             parts.append(f"its Execution Time is {cerr:+.0f}% off the wall clock (relative to "
                          f"{baseline})")
+        ref_med = ref_worst = math.nan
+        if reference is not None and arm != reference[0]:
+            ra = reference[1]
+            rb = ra[(ra["workload"] == wl) & (ra["arm"] == arm) & (ra["metric"] == INCLUSIVE)
+                    & (ra["base_median_ms"] >= min_node_ms)]
+            if not rb.empty:
+                ref_med = float(rb["rel_err_pct"].median())
+                w = rb.loc[rb["rel_err_pct"].abs().idxmax()]
+                ref_worst = float(w["rel_err_pct"])
+                parts.append(f"against {reference[0]} (cheaper clock, less overhead in its "
+                             f"times): median {ref_med:+.0f}%, worst {ref_worst:+.0f}% ("
+                             f"node {int(w['node_id'])} {w['node_type']}: "
+                             f"{w['arm_median_ms']:.3f} vs {w['base_median_ms']:.3f} ms)")
         worst = big.loc[big["rel_err_pct"].abs().idxmax()] if not big.empty else None
         out.append({
             "workload": wl, "arm": arm, "verdict": verdict, "max_err_pct": max_err,
@@ -672,7 +727,8 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
             "nodes_scatter": len(scatter), "nodes_unclear": len(unclear),
             "base_noise_pct": noise, "root_vs_truth_pct": rvt, "base_root_vs_truth_pct": brvt,
             "overhead_timing_pct": ov, "base_overhead_timing_pct": bov,
-            "clock_err_pct": cerr, "text": "; ".join(parts),
+            "clock_err_pct": cerr, "negative_own": len(neg), "ref_median_err_pct": ref_med,
+            "ref_worst_err_pct": ref_worst, "text": "; ".join(parts),
         })
     return pd.DataFrame(out, columns=cols)
 
@@ -712,7 +768,8 @@ def _ci(x: float, lo: float, hi: float) -> str:
 
 def summary_table(verdict_df: pd.DataFrame, cost: pd.DataFrame, truth: pd.DataFrame,
                   accuracy: pd.DataFrame, *, cost_wall: pd.DataFrame | None = None,
-                  min_node_ms: float = MIN_NODE_MS) -> pd.DataFrame:
+                  min_node_ms: float = MIN_NODE_MS, reference: str | None = None
+                  ) -> pd.DataFrame:
     """The headline table: per workload and arm, cost and error side by side.
 
     *cost*: :func:`cost_table` on CPU time; *cost_wall* (optional): on wall time.
@@ -753,6 +810,10 @@ def summary_table(verdict_df: pd.DataFrame, cost: pd.DataFrame, truth: pd.DataFr
                 (f"{big['rel_err_pct'].median():+.1f}% / "
                  f"{big.loc[big['rel_err_pct'].abs().idxmax(), 'rel_err_pct']:+.1f}%")
                 if not big.empty else "–",
+            **({f"node err vs {reference} median / worst":
+                (f"{v['ref_median_err_pct']:+.1f}% / {v['ref_worst_err_pct']:+.1f}%"
+                 if v is not None and not math.isnan(v["ref_median_err_pct"]) else "–")}
+               if reference else {}),
             "short nodes max |Δ| ms": v["short_max_abs_ms"] if v is not None else math.nan,
             "verdict": v["verdict"] if v is not None else "(baseline)",
         })
@@ -763,7 +824,8 @@ def markdown_report(*, title: str, facts: Mapping[str, Any], verdict_df: pd.Data
                     cost: pd.DataFrame, truth: pd.DataFrame, accuracy: pd.DataFrame,
                     mismatches: pd.DataFrame, grid: Mapping[str, pd.DataFrame],
                     baseline: str, cost_wall: pd.DataFrame | None = None,
-                    min_node_ms: float = MIN_NODE_MS, tol_pct: float = DEFAULT_TOL_PCT) -> str:
+                    min_node_ms: float = MIN_NODE_MS, tol_pct: float = DEFAULT_TOL_PCT,
+                    reference: str | None = None) -> str:
     """The run's report.md: provenance facts, the headline table, verdicts, per-node tables."""
     lines = [f"# {title}", ""]
     for k, v in facts.items():
@@ -782,7 +844,7 @@ def markdown_report(*, title: str, facts: Mapping[str, Any], verdict_df: pd.Data
               f"*scattered* when 1 run in 10 misses by more than the band plus "
               f"{baseline}'s own run-to-run noise (≥ {MIN_REPS_OUTSIDE} repetitions).", "",
               _md_table(summary_table(verdict_df, cost, truth, accuracy, cost_wall=cost_wall,
-                                      min_node_ms=min_node_ms)), "",
+                                      min_node_ms=min_node_ms, reference=reference)), "",
               "### EXPLAIN against the plain query (medians, ms)", "",
               _md_table(truth.round(3) if not truth.empty else truth), "",
               "## Verdicts", ""]

@@ -32,7 +32,7 @@ class RegressResult:
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chown(dirpath, uid, gid)
         for n in filenames:
             p = os.path.join(dirpath, n)
