@@ -84,7 +84,7 @@ DEFAULT_MODES: tuple[str, ...] = ("plain", "analyze_notiming", "analyze_timing")
 #: ``order`` is the execution's position in the whole run (0..N-1), ``slot`` its
 #: position inside its repetition; ``t_start`` the Unix time it started (drift plots).
 TIMINGS_COLUMNS: tuple[str, ...] = (
-    *tables.SCHEMAS["timings"], "explain_ms", "planning_ms", "slot", "backend_pid",
+    *tables.SCHEMAS["timings"], "cpu_ms", "explain_ms", "planning_ms", "slot", "backend_pid",
     "preset", "t_start",
 )
 
@@ -541,6 +541,21 @@ def _explain_times(rows: Sequence[tuple[Any, ...]]) -> tuple[float, float]:
     return ex, pl
 
 
+def _cpu_ns(pid: int) -> int | None:
+    """Nanoseconds *pid* has run on a CPU (first field of /proc/PID/schedstat), or None.
+
+    Read while the backend is idle (just before sending the statement and after its
+    result arrived), so the value is current. Unlike wall time it does not grow while
+    the backend waits for a core that other processes hold, which is what makes wall
+    times on a shared 2-core machine swing by tens of percent.
+    """
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _pgss_snapshot(conn: psycopg.Connection) -> dict[int, int]:
     """queryid -> calls for every statement except the ones reading pg_stat_statements."""
     rows = conn.execute("SELECT queryid, calls, query FROM pg_stat_statements(true)",
@@ -586,11 +601,13 @@ class _Runner:
             snap = _pgss_snapshot(conn) if qid is None else None
             before = _pgss_read(conn, qid) if qid is not None else (0, 0.0)
             cur = conn.cursor()
+            cpu0 = _cpu_ns(t.backend_pid)
             t_start = time.time()
             t0 = time.perf_counter_ns()
             cur.execute(sql, prepare=False)
             rows = cur.fetchall()
             t1 = time.perf_counter_ns()
+            cpu1 = _cpu_ns(t.backend_pid)
             cur.close()
             if qid is None:
                 assert snap is not None
@@ -617,7 +634,9 @@ class _Runner:
                     f"scale {self.req.scale}, expected {self.expected}: the build computes "
                     "wrong results (check its patches with `profkit regress`)")
         ex, pl = _explain_times(rows) if mode != "plain" else (math.nan, math.nan)
-        return {"client_ms": (t1 - t0) / 1e6, "server_ms": server_ms, "explain_ms": ex,
+        cpu_ms = (cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else math.nan
+        return {"client_ms": (t1 - t0) / 1e6, "server_ms": server_ms, "cpu_ms": cpu_ms,
+                "explain_ms": ex,
                 "planning_ms": pl, "t_start": t_start, "backend_pid": t.backend_pid}
 
     def _identify(self, conn: psycopg.Connection, before: dict[int, int], t: _Target,

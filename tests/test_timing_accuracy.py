@@ -262,6 +262,34 @@ def test_verdict_wrong_for_a_quantised_clock():
     assert r["nodes_scatter"] + r["nodes_outside"] >= 1
 
 
+def test_verdict_wrong_when_children_outgrow_their_parent():
+    # a sampled estimate whose leaf is inflated (its timed calls carry the clock reads)
+    # while the parent's single timed call is exact: the join's own time goes negative
+    def sampled(rep):
+        return {"agg": 6.0, "join": 5.9, "scan": 7.0, "hash_": 0.5, "inner": 0.4}
+
+    v = _verdict({"vanilla": _jitter, "sampled": sampled, "cheap": lambda r: _jitter(r, 0.6)},
+                 {"vanilla": (5.0, 6.0, 10.0), "sampled": (5.0, 6.0, 6.0),
+                  "cheap": (5.0, 6.0, 6.0)})
+    r = v.loc["sampled"]
+    assert r["verdict"] == "wrong" and r["negative_own"] == 1
+    assert "negative own time" in r["text"] and "node 1 Hash Join" in r["text"]
+    # against a second yardstick the text says how far each arm is from it
+    nodes = _nodes_table({"vanilla": _jitter, "sampled": sampled,
+                          "cheap": lambda r: _jitter(r, 0.6)})
+    acc = ta.node_accuracy(nodes, "vanilla")
+    timings = _timings({"vanilla": (5.0, 6.0, 10.0), "sampled": (5.0, 6.0, 6.0),
+                        "cheap": (5.0, 6.0, 6.0)})
+    ref = ("cheap", ta.node_accuracy(nodes, "cheap"))
+    v2 = ta.verdicts(acc, ta.truth_table(timings, nodes, "vanilla"),
+                     ta.cost_table(timings, "vanilla", n_resamples=199), "vanilla",
+                     reference=ref).set_index("arm")
+    # sampled scan 7.0 vs cheap 3.0: +133 %
+    assert v2.loc["sampled", "ref_worst_err_pct"] == pytest.approx(7.0 / 3.0 * 100 - 100)
+    assert math.isnan(v2.loc["cheap", "ref_median_err_pct"])
+    assert "against cheap" in v2.loc["sampled", "text"]
+
+
 def test_verdict_inconclusive_with_too_few_repetitions():
     v = _verdict({"vanilla": _jitter, "x": lambda r: _jitter(r, 1.5)},
                  {"vanilla": (8, 10, 16), "x": (8, 10, 16)}, reps=3)
