@@ -149,12 +149,13 @@ def _mode_list(modes: str) -> list[str]:
                    "else smaller).")
 @click.option("--seed", "order_seed", type=int, default=None,
               help="Seed of the interleaving order (default: random, recorded).")
-@click.option("--metric", type=click.Choice(["server_ms", "client_ms"]), default="server_ms",
-              show_default=True, help="Time the report's overheads use.")
+@click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]), default=None,
+              help="Time the report's overheads use (default: cpu_ms, the backend's on-CPU "
+                   "time, where recorded; else server_ms).")
 @_friendly
 def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
-              instr_scale: float | None, order_seed: int | None, metric: str) -> None:
+              instr_scale: float | None, order_seed: int | None, metric: str | None) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10

@@ -210,6 +210,8 @@ def test_server_and_client_times_agree(small_run):
     t = bench.load_timings(small_run["dir"])
     assert (t["client_ms"] > 0).all() and (t["server_ms"] > 0).all()
     assert (t["client_ms"] >= t["server_ms"]).all(), "the client's time includes the server's"
+    # the backend's on-CPU time: positive, never more than the client waited
+    assert (t["cpu_ms"] > 0).all() and (t["cpu_ms"] <= t["client_ms"] + 1).all()
     ex = t[t["mode"] != "plain"]
     assert ex["explain_ms"].notna().all() and t.loc[t["mode"] == "plain", "explain_ms"].isna().all()
     # pg_stat_statements' time of EXPLAIN = EXPLAIN's Execution Time + planning + output
@@ -224,6 +226,7 @@ def test_summary_overheads_and_instruction_counts(small_run):
     d = small_run["dir"]
     text = (d / "summary.csv").read_text()
     assert text.splitlines()[0] == ",".join(SUMMARY_COLUMNS)
+    assert "The tables above use `cpu_ms`" in (d / "report.md").read_text()
     s = pd.read_csv(d / "summary.csv")
     assert list(s.columns) == SUMMARY_COLUMNS and len(s) == 6
     v = s.set_index(["build", "mode"])

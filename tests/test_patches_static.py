@@ -1,8 +1,8 @@
 """Static checks of the PostgreSQL patch library (no build, no cluster).
 
-The apply checks need a pristine PostgreSQL 18.6 source tree: set
-PROFKIT_PG_SRC to its root (the directory holding ``configure``); without it
-they are skipped.
+The apply checks run on a pristine PostgreSQL 18.6 source tree: PROFKIT_PG_SRC
+if set, else profkit's default source (Debian's postgresql-18, fetched and
+cached on first use like every build does).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ ALL = patches.list_patches()
 def _source() -> Path:
     src = os.environ.get("PROFKIT_PG_SRC")
     if not src:
-        pytest.skip("PROFKIT_PG_SRC is not set: point it at a pristine PostgreSQL 18.6 "
-                    "source tree to check that the patches apply")
+        from profkit.pg.source import get_source
+
+        src = get_source().path
     path = Path(src)
     if not (path / "configure").is_file() or not (path / "src" / "include").is_dir():
         pytest.skip(f"PROFKIT_PG_SRC={src} is not a PostgreSQL source tree")
