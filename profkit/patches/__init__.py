@@ -190,7 +190,9 @@ def parse_patch_output(output: str, patch_text: str) -> list[FailedHunk]:
     return failed
 
 
-def _failure_message(name: str, earlier: list[str], output: str, patch_text: str) -> str:
+def failure_message(name: str, earlier: list[str], output: str, patch_text: str,
+                    patch_path: Path | None = None) -> str:
+    """Say which patch failed, on top of what, which hunks were rejected, and what to do."""
     problems = parse_patch_output(output, patch_text)
     where = f" on top of {', '.join(earlier)}" if earlier else ""
     if problems:
@@ -209,7 +211,7 @@ def _failure_message(name: str, earlier: list[str], output: str, patch_text: str
     return (f"patch {name!r} does not apply{where}: {detail}. "
             f"The patches were written for PostgreSQL {TARGET_VERSION}: build from that "
             f"source, or rebase the patch onto this one (see the header of "
-            f"{PATCH_DIR / (name + '.patch')}); cumulative patches must be applied in "
+            f"{patch_path or PATCH_DIR / (name + '.patch')}); cumulative patches must be applied in "
             f"the order of PRESETS, e.g. step3 = {' + '.join(PRESETS['step3'])}.")
 
 
@@ -243,7 +245,7 @@ def check_applies(source_dir: str | Path, patch_names: list[str] | tuple[str, ..
                       what=f"patch --dry-run {name}")
             output = (dry.stdout or "") + (dry.stderr or "")
             if dry.returncode != 0:
-                raise PatchError(_failure_message(name, list(patch_names[:i]), output,
+                raise PatchError(failure_message(name, list(patch_names[:i]), output,
                                                   texts[name]), step="patch")
             if i + 1 < len(patch_names):
                 run(base, timeout=120, what=f"patch {name}")

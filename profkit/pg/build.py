@@ -256,63 +256,23 @@ def get_build(name_or_spec: str | BuildSpec, *, source: str | None = None,
 
 
 def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path) -> list[dict]:
-    applied = []
+    from profkit.patches import failure_message
+
+    applied: list[dict] = []
     for pf in files:
         base = ["patch", "-p1", "--batch", "--forward", "-d", str(tree), "-i", str(pf)]
         dry = run([*base, "--dry-run"], check=False, timeout=120)
+        output = (dry.stdout or "") + (dry.stderr or "")
         with open(log_path, "a") as log:
-            log.write(f"$ patch -p1 < {pf.name} (dry run)\n{dry.stdout}{dry.stderr}\n")
+            log.write(f"$ patch -p1 < {pf.name} (dry run)\n{output}\n")
         if dry.returncode != 0:
-            raise PatchError(describe_patch_failure(pf, dry.stdout + dry.stderr), step="patch",
-                             log_path=str(log_path))
+            raise PatchError(
+                failure_message(pf.stem, [a["name"] for a in applied], output,
+                                pf.read_text(errors="replace"), patch_path=pf),
+                step="patch", log_path=str(log_path))
         run(base, timeout=120, stdout_path=log_path, merge_stderr=True)
         applied.append({"name": pf.stem, "file": str(pf), "sha256": _sha256(pf)})
     return applied
-
-
-def describe_patch_failure(patch_file: Path, output: str) -> str:
-    """Name the patch, the file and the rejected hunks (with their @@ headers)."""
-    hunks_by_file: dict[str, list[str]] = {}
-    current = None
-    for line in output.splitlines():
-        m = re.match(r"(?:checking|patching) file (.+)", line)
-        if m:
-            current = m.group(1).strip()
-        m = re.match(r"Hunk #(\d+) FAILED at (\d+)", line)
-        if m and current:
-            hunks_by_file.setdefault(current, []).append(f"hunk #{m.group(1)} (at line {m.group(2)})")
-    headers = _hunk_headers(patch_file)
-    parts = []
-    for f, hunks in hunks_by_file.items():
-        detail = []
-        for h in hunks:
-            n = int(re.search(r"#(\d+)", h).group(1))
-            hdr = headers.get(f, [])
-            detail.append(f"{h}: {hdr[n - 1]}" if 0 < n <= len(hdr) else h)
-        parts.append(f"{f}: " + "; ".join(detail))
-    missing = re.findall(r"can't find file to patch|No file to patch", output)
-    reversed_ = "Reversed (or previously applied) patch detected" in output
-    why = "; ".join(parts) if parts else output.strip().splitlines()[-1] if output.strip() else "?"
-    if missing:
-        why = "a file it patches does not exist in this source; " + why
-    if reversed_:
-        why = "it is already applied (or reversed); " + why
-    return (f"patch {patch_file.name} does not apply: {why}. The patch was written for the "
-            "default source (PostgreSQL 18, Debian's postgresql-18); rebase it onto this "
-            "source or build from the version it targets.")
-
-
-def _hunk_headers(patch_file: Path) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    cur = None
-    for line in patch_file.read_text(errors="replace").splitlines():
-        if line.startswith("+++ "):
-            name = line[4:].split("\t")[0].strip()
-            cur = name.split("/", 1)[1] if "/" in name else name
-            out.setdefault(cur, [])
-        elif line.startswith("@@") and cur is not None:
-            out[cur].append(line.strip())
-    return out
 
 
 def _sha256(p: Path) -> str:
