@@ -21,7 +21,10 @@ Per execution (one row of the ``timings`` table, profkit/tables.py):
   ``/proc/PID/schedstat`` read while it is idle before and after. On an idle machine
   it equals ``server_ms``; on a shared one it leaves out the time the backend waited
   for a core, so it is the report's headline measure where recorded
-  (:func:`default_metric`).
+  (:func:`default_metric`). Measured here (vanilla, scale 0.05, 12 reps, three busy
+  loops competing for the 2 cores): Query-2 overhead 31.4 % [30.2, 33.9] by
+  ``cpu_ms`` against 15.1 % [−15.3, 53.3] by ``server_ms``; idle, all three agree
+  (31–38 %).
 - ``explain_ms``/``planning_ms`` (extra columns): EXPLAIN's own "Execution Time" /
   "Planning Time" lines (NaN for the plain query).
 
@@ -480,6 +483,14 @@ def load_provenance(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise BenchError(f"{p} is damaged ({e})") from None
 
 
+def load_bench(run_dir: str | os.PathLike[str] | None = None) -> BenchResult:
+    """A benchmark run read back from its directory (default: ``profiles/latest``)."""
+    d = Path(run_dir) if run_dir is not None else paths.profiles_dir() / "latest"
+    prov = load_provenance(d)
+    return BenchResult(str(prov.get("run_id") or d.resolve().name), d.resolve(),
+                       load_timings(d), load_instructions(d), prov)
+
+
 def _get(d: Mapping[str, Any], dotted: str) -> Any:
     cur: Any = d
     for part in dotted.split("."):
@@ -658,6 +669,8 @@ class _Runner:
     # -- phases ---------------------------------------------------------------
     def start_clusters(self, stack: contextlib.ExitStack, builds: Mapping[str, Build],
                        settings: Mapping[str, str]) -> None:
+        import psycopg
+
         from profkit.pg.cluster import Cluster
 
         self.progress.phase("starting clusters and loading data", len(self.req.refs))
@@ -670,10 +683,16 @@ class _Runner:
             # LIFO: runs before the cluster stops and removes its directory
             stack.callback(self._keep_log, t)
             stack.callback(self._close, t)
-            self.connect(t)
-            self.wl.load(t.conn, self.req.scale)  # type: ignore[arg-type]
-            self.progress.advance(f"{ref.label}: cluster on port {cl.port}, {self.wl.name} loaded "
-                              f"at scale {self.req.scale}")
+            try:
+                self.connect(t)
+                self.wl.load(t.conn, self.req.scale)  # type: ignore[arg-type]
+            except psycopg.Error as e:
+                raise BenchError(f"could not prepare the cluster of build {ref.label!r} "
+                                 f"(pg_stat_statements, loading {self.wl.name} at scale "
+                                 f"{self.req.scale}): {e}; server log: "
+                                 f"{self.out_dir / 'logs' / f'postgres-{ref.label}.log'}") from e
+            self.progress.advance(f"{ref.label}: cluster on port {cl.port}, {self.wl.name} "
+                                  f"loaded at scale {self.req.scale}")
 
     def connect(self, t: _Target) -> None:
         t.conn = t.cluster.connect(prepare_threshold=None)
@@ -1199,7 +1218,8 @@ def _report_provenance(prov: Mapping[str, Any]) -> dict[str, Any]:
         "workload": prov.get("workload"), "scale": prov.get("scale"),
         "reps": prov.get("reps"), "metric": prov.get("report_metric"),
         "instruction_counter": prov.get("instruction_counter"),
-        "machine": machine, "builds": prov.get("builds"), "settings": prov.get("settings"),
+        "machine": machine, "builds": _ordered_builds(prov.get("builds")),
+        "settings": prov.get("settings"),
         "status": prov.get("status"),
         "instructions counted at scale": prov.get("instr_scale"),
         "load average (1/5/15 min) at start": _loadavg(prov.get("loadavg_start")),
@@ -1211,6 +1231,15 @@ def _report_provenance(prov: Mapping[str, Any]) -> dict[str, Any]:
     if prov.get("instructions_error"):
         out["instruction counts failed"] = prov["instructions_error"]
     return out
+
+
+def _ordered_builds(builds: Any) -> Any:
+    """The builds in the seed's order (provenance.json stores them sorted by name)."""
+    from profkit.analyze.stats import build_order
+
+    if not isinstance(builds, Mapping):
+        return builds
+    return {b: builds[b] for b in build_order(list(builds))}
 
 
 def _loadavg(x: Any) -> str | None:
@@ -1338,6 +1367,7 @@ def _extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: s
                       else f" [{r.ci_low_pct:.2f}, {r.ci_high_pct:.2f}]")
                 cells += [f"{r.median_ms:.2f}", f"{r.overhead_pct:.2f}{ci}"]
             out.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+    out += _plain_across_builds(timings, instr, metric)
     if instr is not None and not instr.empty:
         tools = ", ".join(sorted(set(instr["tool"].astype(str))))
         scopes = ", ".join(sorted(set(instr["scope"].astype(str))))
@@ -1362,6 +1392,37 @@ def _extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: s
                            f"{f'{int(ex):,}' if _num(ex) else '–'} | "
                            f"{'–' if math.isnan(ovx) else f'{ovx:.2f}'} |")
     return "\n".join(out) + "\n"
+
+
+def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None,
+                         metric: str) -> list[str]:
+    """Query-1 of every build against the first (the seed's step 3 slowed it by ~1 %)."""
+    from profkit.analyze.stats import build_order, compare_builds
+
+    builds = build_order(timings["build"].unique().tolist())
+    if len(builds) < 2 or "plain" not in set(timings["mode"]):
+        return []
+    frame, col = _metric_frame(timings, metric)
+    ic = None
+    if instr is not None and not instr.empty:
+        ic = instr[instr["mode"] == "plain"].set_index("build")["instructions"].astype(float)
+    base = builds[0]
+    out = ["", f"## The plain query across builds (against {base})", "",
+           (f"Median `{metric}` of Query-1 relative to {base}'s (Mann–Whitney U on the "
+            "per-execution times) and its instruction count: what a patch costs a query "
+            "that is not being explained."), "",
+           "| build | median ms | time vs " + base + " % | p | instructions vs " + base + " % |",
+           "| :--- | ---: | ---: | ---: | ---: |"]
+    for b in builds[1:]:
+        try:
+            c = compare_builds(frame, base, b, "plain", col)  # type: ignore[arg-type]
+        except ComparisonError:
+            continue
+        iv = (ic[b] / ic[base] - 1) * 100 if ic is not None and b in ic and base in ic \
+            else math.nan
+        out.append(f"| {b} | {c.median_b_ms:.2f} | {(c.time_ratio - 1) * 100:+.2f} | "
+                   f"{c.time_p_value:.3g} | {'–' if math.isnan(iv) else f'{iv:+.2f}'} |")
+    return out
 
 
 def _num(x: Any) -> bool:
@@ -1390,7 +1451,8 @@ def ordering_check(summary: pd.DataFrame, comparisons: pd.DataFrame | None = Non
     if len(present) < 2:
         return []
     out = []
-    for col, what in (("instr_overhead_pct", "instructions"), ("overhead_pct", "wall clock")):
+    metric = str(s["metric"].iloc[0]) if "metric" in s.columns and len(s) else "time"
+    for col, what in (("instr_overhead_pct", "instructions"), ("overhead_pct", f"time ({metric})")):
         if col not in s.columns:
             continue
         vals = [s.loc[b, col] for b in present]

@@ -30,13 +30,13 @@ if not out_console.is_terminal:
 err_console = Console(stderr=True)
 
 #: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
-#: ~0.55 s on vanilla and Query-3 ~3.5x that, so one repetition of the 4 builds x 3
-#: modes is ~10 s (~14 s while other work loads the machine): 20 repetitions + warm-up
-#: ~3.5-5 minutes. callgrind at 0.01 (work / 49) counts the 4 builds in ~30 s (2 in
-#: parallel); the instruction overhead there differs from 0.02's by < 0.2 points.
+#: ~0.3 s on vanilla and Query-3 ~3.9x that, so one repetition of the 4 builds x 3 modes
+#: is ~6.5 s on an idle machine (~15 s while other work loads it): 25 repetitions plus
+#: warm-up take ~3 minutes idle. callgrind at 0.01 (work / 49) counts the 4 builds in
+#: ~30 s (2 in parallel); its instruction overheads differ from 0.02's by < 0.2 points.
 REPRO_BUILDS = "vanilla,step1,step2,step3"
 REPRO_SCALE = 0.07
-REPRO_REPS = 20
+REPRO_REPS = 25
 REPRO_INSTR_SCALE = 0.01
 
 
@@ -226,7 +226,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     interleaved across builds, counts instructions with callgrind, prints the seed-style
     table beside the seed's figures and writes report.md, overheads.png/svg and
     summary.csv under profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.07
-    (Query-1 ≈ 0.55 s on vanilla here), 20 repetitions: ~4 minutes of benchmark on 2
+    (Query-1 ≈ 0.3 s on vanilla here), 25 repetitions: ~3 minutes of benchmark on 2 idle
     cores; callgrind at scale 0.01.
     """
     from profkit.bench import check_request, new_run_id, run_bench, update_latest, write_report

@@ -406,3 +406,46 @@ def test_full_disk_before_start(small_fs, vanilla_build):
     with pytest.raises(ProfilesFull, match="^profiles folder is full: free space or choose"):
         bench.run_bench("vanilla", "nested_loop", 0.005, 2, out_dir=small_fs / "run",
                         progress=None, instructions="none")
+
+
+@pytest.mark.pg
+def test_ctrl_c_stops_everything_and_keeps_rows(tmp_path, vanilla_build):
+    root = tmp_path / "p"
+    # SIGINT back to its default in the child: a shell may start us with it ignored
+    p = subprocess.Popen(
+        [sys.executable, "-m", "profkit.cli", "bench", "--builds", "vanilla", "--scale", "0.01",
+         "--reps", "200", "--instructions", "none", "--out", str(root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            runs = list(root.glob("*-nested_loop"))
+            if runs and len(_csv_rows(runs[0] / "timings.csv")) >= 5:
+                break
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert "interrupted; everything profkit started was stopped" in err
+    run = runs[0]
+    prov = json.loads((run / "provenance.json").read_text())
+    assert prov["status"] == "interrupted" and prov["rows"] >= 5
+    assert len(bench.load_timings(run)) == prov["rows"] == len(_csv_rows(run / "timings.csv"))
+    c = prov["clusters"]["vanilla"]
+    assert not _alive(c["postmaster_pid"]) and not Path(c["dir"]).exists()
+
+
+@pytest.mark.pg
+def test_load_bench_reads_the_run_back(small_run):
+    r = bench.load_bench(small_run["root"] / "latest")
+    assert r.run_id == small_run["dir"].name and len(r.timings) == 18
+    s = r.summary()
+    assert set(s["metric"]) == {"cpu_ms"} and s["instr"].notna().all()
+    assert "<table" in r._repr_html_()
+    # the same numbers as summary.csv
+    csv_s = pd.read_csv(small_run["dir"] / "summary.csv")
+    assert csv_s["overhead_pct"].round(2).tolist() == s["overhead_pct"].round(2).tolist()
