@@ -6,6 +6,7 @@ group aggregate, window, limit, subquery scan, CTE scan, append/merge append,
 unique, set ops, recursive union, values/function scans, project set,
 subplans, Gather and Gather Merge) on each variant's own cluster.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,13 +35,35 @@ def vanilla_rows(vanilla_build):
 
 def test_corpus_covers_the_node_types(vanilla_rows):
     have = set(vanilla_rows["node_type"])
-    for t in ("Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Nested Loop",
-              "Hash Join", "Merge Join", "Materialize", "Sort", "Incremental Sort", "Aggregate",
-              "WindowAgg", "Limit", "Subquery Scan", "CTE Scan", "Append", "Merge Append",
-              "Unique", "SetOp", "Gather", "Gather Merge", "Memoize"):
+    for t in (
+        "Seq Scan",
+        "Index Scan",
+        "Index Only Scan",
+        "Bitmap Heap Scan",
+        "Nested Loop",
+        "Hash Join",
+        "Merge Join",
+        "Materialize",
+        "Sort",
+        "Incremental Sort",
+        "Aggregate",
+        "WindowAgg",
+        "Limit",
+        "Subquery Scan",
+        "CTE Scan",
+        "Append",
+        "Merge Append",
+        "Unique",
+        "SetOp",
+        "Gather",
+        "Gather Merge",
+        "Memoize",
+    ):
         assert t in have, t
     # rows are real numbers, not placeholders
-    seq = vanilla_rows[(vanilla_rows["query"] == "seqscan") & (vanilla_rows["node_type"] == "Seq Scan")]
+    seq = vanilla_rows[
+        (vanilla_rows["query"] == "seqscan") & (vanilla_rows["node_type"] == "Seq Scan")
+    ]
     assert seq["rows"].iloc[0] == sum(1 for i in range(1, 10001) if ((i * 7919) % 1000) % 7 == 0)
 
 

@@ -14,6 +14,7 @@ A build directory is trusted only when its ``COMPLETE`` marker exists; the
 marker is written last.  A failed step removes the directory (the log is kept
 under ``<cache>/logs``), so no half-made entry is ever reused.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -76,8 +77,11 @@ def _patch_presets() -> dict[str, tuple[tuple[str, ...], str]]:
 def presets() -> dict[str, BuildSpec]:
     out = {
         "vanilla": BuildSpec("vanilla", description="unpatched, -O2 -g, frame pointers"),
-        "gprof": BuildSpec("gprof", configure_opts=("--enable-profiling",),
-                           description="unpatched, --enable-profiling (gprof: gmon.out per backend)"),
+        "gprof": BuildSpec(
+            "gprof",
+            configure_opts=("--enable-profiling",),
+            description="unpatched, --enable-profiling (gprof: gmon.out per backend)",
+        ),
     }
     for name, (patch_names, descr) in _patch_presets().items():
         if name in out:
@@ -87,8 +91,11 @@ def presets() -> dict[str, BuildSpec]:
     for name in list(out):
         if name != "gprof" and out[name].patches:
             out[f"{name}+gprof"] = BuildSpec(
-                f"{name}+gprof", patches=out[name].patches, configure_opts=("--enable-profiling",),
-                description=out[name].description + " + --enable-profiling")
+                f"{name}+gprof",
+                patches=out[name].patches,
+                configure_opts=("--enable-profiling",),
+                description=out[name].description + " + --enable-profiling",
+            )
     return out
 
 
@@ -99,7 +106,8 @@ def resolve_spec(name_or_spec: str | BuildSpec) -> BuildSpec:
     if name_or_spec in p:
         return p[name_or_spec]
     raise BuildError(
-        f"unknown build {name_or_spec!r}; known presets: {', '.join(sorted(p))}", step="spec")
+        f"unknown build {name_or_spec!r}; known presets: {', '.join(sorted(p))}", step="spec"
+    )
 
 
 def patch_path(name: str, major: str) -> Path:
@@ -159,10 +167,16 @@ class Build:
 
     def provenance(self) -> dict:
         return {
-            "build": self.name, "key": self.key, "source": self.source,
-            "patches": self.patches, "configure_opts": self.spec.get("configure_opts"),
-            "cflags": self.spec.get("cflags"), "ldflags": self.spec.get("ldflags"),
-            "compiler": self.compiler, "pg_config": self.pg_config, "built_at": self.built_at,
+            "build": self.name,
+            "key": self.key,
+            "source": self.source,
+            "patches": self.patches,
+            "configure_opts": self.spec.get("configure_opts"),
+            "cflags": self.spec.get("cflags"),
+            "ldflags": self.spec.get("ldflags"),
+            "compiler": self.compiler,
+            "pg_config": self.pg_config,
+            "built_at": self.built_at,
             "postgres": str(self.postgres),
         }
 
@@ -179,14 +193,23 @@ class Build:
 
     def _repr_html_(self) -> str:
         rows = [
-            ("build", self.name), ("PostgreSQL", self.version), ("source", self.source.get("detail")),
-            ("patches", ", ".join(f"{p['name']} ({p['sha256'][:10]})" for p in self.patches) or "none"),
+            ("build", self.name),
+            ("PostgreSQL", self.version),
+            ("source", self.source.get("detail")),
+            (
+                "patches",
+                ", ".join(f"{p['name']} ({p['sha256'][:10]})" for p in self.patches) or "none",
+            ),
             ("configure", " ".join(self.spec.get("configure_opts", []))),
             ("CFLAGS", self.pg_config.get("CFLAGS", self.spec.get("cflags"))),
-            ("key", self.key[:16]), ("install", str(self.prefix)),
+            ("key", self.key[:16]),
+            ("install", str(self.prefix)),
         ]
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-                       f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows)
+        body = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+            for k, v in rows
+        )
         return f"<table>{body}</table>"
 
     def __repr__(self) -> str:
@@ -200,8 +223,15 @@ def compiler_identity() -> str:
 
 def cache_key(spec: BuildSpec, source: Source, patch_files: Sequence[Path], compiler: str) -> str:
     h = hashlib.sha256()
-    for part in (RECIPE_VERSION, source.identity, spec.cflags, spec.ldflags,
-                 " ".join(BASE_CONFIGURE + spec.configure_opts), compiler, ",".join(CONTRIB)):
+    for part in (
+        RECIPE_VERSION,
+        source.identity,
+        spec.cflags,
+        spec.ldflags,
+        " ".join(BASE_CONFIGURE + spec.configure_opts),
+        compiler,
+        ",".join(CONTRIB),
+    ):
         h.update(part.encode() + b"\0")
     for pf in patch_files:
         h.update(pf.read_bytes() + b"\0")
@@ -234,8 +264,13 @@ def find_build(name_or_spec: str | BuildSpec, source: str | None = None) -> Buil
     return None
 
 
-def get_build(name_or_spec: str | BuildSpec, *, source: str | None = None,
-              progress: Progress | None = None, jobs: int | None = None) -> Build:
+def get_build(
+    name_or_spec: str | BuildSpec,
+    *,
+    source: str | None = None,
+    progress: Progress | None = None,
+    jobs: int | None = None,
+) -> Build:
     """Return the build, building it first if it is not cached."""
     spec = resolve_spec(name_or_spec)
     say = progress or (lambda s: None)
@@ -267,9 +302,16 @@ def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path) -> list[di
             log.write(f"$ patch -p1 < {pf.name} (dry run)\n{output}\n")
         if dry.returncode != 0:
             raise PatchError(
-                failure_message(pf.stem, [a["name"] for a in applied], output,
-                                pf.read_text(errors="replace"), patch_path=pf),
-                step="patch", log_path=str(log_path))
+                failure_message(
+                    pf.stem,
+                    [a["name"] for a in applied],
+                    output,
+                    pf.read_text(errors="replace"),
+                    patch_path=pf,
+                ),
+                step="patch",
+                log_path=str(log_path),
+            )
         run(base, timeout=120, stdout_path=log_path, merge_stderr=True)
         applied.append({"name": pf.stem, "file": str(pf), "sha256": _sha256(pf)})
     return applied
@@ -293,8 +335,16 @@ def _ccache_statslog(path: Path) -> dict[str, int]:
     return counts
 
 
-def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str, key: str,
-              d: Path, say: Progress, jobs: int) -> Build:
+def _do_build(
+    spec: BuildSpec,
+    src: Source,
+    files: Sequence[Path],
+    compiler: str,
+    key: str,
+    d: Path,
+    say: Progress,
+    jobs: int,
+) -> Build:
     for tool in ("make", "patch", "ccache", "bison", "flex"):
         which(tool)
     if d.exists():
@@ -302,14 +352,17 @@ def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str
     d.mkdir(parents=True)
     log_path = d / "build.log"
     step = "copy source"
-    env = {**ccache_env(), "CC": "ccache gcc", "LC_ALL": "C",
-           "CCACHE_STATSLOG": str(d / "ccache-stats.log")}
+    env = {
+        **ccache_env(),
+        "CC": "ccache gcc",
+        "LC_ALL": "C",
+        "CCACHE_STATSLOG": str(d / "ccache-stats.log"),
+    }
     timings: dict = {}
     try:
         t0 = time.monotonic()
         say(f"{spec.name}: copying source {src.version}")
-        shutil.copytree(src.path, d / "src", symlinks=True,
-                        ignore=shutil.ignore_patterns(".git"))
+        shutil.copytree(src.path, d / "src", symlinks=True, ignore=shutil.ignore_patterns(".git"))
         step = "patch"
         applied = []
         if files:
@@ -321,9 +374,15 @@ def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str
         (d / "build").mkdir()
         say(f"{spec.name}: configure")
         t0 = time.monotonic()
-        configure = [str(d / "src" / "configure"), f"--prefix={CONFIGURED_PREFIX}", *BASE_CONFIGURE,
-                     *spec.configure_opts, f"CFLAGS={spec.cflags}", f"LDFLAGS={spec.ldflags}",
-                     "CC=ccache gcc"]
+        configure = [
+            str(d / "src" / "configure"),
+            f"--prefix={CONFIGURED_PREFIX}",
+            *BASE_CONFIGURE,
+            *spec.configure_opts,
+            f"CFLAGS={spec.cflags}",
+            f"LDFLAGS={spec.ldflags}",
+            "CC=ccache gcc",
+        ]
         # autoconf's cache, shared by builds with the same options and compiler
         # (a private copy per build so concurrent builds don't race on it)
         conf_key = hashlib.sha256("\0".join([*configure[1:], compiler, src.identity]).encode())
@@ -333,60 +392,111 @@ def _do_build(spec: BuildSpec, src: Source, files: Sequence[Path], compiler: str
         configure.append("--cache-file=config.cache")
         with open(log_path, "a") as log:
             log.write("$ " + " ".join(configure) + "\n")
-        run(configure, cwd=d / "build", env=env, timeout=1800, stdout_path=log_path,
-            merge_stderr=True, what="configure")
+        run(
+            configure,
+            cwd=d / "build",
+            env=env,
+            timeout=1800,
+            stdout_path=log_path,
+            merge_stderr=True,
+            what="configure",
+        )
         timings["configure_s"] = time.monotonic() - t0
         shutil.copy(d / "build" / "config.cache", shared_cache)
 
         step = "make"
         say(f"{spec.name}: make -j{jobs} (log: {log_path})")
         t0 = time.monotonic()
-        run(["make", f"-j{jobs}", "-s"], cwd=d / "build", env=env, timeout=3 * 3600,
-            stdout_path=log_path, merge_stderr=True, what="make")
+        run(
+            ["make", f"-j{jobs}", "-s"],
+            cwd=d / "build",
+            env=env,
+            timeout=3 * 3600,
+            stdout_path=log_path,
+            merge_stderr=True,
+            what="make",
+        )
         for c in CONTRIB:
-            run(["make", f"-j{jobs}", "-s", "-C", f"contrib/{c}"], cwd=d / "build", env=env,
-                timeout=1800, stdout_path=log_path, merge_stderr=True, what=f"make contrib/{c}")
+            run(
+                ["make", f"-j{jobs}", "-s", "-C", f"contrib/{c}"],
+                cwd=d / "build",
+                env=env,
+                timeout=1800,
+                stdout_path=log_path,
+                merge_stderr=True,
+                what=f"make contrib/{c}",
+            )
         timings["make_s"] = time.monotonic() - t0
 
         step = "install"
         say(f"{spec.name}: make install")
         t0 = time.monotonic()
         env["DESTDIR"] = str(d / "install")
-        run(["make", "-s", "install"], cwd=d / "build", env=env, timeout=1800,
-            stdout_path=log_path, merge_stderr=True, what="make install")
+        run(
+            ["make", "-s", "install"],
+            cwd=d / "build",
+            env=env,
+            timeout=1800,
+            stdout_path=log_path,
+            merge_stderr=True,
+            what="make install",
+        )
         for c in CONTRIB:
-            run(["make", "-s", "-C", f"contrib/{c}", "install"], cwd=d / "build", env=env,
-                timeout=600, stdout_path=log_path, merge_stderr=True, what="make install contrib")
+            run(
+                ["make", "-s", "-C", f"contrib/{c}", "install"],
+                cwd=d / "build",
+                env=env,
+                timeout=600,
+                stdout_path=log_path,
+                merge_stderr=True,
+                what="make install contrib",
+            )
         timings["install_s"] = time.monotonic() - t0
 
         step = "pg_config"
         pg_config = read_pg_config(
-            d / "install" / CONFIGURED_PREFIX.lstrip("/") / "bin" / "pg_config")
+            d / "install" / CONFIGURED_PREFIX.lstrip("/") / "bin" / "pg_config"
+        )
     except CommandFailed as e:
         failed_log = _keep_log(d, log_path, spec.name)
         shutil.rmtree(d, ignore_errors=True)
         raise BuildError(
             f"build {spec.name!r} failed at step '{step}' (log: {failed_log}):\n{e.output_tail}",
-            step=step, log_path=str(failed_log)) from None
+            step=step,
+            log_path=str(failed_log),
+        ) from None
     except PatchError as e:
         failed_log = _keep_log(d, log_path, spec.name)
         shutil.rmtree(d, ignore_errors=True)
-        raise PatchError(f"build {spec.name!r} failed at step 'patch': {e} (log: {failed_log})",
-                         step="patch", log_path=str(failed_log)) from None
+        raise PatchError(
+            f"build {spec.name!r} failed at step 'patch': {e} (log: {failed_log})",
+            step="patch",
+            log_path=str(failed_log),
+        ) from None
     except BaseException:
         shutil.rmtree(d, ignore_errors=True)
         raise
     timings["ccache"] = _ccache_statslog(d / "ccache-stats.log")
     b = Build(
-        name=spec.name, key=key, dir=d, source=src.to_dict(), spec=asdict(spec), patches=applied,
-        pg_config=pg_config, timings=timings, compiler=compiler,
-        built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        name=spec.name,
+        key=key,
+        dir=d,
+        source=src.to_dict(),
+        spec=asdict(spec),
+        patches=applied,
+        pg_config=pg_config,
+        timings=timings,
+        compiler=compiler,
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
     (d / "build.json").write_text(b.to_json())
     (d / "COMPLETE").write_text(key + "\n")
     total = timings["prepare_s"] + timings["configure_s"] + timings["make_s"] + timings["install_s"]
-    say(f"{spec.name}: built in {total:.0f} s (make {timings['make_s']:.0f} s, "
+    say(
+        f"{spec.name}: built in {total:.0f} s (make {timings['make_s']:.0f} s, "
         f"ccache hits {timings['ccache']['direct_cache_hit'] + timings['ccache']['preprocessed_cache_hit']}, "
-        f"misses {timings['ccache']['cache_miss']})")
+        f"misses {timings['ccache']['cache_miss']})"
+    )
     return b
 
 

@@ -12,6 +12,7 @@ A source is named by a spec string:
   (committed state plus uncommitted changes).
 - ``tarball:/path/to/postgresql-18.6.tar.bz2`` — a release tarball.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,7 +68,8 @@ def get_source(spec: str | None = None, *, refresh: bool = False) -> Source:
         return tarball_source(Path(arg))
     raise SourceError(
         f"unknown PostgreSQL source {spec!r}: use 'debian:postgresql-18', "
-        "'git:/path/to/checkout' or 'tarball:/path/to/postgresql-X.Y.tar.bz2'")
+        "'git:/path/to/checkout' or 'tarball:/path/to/postgresql-X.Y.tar.bz2'"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -145,7 +147,8 @@ def archive_entry(etc_apt: Path = Path("/etc/apt")) -> tuple[str, str]:
         return candidates[0]
     raise SourceError(
         "could not find the distribution archive in /etc/apt (sources.list or "
-        "sources.list.d/*.sources); configure apt, or use a tarball/git source")
+        "sources.list.d/*.sources); configure apt, or use a tarball/git source"
+    )
 
 
 class _PrivateApt:
@@ -166,16 +169,25 @@ class _PrivateApt:
             for old in (root / "lists").glob("*_Sources*"):
                 old.unlink()
         self.opts = [
-            "-o", f"Dir::Etc::SourceList={root / 'empty.list'}",
-            "-o", f"Dir::Etc::SourceParts={root / 'sources.list.d'}",
-            "-o", f"Dir::State::Lists={root / 'lists'}",
-            "-o", f"Dir::Cache={root / 'cache'}",
-            "-o", "Debug::NoLocking=1",
+            "-o",
+            f"Dir::Etc::SourceList={root / 'empty.list'}",
+            "-o",
+            f"Dir::Etc::SourceParts={root / 'sources.list.d'}",
+            "-o",
+            f"Dir::State::Lists={root / 'lists'}",
+            "-o",
+            f"Dir::Cache={root / 'cache'}",
+            "-o",
+            "Debug::NoLocking=1",
         ]
 
     def update(self, force: bool = False) -> None:
         stamp = self.root / "updated"
-        if not force and stamp.exists() and time.time() - stamp.stat().st_mtime < APT_LISTS_MAX_AGE_S:
+        if (
+            not force
+            and stamp.exists()
+            and time.time() - stamp.stat().st_mtime < APT_LISTS_MAX_AGE_S
+        ):
             return
         run(["apt-get", *self.opts, "update"], timeout=300, what="apt-get update (private deb-src)")
         stamp.touch()
@@ -186,7 +198,8 @@ class _PrivateApt:
         if not versions:
             raise SourceError(
                 f"source package {package!r} not found in the archive's deb-src index "
-                f"({self.root}); check the package name or use a tarball/git source")
+                f"({self.root}); check the package name or use a tarball/git source"
+            )
         # apt-cache lists candidates; pick the highest by dpkg's comparison
         best = versions[0]
         for v in versions[1:]:
@@ -196,8 +209,12 @@ class _PrivateApt:
 
     def download(self, package: str, version: str, dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True)
-        run(["apt-get", *self.opts, "source", "--download-only", f"{package}={version}"],
-            cwd=dest, timeout=900, what=f"apt-get source {package}={version}")
+        run(
+            ["apt-get", *self.opts, "source", "--download-only", f"{package}={version}"],
+            cwd=dest,
+            timeout=900,
+            what=f"apt-get source {package}={version}",
+        )
 
 
 def _parse_dsc_sha256(dsc: Path) -> dict[str, str]:
@@ -240,7 +257,9 @@ def _extract_tarball(tarball: Path, dest: Path) -> Path:
     root = _tree_root(tmp)
     if not (root / "configure").exists():
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SourceError(f"{tarball} does not look like a PostgreSQL source tarball (no configure)")
+        raise SourceError(
+            f"{tarball} does not look like a PostgreSQL source tarball (no configure)"
+        )
     tmp.rename(dest)
     return _tree_root(dest)
 
@@ -296,10 +315,19 @@ def debian_source(package: str = "postgresql-18", *, refresh: bool = False) -> S
         orig.unlink(missing_ok=True)
         raise SourceError(
             f"sha256 of {orig.name} is {got}, the .dsc says {sums[origs[0]]}: download "
-            "corrupted; it was removed, run again")
-    tree = _extract_tarball(orig, paths.sub("sources") / f"debian-{package}_{upstream_v}-{got[:12]}")
-    src = Source(kind="debian", spec=f"debian:{package}", version=upstream_version(tree),
-                 detail=f"{package} {version} (orig sha256 {got})", identity=got, path=str(tree))
+            "corrupted; it was removed, run again"
+        )
+    tree = _extract_tarball(
+        orig, paths.sub("sources") / f"debian-{package}_{upstream_v}-{got[:12]}"
+    )
+    src = Source(
+        kind="debian",
+        spec=f"debian:{package}",
+        version=upstream_version(tree),
+        detail=f"{package} {version} (orig sha256 {got})",
+        identity=got,
+        path=str(tree),
+    )
     meta_file.write_text(json.dumps(src.to_dict(), indent=1))
     return src
 
@@ -310,8 +338,14 @@ def tarball_source(tarball: Path) -> Source:
         raise SourceError(f"tarball {tarball} does not exist")
     digest = sha256_file(tarball)
     tree = _extract_tarball(tarball, paths.sub("sources") / f"tarball-{digest[:16]}")
-    return Source(kind="tarball", spec=f"tarball:{tarball}", version=upstream_version(tree),
-                  detail=tarball.name, identity=digest, path=str(tree))
+    return Source(
+        kind="tarball",
+        spec=f"tarball:{tarball}",
+        version=upstream_version(tree),
+        detail=tarball.name,
+        identity=digest,
+        path=str(tree),
+    )
 
 
 def git_source(checkout: Path) -> Source:
@@ -321,10 +355,12 @@ def git_source(checkout: Path) -> Source:
     if (checkout / "config.status").exists() or (checkout / "GNUmakefile").exists():
         raise SourceError(
             f"{checkout} was configured in-tree; profkit builds out of tree (VPATH) and "
-            "configure refuses a configured source dir: run `make distclean` there first")
+            "configure refuses a configured source dir: run `make distclean` there first"
+        )
     head = run(["git", "-C", checkout, "rev-parse", "HEAD"]).stdout.strip()
-    describe = run(["git", "-C", checkout, "describe", "--always", "--dirty"],
-                   check=False).stdout.strip()
+    describe = run(
+        ["git", "-C", checkout, "describe", "--always", "--dirty"], check=False
+    ).stdout.strip()
     diff = run(["git", "-C", checkout, "diff", "HEAD", "--binary"], text=False).stdout
     untracked = run(["git", "-C", checkout, "ls-files", "--others", "--exclude-standard"]).stdout
     h = hashlib.sha256(head.encode() + b"\0" + diff + b"\0")
@@ -333,5 +369,11 @@ def git_source(checkout: Path) -> Source:
         h.update(name.encode() + b"\0")
         if p.is_file():
             h.update(p.read_bytes())
-    return Source(kind="git", spec=f"git:{checkout}", version=upstream_version(checkout),
-                  detail=f"{describe} ({head})", identity=h.hexdigest(), path=str(checkout))
+    return Source(
+        kind="git",
+        spec=f"git:{checkout}",
+        version=upstream_version(checkout),
+        detail=f"{describe} ({head})",
+        identity=h.hexdigest(),
+        path=str(checkout),
+    )

@@ -13,6 +13,7 @@
 Loading is server-side (``INSERT ... SELECT generate_series``) followed by
 ANALYZE; random data is seeded so every build sees the same tables.
 """
+
 from __future__ import annotations
 
 import html
@@ -81,8 +82,10 @@ class Workload:
         return SIZES[self.name](scale)
 
     def _repr_html_(self) -> str:
-        return (f"<b>{html.escape(self.name)}</b>: {html.escape(self.description)}"
-                f"<pre>{html.escape(self.select_sql)}</pre>")
+        return (
+            f"<b>{html.escape(self.name)}</b>: {html.escape(self.description)}"
+            f"<pre>{html.escape(self.select_sql)}</pre>"
+        )
 
 
 def check_scale(scale: float) -> None:
@@ -95,8 +98,12 @@ def check_scale(scale: float) -> None:
 
 
 def _nested_loop_sizes(s: float) -> dict[str, int]:
-    return {"test1_a": _n(150_000, s), "test1_b": _n(5_000, s), "test2": _n(50_000, s),
-            "test3": _n(35_000, s)}
+    return {
+        "test1_a": _n(150_000, s),
+        "test1_b": _n(5_000, s),
+        "test2": _n(50_000, s),
+        "test3": _n(35_000, s),
+    }
 
 
 def _nested_loop_setup(s: float) -> list[str]:
@@ -154,8 +161,11 @@ def _count_star_setup(s: float) -> list[str]:
     ]
 
 
-SIZES = {"nested_loop": _nested_loop_sizes, "join_sum": _join_sum_sizes,
-         "count_star": _count_star_sizes}
+SIZES = {
+    "nested_loop": _nested_loop_sizes,
+    "join_sum": _join_sum_sizes,
+    "count_star": _count_star_sizes,
+}
 
 WORKLOADS: dict[str, Workload] = {
     "nested_loop": Workload(
@@ -163,19 +173,29 @@ WORKLOADS: dict[str, Workload] = {
         "Query-1/2/3 of explain-analyze-87pct-overhead-cut.txt: 3-way join, nested loop over a "
         "Material; ~2e9 rows through the nested loop at scale 1.0 (grows with scale²)",
         "SELECT count(*) FROM test1 AS a, test2 AS b, test3 AS c WHERE a.id = c.id",
-        _nested_loop_setup, ("test1", "test2", "test3"), _nested_loop_expected,
-        "explain-analyze-87pct-overhead-cut.txt"),
+        _nested_loop_setup,
+        ("test1", "test2", "test3"),
+        _nested_loop_expected,
+        "explain-analyze-87pct-overhead-cut.txt",
+    ),
     "join_sum": Workload(
         "join_sum",
         "observer-effect.txt: sum(i1.i * i2.i) over i1 (1e6 rows) join i2 (1e3 rows)",
         "SELECT sum(i1.i * i2.i) FROM i1 INNER JOIN i2 USING (i)",
-        _join_sum_setup, ("i1", "i2"), _join_sum_expected, "observer-effect.txt"),
+        _join_sum_setup,
+        ("i1", "i2"),
+        _join_sum_expected,
+        "observer-effect.txt",
+    ),
     "count_star": Workload(
         "count_star",
         "clock-monotonic-coarse-patch.txt: count(*) over t1 (1e7 rows at scale 1.0)",
         "SELECT count(*) FROM t1",
-        _count_star_setup, ("t1",), lambda s: _count_star_sizes(s)["t1"],
-        "clock-monotonic-coarse-patch.txt"),
+        _count_star_setup,
+        ("t1",),
+        lambda s: _count_star_sizes(s)["t1"],
+        "clock-monotonic-coarse-patch.txt",
+    ),
 }
 
 
@@ -183,5 +203,4 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except KeyError:
-        raise WorkloadError(
-            f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}") from None
+        raise WorkloadError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}") from None
