@@ -1,7 +1,6 @@
 """The ``profkit`` command line.  Library errors become one-line messages and exit code 2."""
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -9,29 +8,11 @@ import sys
 import click
 from rich.console import Console
 
-from profkit.errors import ProfkitError
+from profkit.cli_common import friendly
+from profkit.cli_common import say as _say
 
 console = Console(stderr=True)
 
-
-def friendly(f):
-    """Turn ProfkitError into a readable message and exit status 2 (no traceback)."""
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except ProfkitError as e:
-            console.print(f"[bold red]profkit:[/] {e}", markup=True, highlight=False)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            from profkit.run import stop_all
-
-            stop_all()
-            console.print("[yellow]interrupted; everything profkit started was stopped[/]")
-            sys.exit(130)
-
-    return wrapper
 
 
 @click.group()
@@ -41,9 +22,6 @@ def main(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
 
-
-def _say(msg: str) -> None:
-    console.print(f"[cyan]•[/] {msg}", highlight=False)
 
 
 @main.command()

@@ -6,7 +6,6 @@ exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import sys
@@ -20,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from profkit.errors import ProfkitError
+from profkit.cli_common import friendly as _friendly
+from profkit.cli_common import say as _say
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,28 +41,6 @@ REPRO_REPS = 25
 REPRO_INSTR_SCALE = 0.01
 
 
-def _friendly(f: F) -> F:
-    """ProfkitError → one line on stderr and exit 2; Ctrl-C → stop what we started, 130."""
-
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except ProfkitError as e:
-            err_console.print(f"[bold red]profkit:[/] {e}", highlight=False)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            from profkit.run import stop_all
-
-            stop_all()
-            err_console.print("[yellow]interrupted; everything profkit started was stopped[/]")
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _say(msg: str) -> None:
-    err_console.print(f"[cyan]•[/] {msg}", highlight=False)
 
 
 def _profiles_root(out: Path | None) -> Path:

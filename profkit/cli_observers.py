@@ -9,40 +9,16 @@ Cluster of their own.
 """
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from profkit.errors import ProfkitError
+from profkit.cli_common import friendly as _friendly
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _Failed(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"profkit: {self.message}", err=True)
-
-
-def _friendly(f: F) -> F:
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except ProfkitError as e:
-            raise _Failed(str(e)) from None
-        except KeyboardInterrupt:
-            from profkit.run import stop_all
-
-            stop_all()
-            click.echo("profkit: interrupted; tracers and the cluster were stopped", err=True)
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _progress(msg: str) -> None:

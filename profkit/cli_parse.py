@@ -6,7 +6,6 @@ to the main group. They read files from any machine: nothing here needs PostgreS
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
 import sys
 from collections.abc import Callable
@@ -15,32 +14,12 @@ from typing import Any, TypeVar
 
 import click
 
-from profkit.errors import ProfkitError
+from profkit.cli_common import Failed as _Failed
+from profkit.cli_common import friendly as _friendly
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _Failed(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"profkit: {self.message}", err=True)
-
-
-def _friendly(f: F) -> F:
-    """ProfkitError → one line on stderr and exit status 2 (as profkit.cli does)."""
-
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except ProfkitError as e:
-            raise _Failed(str(e)) from None
-        except BrokenPipeError:  # `profkit parse ... | head`
-            sys.stderr.close()
-            return None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _source(path: str) -> Any:

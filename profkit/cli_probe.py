@@ -10,9 +10,7 @@ Each command writes its raw artifacts and tables under ``profiles/<run_id>/``.
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +19,8 @@ import click
 import pandas as pd
 
 from profkit import paths
-from profkit.errors import ProbeError, ProfkitError
+from profkit.cli_common import friendly as _friendly
+from profkit.errors import ProbeError
 
 F = TypeVar("F", bound=Callable[..., Any])
 MODES = ("plain", "analyze_notiming", "analyze_timing")
@@ -32,28 +31,6 @@ EXPLAIN = {
 }
 
 
-class _Failed(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"profkit: {self.message}", err=True)
-
-
-def _friendly(f: F) -> F:
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except ProfkitError as e:
-            raise _Failed(str(e)) from None
-        except KeyboardInterrupt:
-            from profkit.run import stop_all
-
-            stop_all()
-            click.echo("profkit: interrupted; probes detached, tracers stopped", err=True)
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _run_dir(kind: str, out: str | None) -> tuple[str, Path]:

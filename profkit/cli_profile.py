@@ -7,8 +7,6 @@ profkit.cli attaches to the main group. Each records into ``profiles/<run_id>/``
 """
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +15,8 @@ import click
 import pandas as pd
 
 from profkit.errors import ProfkitError
+from profkit.cli_common import Failed as _Failed
+from profkit.cli_common import friendly as _friendly
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,30 +26,6 @@ INSTR_FUNCTIONS = ("ExecProcNodeInstr", "InstrStartNode", "InstrStopNode", "Inst
                    "ExecProcNodeInstrLite", "PostExecProcNodeInstr", "InstrUpdateTupleCount")
 
 
-class _Failed(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"profkit: {self.message}", err=True)
-
-
-def _friendly(f: F) -> F:
-    """ProfkitError → one line on stderr, exit status 2; Ctrl-C stops what we started."""
-
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except ProfkitError as e:
-            raise _Failed(str(e)) from None
-        except KeyboardInterrupt:
-            from profkit.run import stop_all
-
-            stop_all()
-            click.echo("interrupted; everything profkit started was stopped", err=True)
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _say(msg: str) -> None:

@@ -6,8 +6,6 @@ exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,28 +13,11 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from profkit.errors import ProfkitError
+from profkit.cli_common import friendly as _friendly
 
 F = TypeVar("F", bound=Callable[..., Any])
 err_console = Console(stderr=True)
 
-
-def _friendly(f: F) -> F:
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except ProfkitError as e:
-            err_console.print(f"[bold red]profkit:[/] {e}", highlight=False)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            from profkit.run import stop_all
-
-            stop_all()
-            err_console.print("[yellow]interrupted; everything profkit started was stopped[/]")
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _say(msg: str) -> None:
