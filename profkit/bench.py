@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
+from profkit.procfs import schedstat
 from profkit import paths, tables
 from profkit.errors import ComparisonError, ProfkitError
 
@@ -558,18 +559,9 @@ def _explain_times(rows: Sequence[tuple[Any, ...]]) -> tuple[float, float]:
 
 
 def _cpu_ns(pid: int) -> int | None:
-    """Nanoseconds *pid* has run on a CPU (first field of /proc/PID/schedstat), or None.
-
-    Read while the backend is idle (just before sending the statement and after its
-    result arrived), so the value is current. Unlike wall time it does not grow while
-    the backend waits for a core that other processes hold, which is what makes wall
-    times on a shared 2-core machine swing by tens of percent.
-    """
-    try:
-        with open(f"/proc/{pid}/schedstat", "rb") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    """Nanoseconds *pid* has run on a CPU, read while the backend is idle (profkit.procfs)."""
+    st = schedstat(pid)
+    return None if st is None else st[0]
 
 
 def _pgss_snapshot(conn: psycopg.Connection) -> dict[int, int]:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from profkit.procfs import schedstat
 from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
@@ -139,17 +140,6 @@ class _Pgss:
         return int(row[0]), float(row[1])
 
 
-def schedstat(pid: int) -> tuple[int, int] | None:
-    """(ns on a CPU, ns waiting on a run queue) of *pid* from /proc/PID/schedstat.
-
-    Input:  ``369829 10242118 1`` (sum_exec_runtime, run_delay, timeslices)
-    Output: ``(369829, 10242118)``; None when the file is missing (no CONFIG_SCHED_INFO).
-    """
-    try:
-        f = Path(f"/proc/{pid}/schedstat").read_text().split()
-        return int(f[0]), int(f[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 @dataclass

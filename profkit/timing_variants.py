@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from profkit.procfs import schedstat as _schedstat
 from profkit import paths, tables
 from profkit.analyze import timing_accuracy as ta
 from profkit.errors import ProfkitError
@@ -279,18 +280,6 @@ def _prioritise(pid: int, nice: int) -> None:
         ag.write_text(f"{nice}\n")
 
 
-def _schedstat(pid: int) -> tuple[int, int] | None:
-    """(ns on a CPU, ns waiting on a run queue) of a process, from /proc/PID/schedstat.
-
-    The backend's CPU time does not depend on the clock under test nor on how long
-    the scheduler kept it off the CPU: on this shared 2-core VM (load average 8 while
-    other work ran) wall times of a 5 ms query scattered by 3x, CPU times did not.
-    """
-    try:
-        f = Path(f"/proc/{pid}/schedstat").read_text().split()
-        return int(f[0]), int(f[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _now() -> str:

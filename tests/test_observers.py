@@ -20,12 +20,13 @@ from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
 from profkit.errors import ProbeError
+from profkit.procfs import schedstat
 from profkit.observers import (
     explain_execution_ms,
     measure_correction,
     measure_observers,
     parse_method,
-    schedstat,
+
     summarize_observers,
 )
 
