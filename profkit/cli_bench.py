@@ -6,7 +6,6 @@ exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
-import inspect
 import math
 import sys
 import time
@@ -159,30 +158,6 @@ def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, 
     out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
 
 
-def _flamegraph_demo() -> Callable[..., Any] | None:
-    import importlib
-
-    for mod in ("profkit.cli_profile", "profkit.collect.perf"):
-        try:
-            m = importlib.import_module(mod)
-        except ImportError as e:
-            if e.name != mod:
-                raise
-            continue
-        fn = getattr(m, "demo_flamegraphs", None)
-        if callable(fn):
-            return fn
-    return None
-
-
-def _call_flamegraph_demo(fn: Callable[..., Any], run_dir: Path) -> Any:
-    """Call demo_flamegraphs with the arguments it accepts among ours."""
-    offer = {"run_dir": run_dir, "out_dir": run_dir / "flamegraphs", "progress": _say}
-    params = inspect.signature(fn).parameters
-    kwargs = {k: v for k, v in offer.items() if k in params}
-    return fn(**kwargs)
-
-
 @click.command("reproduce")
 @click.option("--builds", default=REPRO_BUILDS, show_default=True)
 @click.option("--scale", type=float, default=REPRO_SCALE, show_default=True)
@@ -247,17 +222,14 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
 
     t_flame = 0.0
     if not no_flamegraphs:
-        fn = _flamegraph_demo()
-        if fn is None:
-            _say("flamegraph demo not available in this checkout (no demo_flamegraphs in "
-                 "profkit.cli_profile or profkit.collect.perf): skipped")
-        else:
-            err_console.rule("flamegraphs")
-            t0 = time.monotonic()
-            res_fg = _call_flamegraph_demo(fn, res.out_dir)
-            t_flame = time.monotonic() - t0
-            if res_fg is not None:
-                out_console.print(f"flamegraphs: {res_fg}", highlight=False)
+        from profkit.cli_profile import demo_flamegraphs
+
+        err_console.rule("flamegraphs")
+        t0 = time.monotonic()
+        # Query-2 on vanilla, on step3, and the vanilla→step3 differential, in flamegraphs/
+        svgs = demo_flamegraphs(progress=_say)
+        t_flame = time.monotonic() - t0
+        out_console.print("flamegraphs: " + ", ".join(str(p) for p in svgs), highlight=False)
     total = time.monotonic() - t_all
     out_console.print(f"wall time: builds {t_builds:.0f} s, benchmark + instruction counts "
                       f"{t_bench:.0f} s, flamegraphs {t_flame:.0f} s; total {total:.0f} s",
