@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from proc_helpers import alive
 
 from profkit import bench
 from profkit.bench import BenchError, ProfilesFull, ServerCrashed
@@ -40,15 +41,6 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------
@@ -280,7 +272,7 @@ def test_provenance_fields(small_run):
     assert "valgrind" in p["tools"]["valgrind"]
     # the clusters are gone
     for c in p["clusters"].values():
-        assert not Path(c["dir"]).exists() and not _alive(c["postmaster_pid"])
+        assert not Path(c["dir"]).exists() and not alive(c["postmaster_pid"])
 
 
 # ---------------------------------------------------------------------------
@@ -327,7 +319,7 @@ def test_backend_killed_mid_run_keeps_rows_and_names_build_and_rep(tmp_path, van
     p = json.loads((out / "provenance.json").read_text())
     assert p["status"] == "failed" and "terminated by signal 9" in p["error"]
     c = p["clusters"]["vanilla"]
-    assert not _alive(c["postmaster_pid"]) and not Path(c["dir"]).exists()
+    assert not alive(c["postmaster_pid"]) and not Path(c["dir"]).exists()
     assert "terminated by signal 9" in (out / "logs" / "postgres-vanilla.log").read_text()
     # the partial run still makes a report
     files = bench.write_report(out)
@@ -436,7 +428,7 @@ def test_ctrl_c_stops_everything_and_keeps_rows(tmp_path, vanilla_build):
     assert prov["status"] == "interrupted" and prov["rows"] >= 5
     assert len(bench.load_timings(run)) == prov["rows"] == len(_csv_rows(run / "timings.csv"))
     c = prov["clusters"]["vanilla"]
-    assert not _alive(c["postmaster_pid"]) and not Path(c["dir"]).exists()
+    assert not alive(c["postmaster_pid"]) and not Path(c["dir"]).exists()
 
 
 @pytest.mark.pg

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import alive
 
 from profkit import paths
 from profkit.errors import BuildError, ClusterError, PatchError, ToolNotFound
@@ -24,16 +25,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 pytestmark = pytest.mark.pg
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purposes
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_default_source_is_debian_pg18():
@@ -104,7 +95,7 @@ def test_no_process_left_after_error(vanilla_build):
                 raise RuntimeError("boom")
     assert len(pids) >= 3
     time.sleep(0.2)
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if alive(p)] == []
     assert cl.dir is not None and not cl.dir.exists()
 
 
@@ -129,12 +120,12 @@ def test_no_process_left_after_ctrl_c(vanilla_build, tmp_path):
     listed = [int(p) for p in pidfile.read_text().split()]
     # a connection's backend may already have exited; the postmaster and its
     # auxiliary processes must be alive
-    pids = [p for p in listed if _alive(p)]
+    pids = [p for p in listed if alive(p)]
     assert pids[0] == listed[0] and len(pids) >= 3
     proc.send_signal(signal.SIGINT)
     proc.wait(90)
     time.sleep(0.3)
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if alive(p)] == []
 
 
 def test_port_taken_gives_clear_error(vanilla_build):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import children_named, perf_bpf_fds
 
 from profkit import tables
 from profkit.analyze import predict as P
@@ -32,35 +33,8 @@ def _sizes(scale: float) -> tuple[int, int]:
     return z["i1"], z["i2"]
 
 
-def _children_named(name: str) -> list[int]:
-    """Live child processes of this test process running *name* (ltrace, bpftrace)."""
-    me = str(os.getpid())
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        if comm == name and fields[1] == me and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
 
 
-def _perf_fds() -> int:
-    """perf-event and BPF fds held by this process (bcc's attached probes)."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "perf_event" in target or "bpf" in target:
-            n += 1
-    return n
 
 
 @pytest.fixture
@@ -84,10 +58,10 @@ def test_clock_gettime_counts_agree(join_sum_conn, prediction, _join_sum_loaded,
     assert lt_df.attrs["complete"]
     ltrace_calls = int(lt_df.set_index("function").loc["clock_gettime", "calls"])
 
-    before = _perf_fds()
+    before = perf_bpf_fds()
     res = bpf.probe_query(join_sum_conn, sql, tool="bcc", functions=["clock_gettime"],
                           per_node=False)
-    assert _perf_fds() == before, "bcc left probes attached"
+    assert perf_bpf_fds() == before, "bcc left probes attached"
     bcc_calls = res.calls("clock_gettime")
 
     # observer-effect.txt: 2N + 4M + K with K = 28, as ltrace counts
@@ -172,7 +146,7 @@ def test_bpftrace_gives_the_same_counts(join_sum_conn, prediction, tmp_path):
     flat = bpf.probe_query(join_sum_conn, WL.query("analyze_timing"), tool="bpftrace",
                            functions=["clock_gettime"], per_node=False)
     assert flat.calls("clock_gettime") == pr.totals["clock_reads"] and flat.nodes.empty
-    assert not _children_named("bpftrace"), "bpftrace left running"
+    assert not children_named("bpftrace"), "bpftrace left running"
 
 
 @pytest.mark.pg
@@ -230,7 +204,7 @@ def _terminate_when_sleeping(pg_cluster, pid: int) -> threading.Thread:
 def test_backend_exits_mid_probe_bcc(pg_cluster):
     conn = pg_cluster.connect()
     pid = conn.info.backend_pid
-    before = _perf_fds()
+    before = perf_bpf_fds()
     t = _terminate_when_sleeping(pg_cluster, pid)
     with pytest.raises(bpf.PartialProbe, match=f"backend {pid} exited") as ei:
         bpf.probe_query(conn, "EXPLAIN (ANALYZE, TIMING TRUE) SELECT pg_sleep(30)", tool="bcc")
@@ -240,7 +214,7 @@ def test_backend_exits_mid_probe_bcc(pg_cluster):
     assert part.calls("ExecProcNodeInstr") >= 1
     assert part.calls("clock_gettime") >= 3  # planning bracket + node start at least
     assert part.nodes["exec_calls"].sum() >= 1
-    assert _perf_fds() == before, "probes not detached"
+    assert perf_bpf_fds() == before, "probes not detached"
     conn.close()
 
 
@@ -263,7 +237,7 @@ def test_backend_exits_mid_probe_ltrace(pg_cluster, tmp_path):
         assert "No such process" in run.stderr
         assert "ltrace printed no summary" in str(ei.value)
     assert run.returncode is not None, "ltrace still running"
-    assert not _children_named("ltrace")
+    assert not children_named("ltrace")
     conn.close()
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from proc_helpers import children_named, perf_bpf_fds
 
 from profkit import tables
 from profkit.analyze import observers as A
@@ -255,38 +256,13 @@ def test_small_helpers():
 # real runs
 
 
-def _tracers_left() -> list[int]:
-    """perf/ltrace/bpftrace processes that are children of this test process."""
-    me = str(os.getpid())
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        if comm in ("perf", "ltrace", "bpftrace") and fields[1] == me and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
 
 
-def _bpf_fds() -> int:
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        n += "perf_event" in target or "bpf" in target
-    return n
 
 
 @pytest.mark.pg
 def test_observers_real_perf_and_bcc(pg_cluster, _join_sum_loaded, tmp_path):
-    fds = _bpf_fds()
+    fds = perf_bpf_fds()
     res = measure_observers(pg_cluster, workload="join_sum", scale=_join_sum_loaded,
                             modes=("analyze_timing",), methods=("perf-99", "bcc-clock"),
                             reps=2, load=False, base=tmp_path)
@@ -320,8 +296,8 @@ def test_observers_real_perf_and_bcc(pg_cluster, _join_sum_loaded, tmp_path):
     assert prov["status"] == "ok" and len(prov["loadavg_after"]) == 3
     assert "load average" in (res.run_dir / "slowdown.md").read_text()
     # every tracer was stopped and every probe detached
-    assert _tracers_left() == []
-    assert _bpf_fds() <= fds
+    assert children_named("perf", "ltrace", "bpftrace") == []
+    assert perf_bpf_fds() <= fds
 
 
 @pytest.mark.pg
@@ -380,4 +356,4 @@ def test_bad_input_and_the_guard_refusing(pg_cluster, _join_sum_loaded, tmp_path
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["status"] == "failed" and "cost guard" in prov["error"]
     assert (run / "observer_timings.csv").exists()
-    assert _tracers_left() == []
+    assert children_named("perf", "ltrace", "bpftrace") == []

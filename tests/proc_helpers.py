@@ -1,0 +1,47 @@
+"""/proc checks the tests share: is a process gone, did a tracer stay behind."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """True while *pid* exists and is not a zombie (a zombie is dead for our purposes)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def children_named(*names: str) -> list[int]:
+    """Live child processes of this test process whose command is one of *names*."""
+    me = str(os.getpid())
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        if comm in names and fields[1] == me and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def perf_bpf_fds() -> int:
+    """perf-event and BPF file descriptors this process holds (attached probes)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        n += "perf_event" in target or "bpf" in target
+    return n
