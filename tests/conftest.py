@@ -9,6 +9,18 @@ import os
 
 import pytest
 
+
+
+def pytest_configure(config):
+    # Tests never write into the clone's profiles/ or flamegraphs/: a run that
+    # does not choose its own folder lands in a temporary one.
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="profkit-tests-")
+    os.environ.setdefault("PROFKIT_PROFILES", os.path.join(base, "profiles"))
+    os.environ.setdefault("PROFKIT_FLAMEGRAPHS", os.path.join(base, "flamegraphs"))
+
+
 # Small scales keep the suite quick; every figure in tests derives from them.
 NESTED_LOOP_SCALE = float(os.environ.get("PROFKIT_TEST_NL_SCALE", "0.02"))
 JOIN_SUM_SCALE = float(os.environ.get("PROFKIT_TEST_JS_SCALE", "0.02"))
