@@ -6,7 +6,6 @@ PYTHON ?= python3
 VENV := $(or $(PROFKIT_VENV),.venv)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSSTAMP := .system-ready
 PYTEST_ARGS ?=
 
 .PHONY: all setup system venv test test-fast demo lab regress clean-venv lint
