@@ -125,7 +125,10 @@ def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
     next to what the plan predicts."""
     from profkit.collect.gprof import gprof_artifact, merged_into, predicted_calls
 
-    res, pred = profile_workload_with_prediction(build, workload, scale, mode, reps)
+    from profkit.collect.gprof import profile_workload_with_prediction
+
+    res, pred = profile_workload_with_prediction(build, workload, scale=scale, mode=mode,
+                                                 reps=reps, progress=_say)
     click.echo(f"run {res.run.run_id}: gprof of backend {res.run.get('backend_pid')}")
     click.echo(f"flat profile, top {top_n}:")
     click.echo(_fmt_table(res.top(top_n)))
@@ -157,38 +160,6 @@ def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
     for n in notes:
         click.echo(f"note: {n}")
     click.echo(f"artifacts: {res.run.path}")
-
-
-def profile_workload_with_prediction(build: str, workload: str, scale: float, mode: str,
-                                     reps: int) -> tuple[Any, Any]:
-    """gprof one backend running *mode*, and predict its Instr* calls from the plan."""
-    from profkit.collect.artifacts import load_run
-    from profkit.collect.gprof import (
-        collect_gprof,
-        explain_prediction,
-        parse_run,
-        profiling_build_name,
-    )
-    from profkit.pg.build import get_build
-    from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
-
-    b = get_build(profiling_build_name(build), progress=_say)
-    wl = get_workload(workload)
-    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
-    with Cluster(b, name=f"gprof-{b.name}") as cl:
-        with cl.connect() as conn:
-            _say(f"loading {workload} at scale {scale}")
-            wl.load(conn, scale)
-        _say(f"running {qname} in a fresh backend of {b.name}")
-        grun, _res = collect_gprof(cl, wl.query(mode), reps=reps, workload=workload,
-                                   mode=mode, scale=scale, query_name=qname)
-        pred = None
-        if mode.startswith("analyze"):
-            with cl.connect() as conn:
-                pred = explain_prediction(conn, wl.query(mode, fmt="json"), mode)
-    _say("gprof")
-    return parse_run(load_run(grun.run_dir)), pred
 
 
 # --------------------------------------------------------------------------- py-spy

@@ -467,6 +467,18 @@ def profile_workload(build: Build | str = "gprof", workload: str = "nested_loop"
                      base: str | os.PathLike[str] | None = None,
                      progress: Callable[[str], None] | None = None) -> GprofResult:
     """-pg build (cached) → throwaway cluster → load → one backend runs *mode* → gprof."""
+    return profile_workload_with_prediction(build, workload, scale=scale, mode=mode, reps=reps,
+                                            base=base, progress=progress, predict=False)[0]
+
+
+def profile_workload_with_prediction(
+        build: Build | str = "gprof", workload: str = "nested_loop", *, scale: float = 0.05,
+        mode: str = "analyze_notiming", reps: int = 1,
+        base: str | os.PathLike[str] | None = None,
+        progress: Callable[[str], None] | None = None,
+        predict: bool = True) -> tuple[GprofResult, Any]:
+    """:func:`profile_workload`, plus the Instr* calls predicted from the plan's rows and
+    loops (EXPLAIN ANALYZE modes; None for the plain query or with ``predict=False``)."""
     from profkit.pg.build import Build as _Build
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
@@ -479,6 +491,7 @@ def profile_workload(build: Build | str = "gprof", workload: str = "nested_loop"
     wl = get_workload(workload)
     sql = wl.query(mode)
     qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
+    pred = None
     with Cluster(b, name=f"gprof-{b.name}") as cl:
         with cl.connect() as conn:
             say(f"loading {workload} at scale {scale}")
@@ -486,5 +499,8 @@ def profile_workload(build: Build | str = "gprof", workload: str = "nested_loop"
         say(f"running {qname} in a fresh backend of {b.name}")
         grun, _res = collect_gprof(cl, sql, reps=reps, workload=workload, mode=mode,
                                    scale=scale, query_name=qname, base=base)
+        if predict and mode.startswith("analyze"):
+            with cl.connect() as conn:
+                pred = explain_prediction(conn, wl.query(mode, fmt="json"), mode)
     say("gprof")
-    return parse_run(load_run(grun.run_dir))
+    return parse_run(load_run(grun.run_dir)), pred
