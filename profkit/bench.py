@@ -747,16 +747,15 @@ class _Runner:
 
     def _failure(self, e: _ExecFailed, when: str) -> BenchError:
         t = e.target
-        crash = _crash_line(t.cluster)
+        crash = t.cluster.crash_report()
         broken = t.conn is None or t.conn.closed or t.conn.broken
         deadline = time.monotonic() + 3.0
         # the postmaster logs a backend's death just after the client sees the socket close
         while broken and not crash and time.monotonic() < deadline:
             time.sleep(0.1)
-            crash = _crash_line(t.cluster)
+            crash = t.cluster.crash_report()
+        # (Cluster.stop waits for crash recovery before it asks for a fast shutdown)
         alive = t.cluster.proc is not None and t.cluster.proc.alive()
-        if crash and alive:
-            _wait_recovered(t.cluster)
         kept = len(self.rows)
         where = f"build {t.ref.label!r}, {e.mode}, during {when}"
         if crash or not alive:
@@ -771,41 +770,6 @@ class _Runner:
         return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
                           f"before are kept in {self.out_dir / TIMINGS_CSV}",
                           run_dir=self.out_dir, rows=kept)
-
-
-def _wait_recovered(cl: Cluster, timeout: float = 20.0) -> bool:
-    """Wait until a postmaster that restarted after a backend crash accepts connections.
-
-    A fast-shutdown request (SIGINT) that arrives while PostgreSQL 18's postmaster is
-    reinitializing after a crash is logged but not acted on until something else wakes
-    it (seen here: ignored for 60 s, then SIGTERM ignored too); once recovery is done it
-    stops at once. So the clusters are stopped only after this returns.
-    """
-    import psycopg
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cl.proc is None or not cl.proc.alive():
-            return False
-        try:
-            with psycopg.connect(cl.dsn, connect_timeout=2):
-                return True
-        except psycopg.OperationalError:
-            time.sleep(0.1)
-    return False
-
-
-def _crash_line(cl: Cluster) -> str:
-    """The postmaster's report of a backend's death in its log ('' if none)."""
-    try:
-        text = cl.log_path.read_text(errors="replace")
-    except (OSError, AssertionError):
-        return ""
-    for line in reversed(text.splitlines()):
-        if "terminated by signal" in line or "was terminated by exception" in line \
-                or "exited with exit code" in line:
-            return line.split("LOG:", 1)[-1].strip()
-    return ""
 
 
 def _query_name(mode: str) -> str:

@@ -370,6 +370,11 @@ def _do_build(
             applied = _apply_patches(d / "src", files, log_path)
         timings["prepare_s"] = time.monotonic() - t0
 
+        def in_tree(argv: list[str], timeout: float, what: str) -> None:
+            """Run a build step in the build tree, its output appended to the build log."""
+            run(argv, cwd=d / "build", env=env, timeout=timeout, stdout_path=log_path,
+                merge_stderr=True, what=what)
+
         step = "configure"
         (d / "build").mkdir()
         say(f"{spec.name}: configure")
@@ -392,65 +397,25 @@ def _do_build(
         configure.append("--cache-file=config.cache")
         with open(log_path, "a") as log:
             log.write("$ " + " ".join(configure) + "\n")
-        run(
-            configure,
-            cwd=d / "build",
-            env=env,
-            timeout=1800,
-            stdout_path=log_path,
-            merge_stderr=True,
-            what="configure",
-        )
+        in_tree(configure, 1800, "configure")
         timings["configure_s"] = time.monotonic() - t0
         shutil.copy(d / "build" / "config.cache", shared_cache)
 
         step = "make"
         say(f"{spec.name}: make -j{jobs} (log: {log_path})")
         t0 = time.monotonic()
-        run(
-            ["make", f"-j{jobs}", "-s"],
-            cwd=d / "build",
-            env=env,
-            timeout=3 * 3600,
-            stdout_path=log_path,
-            merge_stderr=True,
-            what="make",
-        )
+        in_tree(["make", f"-j{jobs}", "-s"], 3 * 3600, "make")
         for c in CONTRIB:
-            run(
-                ["make", f"-j{jobs}", "-s", "-C", f"contrib/{c}"],
-                cwd=d / "build",
-                env=env,
-                timeout=1800,
-                stdout_path=log_path,
-                merge_stderr=True,
-                what=f"make contrib/{c}",
-            )
+            in_tree(["make", f"-j{jobs}", "-s", "-C", f"contrib/{c}"], 1800, f"make contrib/{c}")
         timings["make_s"] = time.monotonic() - t0
 
         step = "install"
         say(f"{spec.name}: make install")
         t0 = time.monotonic()
         env["DESTDIR"] = str(d / "install")
-        run(
-            ["make", "-s", "install"],
-            cwd=d / "build",
-            env=env,
-            timeout=1800,
-            stdout_path=log_path,
-            merge_stderr=True,
-            what="make install",
-        )
+        in_tree(["make", "-s", "install"], 1800, "make install")
         for c in CONTRIB:
-            run(
-                ["make", "-s", "-C", f"contrib/{c}", "install"],
-                cwd=d / "build",
-                env=env,
-                timeout=600,
-                stdout_path=log_path,
-                merge_stderr=True,
-                what="make install contrib",
-            )
+            in_tree(["make", "-s", "-C", f"contrib/{c}", "install"], 600, "make install contrib")
         timings["install_s"] = time.monotonic() - t0
 
         step = "pg_config"
