@@ -88,6 +88,30 @@ class OSUser:
     home: str
 
 
+# Variables GNU make exports to its recipes.  When profkit itself runs under
+# make (`make demo`, `make test`, `make regress`) they would reach PostgreSQL's
+# own make, whose src/Makefile.global builds the generated headers and make
+# check's temporary install only at MAKELEVEL 0: a cold build then fails.
+# No child profkit starts wants them, so they are dropped for every child.
+MAKE_VARIABLES = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "GNUMAKEFLAGS", "MAKE_TERMOUT",
+                  "MAKE_TERMERR")
+
+
+def child_env(extra: Mapping[str, str] | None = None, user: OSUser | None = None) -> dict[str, str]:
+    """The environment of a child: ours without make's variables, plus *extra*.
+
+    Jobserver descriptors travel inside MAKEFLAGS (``--jobserver-auth=R,W`` or
+    ``fifo:PATH``); dropping MAKEFLAGS drops them, and the inherited pipe fds
+    are closed anyway (``close_fds``).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
+    if extra:
+        env.update(extra)
+    if user is not None and os.geteuid() == 0:
+        env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+    return env
+
+
 def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -120,15 +144,10 @@ def run(
     argv = [str(a) for a in argv]
     what = what or Path(argv[0]).name
     log.info("run: %s%s", format_argv(argv), f" (cwd={cwd})" if cwd else "")
-    full_env = None
-    if env is not None:
-        full_env = dict(os.environ)
-        full_env.update(env)
+    full_env = child_env(env, user)
     kwargs: dict = {}
     if user is not None and os.geteuid() == 0:
         kwargs.update(user=user.uid, group=user.gid, extra_groups=[])
-        full_env = dict(full_env or os.environ)
-        full_env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
     out_f = None
     try:
         if stdout_path is not None:
@@ -226,13 +245,10 @@ class Background:
         return self.proc.pid
 
     def start(self) -> Background:
-        full_env = dict(os.environ)
-        if self.env:
-            full_env.update(self.env)
+        full_env = child_env(self.env, self.user)
         kwargs: dict = {}
         if self.user is not None and os.geteuid() == 0:
             kwargs.update(user=self.user.uid, group=self.user.gid, extra_groups=[])
-            full_env.update(HOME=self.user.home, USER=self.user.name, LOGNAME=self.user.name)
         out = open(self.stdout_path, "ab") if self.stdout_path else subprocess.DEVNULL
         if self.stderr_path and self.stderr_path == self.stdout_path:
             err = subprocess.STDOUT
