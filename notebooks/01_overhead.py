@@ -39,7 +39,7 @@ RUN_DIR = None          # a run directory (or id under profiles/) to read instea
 # %%
 from IPython.display import Image, Markdown, display
 
-from profkit import bench
+from profkit.experiments import bench
 from profkit import notebook as nb
 from profkit.render import report
 

@@ -44,7 +44,7 @@ from IPython.display import Markdown, display
 
 from profkit import notebook as nb
 from profkit.collect import perf
-from profkit.collect.artifacts import load_run
+from profkit.rundir import load_run
 from profkit.parse.folded import instrumentation_functions
 from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload

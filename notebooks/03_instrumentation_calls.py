@@ -44,7 +44,7 @@ from IPython.display import display
 from profkit import notebook as nb
 from profkit.analyze import predict as P
 from profkit.collect import perf
-from profkit.collect.artifacts import load_run
+from profkit.rundir import load_run
 from profkit.collect.callgrind import collect_callgrind_cluster
 from profkit.parse.callgrind import parse_callgrind_file
 from profkit.parse.folded import is_instrumentation
@@ -92,13 +92,14 @@ with progress:
 gprof_tables = {}
 if GPROF:
     from profkit.collect import gprof
+    from profkit.experiments.profile import gprof_profile
 
     wanted = {name: gprof.profiling_build_name(name) for name in choice.builds}
     gchoice = nb.available_builds(list(wanted.values()), build_missing=())
     print(gchoice.report())
     for name, gname in wanted.items():
         if gname in gchoice.builds:
-            res = gprof.profile_workload(gchoice.builds[gname], WORKLOAD, scale=SCALE, mode=MODE)
+            res = gprof_profile(gchoice.builds[gname], WORKLOAD, scale=SCALE, mode=MODE)
             gprof_tables[name] = res.functions
 if not gprof_tables:
     print("SKIPPED gprof: no -pg build cached (`profkit build gprof` makes one, ~6 min)")

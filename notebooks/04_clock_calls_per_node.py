@@ -137,7 +137,7 @@ if WORKLOAD == "join_sum":
 # row-counting cost per Instr call comes from TIMING FALSE vs plain.
 
 # %%
-from profkit import bench
+from profkit.experiments import bench
 
 cost = clock.measure_clocks(["clock_monotonic"], loops=2_000_000, repeats=3)
 ns_per_read = float(cost.set_index("source").loc["clock_monotonic", "ns_per_call"])

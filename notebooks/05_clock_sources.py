@@ -36,7 +36,7 @@ RUN_DIR = None          # an earlier benchmark run of these builds to read inste
 import pandas as pd
 from IPython.display import display
 
-from profkit import bench
+from profkit.experiments import bench
 from profkit import notebook as nb
 from profkit.analyze import predict as P
 from profkit.analyze.stats import summarize

@@ -5,32 +5,33 @@
   earlier runs so a notebook can start from disk instead of re-collecting.
 - :func:`available_builds` — the builds a notebook asked for, split into the
   ones that are cached (or cheap: vanilla) and the ones skipped, with the reason.
-- :class:`Progress` — a progress bar that updates in place in a notebook (one
-  display handle, no ipywidgets needed) and falls back to plain lines elsewhere.
+- :class:`Progress` — :class:`profkit.progress.Progress`, re-exported.
 - :class:`Comparison` — build-to-build comparisons with ``_repr_html_``.
 - :func:`plan_tree` — a plan_nodes table drawn as an indented tree table.
 - :func:`show` — display several rich objects (flamegraphs are iframes, so
   several in one notebook do not clash).
 
 Nothing here collects: collection lives in :mod:`profkit.collect` and
-:mod:`profkit.bench`; this module only finds, loads and shows.
+:mod:`profkit.experiments`; this module only finds, loads and shows.
 """
 from __future__ import annotations
 
 import html
 import json
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import pandas as pd
 
 from profkit import paths
 from profkit.errors import ProfkitError
+from profkit.progress import Progress, in_notebook
+
+__all__ = ["Progress", "in_notebook"]  # re-exported: the one progress facility
 
 
 class NotebookError(ProfkitError):
@@ -39,16 +40,6 @@ class NotebookError(ProfkitError):
 
 # ---------------------------------------------------------------------------
 # Where am I running?
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (display handles work), False in a terminal/pytest."""
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a dependency
-        return False
-    ip = get_ipython()
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
 def show(*objs: Any) -> None:
@@ -64,96 +55,6 @@ def show(*objs: Any) -> None:
         return
     for o in objs:
         print(o)
-
-
-# ---------------------------------------------------------------------------
-# Progress
-
-
-class Progress:
-    """A progress bar for long notebook work (builds, benchmark repetitions, probes).
-
-    In a Jupyter kernel it is one HTML display updated in place; elsewhere each
-    update is a line on stderr (throttled).  Use it as a context manager, call
-    :meth:`advance` per unit of work, and pass :meth:`say` wherever profkit
-    takes a ``progress`` callback (``get_build(..., progress=p.say)``).
-    """
-
-    def __init__(self, total: int | None = None, description: str = "",
-                 *, min_interval_s: float = 0.2) -> None:
-        self.total = total
-        self.description = description
-        self.done = 0
-        self.message = ""
-        self.started = time.monotonic()
-        self.min_interval_s = min_interval_s
-        self._last = 0.0
-        self._handle: Any = None
-        self._closed = False
-        if in_notebook():
-            from IPython.display import HTML, display
-
-            self._handle = display(HTML(self._html()), display_id=True)
-
-    # -- updates -----------------------------------------------------------
-    def advance(self, n: int = 1, message: str | None = None) -> None:
-        self.done += n
-        if message is not None:
-            self.message = message
-        self._refresh()
-
-    def say(self, message: str) -> None:
-        """A ``progress=`` callback: show *message* without advancing."""
-        self.message = message
-        self._refresh(force=True)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._refresh(force=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:
-            self.message = f"stopped: {exc[1]}"
-        self.close()
-
-    # -- rendering -----------------------------------------------------------
-    @property
-    def fraction(self) -> float | None:
-        if not self.total:
-            return None
-        return min(1.0, self.done / self.total)
-
-    def text(self) -> str:
-        elapsed = time.monotonic() - self.started
-        count = f"{self.done}/{self.total}" if self.total else f"{self.done}"
-        msg = f" — {self.message}" if self.message else ""
-        return f"{self.description} [{count}] {elapsed:.1f} s{msg}"
-
-    def _html(self) -> str:
-        frac = self.fraction
-        pct = 0.0 if frac is None else frac * 100
-        bar = (f"<div style='display:inline-block;width:240px;height:12px;background:#ddd;"
-               f"vertical-align:middle;margin-right:8px'><div style='width:{pct:.1f}%;"
-               f"height:12px;background:#4C72B0'></div></div>") if frac is not None else ""
-        return f"<div style='font-family:monospace'>{bar}{html.escape(self.text())}</div>"
-
-    def _refresh(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.min_interval_s and (
-                self.total is None or self.done < self.total):
-            return
-        self._last = now
-        if self._handle is not None:
-            from IPython.display import HTML
-
-            self._handle.update(HTML(self._html()))
-        else:
-            print(self.text(), file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------

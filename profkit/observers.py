@@ -47,7 +47,8 @@ from profkit.procfs import schedstat
 from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
-from profkit.collect.artifacts import RunDir, new_run, server_settings
+from profkit.collect.artifacts import server_settings
+from profkit.rundir import RunDir, new_run
 from profkit.errors import ProbeError, ProfkitError
 from profkit.pg.workloads import SEED_QUERY_NAMES, Workload, get_workload
 
@@ -520,7 +521,7 @@ def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:
     hit_costs.csv and slowdown.md, and returns them.  A run can so be
     summarised again later (e.g. after the guard's defaults change).
     """
-    from profkit.collect.artifacts import load_run
+    from profkit.rundir import load_run
     from profkit.collect.bpf import DEFAULT_COST_NS
 
     rd = load_run(run_dir)

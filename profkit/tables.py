@@ -61,7 +61,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "unit": "string", "supported": "bool", "runtime_pct": "float64",
     },
     # one row per plan node per EXPLAIN ANALYZE execution of the timing-accuracy runs
-    # (profkit.timing_variants): arm = build label (+ settings), times in ms,
+    # (profkit.experiments.timing_accuracy): arm = build label (+ settings), times in ms,
     # inclusive = Actual Total Time x loops, exclusive = inclusive - children's
     "timing_nodes": {
         "run_id": "string", "workload": "string", "arm": "string", "preset": "string",

@@ -22,9 +22,9 @@ import pandas as pd
 import pytest
 from proc_helpers import alive
 
-from profkit import bench
-from profkit.bench import BenchError, ProfilesFull, ServerCrashed
-from profkit.errors import ComparisonError, ProfkitError
+from profkit.experiments import bench
+from profkit.experiments.bench import BenchError, ProfilesFull, ServerCrashed
+from profkit.errors import ProfkitError
 from profkit.pg.workloads import WorkloadError
 
 SUMMARY_COLUMNS = ["build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
@@ -116,32 +116,6 @@ def test_choose_instr_scale_shrinks_with_the_square_of_the_scale():
     assert same == 0.001 and why2.startswith("bench scale")
 
 
-def test_check_comparable_refuses_differing_checked_fields():
-    a = {"run_id": "a", "workload": "nested_loop", "scale": 0.1, "source": {"version": "18.6"},
-         "machine": {"cpu_model": "X", "kernel": "6.1", "clocksource": "tsc",
-                     "virtualization": "kvm", "cpus": 2}}
-    b = json.loads(json.dumps(a))
-    assert bench.check_comparable(a, b) == {}
-    b["machine"]["clocksource"] = "hpet"
-    del b["machine"]["kernel"]  # missing is different, never filled in
-    with pytest.raises(ComparisonError, match="clocksource: 'tsc' vs 'hpet'"):
-        bench.check_comparable(a, b)
-    diff = bench.check_comparable(a, b, force=True)
-    assert diff == {"machine.kernel": ("6.1", None), "machine.clocksource": ("tsc", "hpet")}
-
-
-def test_update_latest_points_at_newest(tmp_path):
-    (tmp_path / "r1").mkdir()
-    (tmp_path / "r2").mkdir()
-    bench.update_latest(tmp_path / "r1")
-    bench.update_latest(tmp_path / "r2")
-    assert os.readlink(tmp_path / "latest") == "r2"
-    (tmp_path / "latest").unlink()
-    (tmp_path / "latest").mkdir()
-    with pytest.raises(BenchError, match="not a symlink"):
-        bench.update_latest(tmp_path / "r1")
-
-
 # ---------------------------------------------------------------------------
 # a real run through the CLI
 
@@ -168,7 +142,7 @@ def test_timings_shape_and_interleaving(small_run):
     d = small_run["dir"]
     import re
 
-    assert re.fullmatch(r"\d{8}-\d{6}-nested_loop", d.name), d.name
+    assert re.fullmatch(r"\d{8}-\d{6}-bench-nested_loop", d.name), d.name
     t = bench.load_timings(d)
     assert len(t) == 2 * 3 * 3
     assert t.groupby(["build", "mode"]).size().to_dict() == {

@@ -36,7 +36,8 @@ from pathlib import Path
 import pytest
 
 from profkit.collect import gprof
-from profkit.collect.artifacts import load_run, new_run
+from profkit.experiments import profile as prof_exp
+from profkit.rundir import load_run, new_run
 from profkit.errors import ToolNotFound
 from profkit.pg.workloads import get_workload
 
@@ -114,7 +115,7 @@ def query2(gprof_cluster, tmp_path_factory):
     result = gprof.parse_run(grun.run_dir)
     with gprof_cluster.connect() as conn:   # another backend: not counted
         explain = conn.execute(wl.query("analyze_notiming", fmt="json")).fetchone()[0]
-        pred = gprof.explain_prediction(conn, wl.query("analyze_notiming", fmt="json"),
+        pred = prof_exp.explain_prediction(conn, wl.query("analyze_notiming", fmt="json"),
                                         "analyze_notiming")
     return grun, res, result, explain, pred
 
@@ -144,7 +145,7 @@ def test_query2_instr_calls_equal_plan_prediction(query2) -> None:
     binary = gprof_binary(result)
     for fn, want in expected.items():
         # profkit.analyze.predict agrees with the derivation above
-        assert gprof.predicted_calls(pred, fn) == want
+        assert prof_exp.predicted_calls(pred, fn) == want
         got = result.calls(fn)
         merged = gprof.merged_into(binary, fn)
         if fn == "ExecProcNodeInstr" and merged:
@@ -155,7 +156,7 @@ def test_query2_instr_calls_equal_plan_prediction(query2) -> None:
             # ExecShutdownNode_walker.part.0 right after ExecProcNodeInstr, and
             # ExecShutdownNode enters it once per plan node: +8 at the suite's scale.
             assert merged == ["ExecShutdownNode_walker.part.0"]
-            assert gprof.gprof_artifact(pred, fn, merged) == len(types)
+            assert prof_exp.gprof_artifact(pred, fn, merged) == len(types)
             assert want - slack <= got - len(types) <= want, (
                 f"{fn}: gprof {got}, predicted {want} + {len(types)} (slack {slack})")
             # the walker's callees show up under ExecProcNodeInstr, one per node

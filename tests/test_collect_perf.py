@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from profkit.collect import perf
-from profkit.collect.artifacts import load_run
+from profkit.rundir import load_run
 from profkit.errors import ToolNotFound
 from profkit.parse.perf_script import fold_perf_script
 from profkit.pg.workloads import get_workload

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from profkit.collect import pyspy
-from profkit.collect.artifacts import load_run
+from profkit.rundir import load_run
 from profkit.render.flamegraph import render
 
 CHILD = '''

@@ -99,7 +99,7 @@ def test_slowdown_table_on_synthetic_timings():
 
 
 def test_summarize_a_run_directory_again(tmp_path):
-    from profkit.collect.artifacts import new_run
+    from profkit.rundir import new_run
 
     rd = new_run("observers", base=tmp_path, run_id="obs", workload="join_sum", scale=0.02,
                  loadavg_before=[1.0, 2.0, 3.0], loadavg_after=[1.5, 2.0, 3.0],

@@ -10,6 +10,7 @@ import pytest
 
 from profkit import seed_figures
 from profkit.analyze import stats
+from profkit.render import report
 from profkit.errors import ComparisonError
 
 
@@ -161,7 +162,7 @@ def test_empty_input_gives_empty_table_with_columns():
     s = stats.summarize(make_timings({"v": {}}).iloc[:0])
     assert s.empty
     assert list(s.columns) == list(stats.SUMMARY_COLUMNS)
-    text = stats.summary_csv(s)
+    text = report.summary_csv(s)
     assert text == ",".join(stats.SUMMARY_CSV_COLUMNS) + "\n"
 
 
@@ -269,7 +270,7 @@ def test_summary_csv_columns_and_instruction_overhead(tmp_path):
     ic = instr_table({("vanilla", "plain"): 355_051_091, ("vanilla", "analyze_notiming"): 448_476_655,
                       ("vanilla", "analyze_timing"): 517_580_547})
     path = tmp_path / "summary.csv"
-    text = stats.summary_csv(s, ic, path=path)
+    text = report.summary_csv(s, ic, path=path)
     assert path.read_text() == text
     lines = text.splitlines()
     assert lines[0] == ("build,mode,n,median_ms,mean_ms,variance,overhead_pct,ci_low_pct,"

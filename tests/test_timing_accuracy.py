@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from profkit.analyze import timing_accuracy as ta
-from profkit.timing_variants import (
+from profkit.experiments.timing_accuracy import (
     CLOCK_MONOTONIC_COARSE,
     Arm,
     TimingAccuracyError,
@@ -331,7 +331,7 @@ def test_parse_arm_forms_and_errors():
 
 def test_analyze_run_from_files(tmp_path):
     """The analysis reads only the run directory (no PostgreSQL)."""
-    from profkit.timing_variants import PLANS_JSONL, TIMINGS_COLUMNS, TIMINGS_CSV
+    from profkit.experiments.timing_accuracy import PLANS_JSONL, TIMINGS_COLUMNS, TIMINGS_CSV
 
     t = _timings({"vanilla": (8.0, 10.0, 16.0), "fast": (8.0, 10.0, 9.0)})
     for c in TIMINGS_COLUMNS:
@@ -379,7 +379,7 @@ VARIANTS = ("coarse_clock", "tsc_clock", "sampled_timing")
 @pytest.fixture(scope="module")
 def variant_run(vanilla_build, tmp_path_factory):
     from profkit.pg.build import find_build, get_build
-    from profkit.timing_variants import run_timing_accuracy
+    from profkit.experiments.timing_accuracy import run_timing_accuracy
 
     cached = [v for v in VARIANTS if find_build(v) is not None]
     if not cached:  # at least one variant must run: build the one with most to check

@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.analyze.predict import flatten_plan
+from profkit.parse.explain import flatten_plan
 from profkit.errors import ProfkitError
 
 
@@ -41,7 +41,8 @@ def node_times(explain: Any) -> pd.DataFrame:
     Input: EXPLAIN (ANALYZE, TIMING TRUE, FORMAT JSON) output.  With TIMING
     FALSE there are no node times and this raises CorrectionError.
     """
-    from profkit.analyze.predict import _explain_order, _load
+    from profkit.parse.explain import explain_order as _explain_order
+    from profkit.parse.explain import load_explain as _load
 
     top = _load(explain)
     flat = flatten_plan(top)

@@ -124,9 +124,6 @@ of the nodes; profkit's clusters set max_parallel_workers_per_gather = 0.
 """
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,9 +131,11 @@ import pandas as pd
 
 from profkit import tables
 from profkit.errors import ParseError
+from profkit.parse.explain import GAP_TYPES, explain_order, flatten_plan, load_explain
+
+__all__ = ["GAP_TYPES", "explain_order", "flatten_plan", "load_explain"]  # re-exported
 
 MULTIEXEC_TYPES = frozenset({"Hash", "Bitmap Index Scan", "BitmapAnd", "BitmapOr"})
-GAP_TYPES = frozenset({"Subquery Scan", "Append", "Merge Append"})
 MODES = ("plain", "analyze_notiming", "analyze_timing")
 
 # Plan node tag (T_<name>, read by the eBPF probe from plan->type) -> EXPLAIN's "Node Type".
@@ -239,112 +238,6 @@ def query_constants(ctx: PredictContext) -> list[Constant]:
             if ctx.pgss_track_planning:
                 out.append(Constant("pgss_planning", 2, 0, False,
                                     "pg_stat_statements.so pgss_planner"))
-    return out
-
-
-# ---------------------------------------------------------------------------
-# Flattening the plan
-
-
-def _load(explain: Any) -> dict[str, Any]:
-    if isinstance(explain, (str, bytes)):
-        try:
-            explain = json.loads(explain)
-        except ValueError as e:
-            raise ParseError(f"EXPLAIN output is not JSON ({e}); use FORMAT JSON") from None
-    if isinstance(explain, (list, tuple)):
-        if not explain:
-            raise ParseError("empty EXPLAIN result")
-        explain = explain[0]
-        if isinstance(explain, (list, tuple)):  # a row: (json,)
-            return _load(explain)
-    if not isinstance(explain, Mapping) or "Plan" not in explain:
-        raise ParseError("not an EXPLAIN (FORMAT JSON) result: expected [{'Plan': ...}]")
-    return dict(explain)
-
-
-_SUBPLAN_NUM = re.compile(r"^(InitPlan|SubPlan)\s+(\d+)")
-
-
-def flatten_plan(explain: Any) -> pd.DataFrame:
-    """One row per plan node, numbered like ``plan_node_id`` (see module docstring).
-
-    Input:  ``[{"Plan": {"Node Type": "Aggregate", "Actual Rows": 1.0, "Actual Loops": 1,
-    "Plans": [...]}}]``
-    Output: columns node_id, node_type, parent_id, relationship, subplan_name, depth,
-    rows_per_loop, loops, rows (= total rows), analyzed, relation, join_type, order
-    (EXPLAIN's print order), id_reliable.
-    """
-    top = _load(explain)
-    rows: list[dict[str, Any]] = []
-    subplans: list[tuple[tuple[int, int, int], dict, int | None, int]] = []
-    reliable = True
-    seen_sub: set[str] = set()
-
-    def visit(node: Mapping[str, Any], parent: int | None, rel: str | None, depth: int,
-              sub_name: str | None, tree: str) -> None:
-        nonlocal reliable
-        ntype = str(node.get("Node Type", "?"))
-        if ntype in GAP_TYPES or "Subplans Removed" in node:
-            reliable = False
-        if ntype in ("Gather", "Gather Merge"):
-            reliable = False
-        nid = len(rows)
-        loops = node.get("Actual Loops")
-        per_loop = node.get("Actual Rows")
-        analyzed = loops is not None
-        total = float(per_loop) * float(loops) if analyzed and per_loop is not None else None
-        rows.append({
-            "node_id": nid, "node_type": ntype, "parent_id": parent, "relationship": rel,
-            "subplan_name": sub_name, "depth": depth, "plan_tree": tree,
-            "rows_per_loop": float(per_loop) if per_loop is not None else float("nan"),
-            "loops": float(loops) if loops is not None else float("nan"),
-            # PG18 prints Actual Rows per loop with two decimals: round the product.
-            "rows": float(round(total)) if total is not None else float("nan"),
-            "analyzed": analyzed,
-            "relation": node.get("Relation Name"), "join_type": node.get("Join Type"),
-            "inner_unique": node.get("Inner Unique"),
-            "_json": node,
-        })
-        for child in node.get("Plans", []) or []:
-            crel = child.get("Parent Relationship")
-            if crel in ("InitPlan", "SubPlan"):
-                name = str(child.get("Subplan Name", ""))
-                if name in seen_sub:
-                    continue
-                seen_sub.add(name)
-                m = _SUBPLAN_NUM.match(name)
-                # CTE plans are made before sublinks are: lowest plan_ids
-                key = (1, int(m.group(2)), len(subplans)) if m else (0, 0, len(subplans))
-                if not m:
-                    reliable = False
-                subplans.append((key, child, nid, depth + 1))
-            else:
-                visit(child, nid, crel, depth + 1, None, tree)
-
-    visit(top["Plan"], None, None, 0, None, "main")
-    # Sub-plans after the main tree; nested sub-plans are appended while visiting,
-    # so keep taking the lowest key until none is left.
-    while subplans:
-        subplans.sort(key=lambda s: s[0])
-        _key, child, parent, depth = subplans.pop(0)
-        visit(child, parent, child.get("Parent Relationship"), depth,
-              str(child.get("Subplan Name", "")), "subplan")
-    order = {id(n): i for i, n in enumerate(_explain_order(top["Plan"]))}
-    df = pd.DataFrame(rows)
-    df["order"] = [order.get(id(j), -1) for j in df["_json"]]
-    df = df.drop(columns=["_json"])
-    df["parent_id"] = df["parent_id"].astype("Int64")
-    df["id_reliable"] = reliable
-    df.attrs["planning_ms"] = top.get("Planning Time")
-    df.attrs["execution_ms"] = top.get("Execution Time")
-    return df
-
-
-def _explain_order(plan: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    out = [plan]
-    for c in plan.get("Plans", []) or []:
-        out += _explain_order(c)
     return out
 
 

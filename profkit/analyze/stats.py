@@ -42,14 +42,12 @@ The ``paired`` column says which was used.
 """
 from __future__ import annotations
 
-import io
 import itertools
 import math
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -485,16 +483,13 @@ def attach_instructions(summary: pd.DataFrame, instr_counts: pd.DataFrame | None
     return out
 
 
-def summary_csv(
-    summary: pd.DataFrame,
-    instr_counts: pd.DataFrame | None = None,
-    path: str | Path | None = None,
-) -> str:
-    """The ``summary.csv`` text (columns :data:`SUMMARY_CSV_COLUMNS`; NaN → empty cell).
+def summary_table(summary: pd.DataFrame,
+                  instr_counts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The ``summary.csv`` table: columns :data:`SUMMARY_CSV_COLUMNS`, rounded.
 
     *summary* comes from :func:`summarize`. If it already has ``instr`` columns
     (from :func:`attach_instructions`) and *instr_counts* is None they are kept.
-    When *path* is given the text is also written there.
+    (Writing it is :func:`profkit.render.report.summary_csv`.)
     """
     if "instr" not in summary.columns or instr_counts is not None:
         summary = attach_instructions(summary, instr_counts)
@@ -509,9 +504,4 @@ def summary_csv(
     for c, nd in (("median_ms", 4), ("mean_ms", 4), ("variance", 6), ("overhead_pct", 3),
                   ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3)):
         out[c] = out[c].astype("float64").round(nd)
-    buf = io.StringIO()
-    out.to_csv(buf, index=False, na_rep="", lineterminator="\n")
-    text = buf.getvalue()
-    if path is not None:
-        Path(path).write_text(text)
-    return text
+    return out

@@ -2,7 +2,7 @@
 
 Issue 3 asks, for ``coarse_clock``, ``tsc_clock`` and ``sampled_timing``: how far are
 their per-node times (EXPLAIN ANALYZE, TIMING TRUE) from vanilla's, and what do they
-cost?  The collector (:mod:`profkit.timing_variants`) runs each workload's plain query,
+cost?  The collector (:mod:`profkit.experiments.timing_accuracy`) runs each workload's plain query,
 ``EXPLAIN (ANALYZE, TIMING FALSE, FORMAT JSON)`` and ``EXPLAIN (ANALYZE, TIMING TRUE,
 FORMAT JSON)`` on every build ("arm"), interleaved, and keeps the JSON plans.  The
 functions here are pure: plans and ``timings`` rows in, tables out.
@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import tables
-from profkit.analyze.predict import flatten_plan
+from profkit.parse.explain import flatten_plan
 from profkit.errors import ProfkitError
 
 INCLUSIVE = "inclusive_ms"

@@ -48,7 +48,7 @@ def _profiles_root(out: Path | None) -> Path:
 
 def _report_after_failure(e: ProfkitError) -> None:
     """A run that stopped half-way still gets its report from the rows it kept."""
-    from profkit.bench import BenchError, write_report
+    from profkit.experiments.bench import BenchError, write_report
 
     if isinstance(e, BenchError) and e.run_dir is not None and e.rows > 0:
         try:
@@ -72,7 +72,7 @@ def _comparisons_table(comps: Any) -> Table:
 
 
 def _print_results(files: Any) -> None:
-    from profkit.bench import ordering_check
+    from profkit.experiments.bench import ordering_check
     from profkit.render.report import render_console
 
     out_console.print(render_console(files.summary))
@@ -133,20 +133,21 @@ def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, 
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
     """
-    from profkit.bench import check_request, new_run_id, run_bench, update_latest, write_report
+    from profkit.experiments.bench import check_request, run_bench, write_report
+    from profkit.rundir import new_run_id, update_latest
 
     req = check_request(builds, workload, scale, reps, _mode_list(modes), warmup, list(sets))
     root = _profiles_root(out)
-    run_id = new_run_id(req.workload, root)
+    run_id = new_run_id("bench", req.workload, root=root)
     try:
-        res = run_bench(list(builds.split(",")), workload, scale, reps, req.modes, warmup,
-                        list(sets), root / run_id, True, instructions=instructions,  # type: ignore[arg-type]
+        res = run_bench(req, out_dir=root / run_id, progress=True,
+                        instructions=instructions,  # type: ignore[arg-type]
                         instr_scale=instr_scale, order_seed=order_seed, run_id=run_id,
                         command_line=["profkit", *sys.argv[1:]])
     except ProfkitError as e:
         _report_after_failure(e)
         raise
-    files = write_report(res.out_dir, metric=metric)
+    files = write_report(res, metric=metric)
     _warn_instructions(res.provenance)
     update_latest(res.out_dir)
     _print_results(files)
@@ -178,8 +179,9 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     (Query-1 ≈ 0.3 s on vanilla here), 25 repetitions: ~3 minutes of benchmark on 2 idle
     cores; callgrind at scale 0.01.
     """
-    from profkit.bench import check_request, new_run_id, run_bench, update_latest, write_report
+    from profkit.experiments.bench import check_request, run_bench, write_report
     from profkit.pg.build import get_build
+    from profkit.rundir import new_run_id, update_latest
 
     t_all = time.monotonic()
     req = check_request(builds, "nested_loop", scale, reps, warmup=warmup)
@@ -195,11 +197,10 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     t_builds = time.monotonic() - t0
 
     err_console.rule(f"benchmark: nested_loop at scale {scale}, {reps} repetitions")
-    run_id = new_run_id("nested_loop", root)
+    run_id = new_run_id("bench", "nested_loop", root=root)
     t0 = time.monotonic()
     try:
-        res = run_bench(builds, "nested_loop", scale, reps, warmup=warmup,
-                        out_dir=root / run_id, progress=True,
+        res = run_bench(req, out_dir=root / run_id, progress=True,
                         instructions="none" if no_callgrind else "auto",
                         instr_scale=instr_scale, order_seed=order_seed, run_id=run_id,
                         command_line=["profkit", *sys.argv[1:]])
@@ -207,7 +208,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
         _report_after_failure(e)
         raise
     t_bench = time.monotonic() - t0
-    files = write_report(res.out_dir)
+    files = write_report(res)
     update_latest(res.out_dir)
     _warn_instructions(res.provenance)
 

@@ -41,10 +41,10 @@ def _fmt_table(df: pd.DataFrame) -> str:
 def perf_cmd(build: str, workload: str, scale: float, mode: str, freq: int, dwarf: bool,
              reps: int, no_stat: bool, top_n: int, out: str | None) -> None:
     """Record a backend running a workload's query with perf; flamegraph + top functions."""
-    from profkit.collect.perf import profile_workload
+    from profkit.experiments.profile import perf_profile
     from profkit.experiments.profile import flamegraph_dir, flamegraph_for
 
-    prof = profile_workload(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
+    prof = perf_profile(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
                             call_graph="dwarf" if dwarf else "fp", stat=not no_stat,
                             progress=_say)
     qname = prof.run.provenance.get("query_name") or mode
@@ -82,10 +82,10 @@ def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
     """Run a query in one backend of a -pg build (BUILD vanilla → gprof, step3 →
     step3+gprof); print gprof's flat profile top and the instrumentation call counts
     next to what the plan predicts."""
-    from profkit.collect.gprof import profile_workload_with_prediction
+    from profkit.experiments.profile import gprof_profile_with_prediction
     from profkit.experiments.profile import instrumentation_calls
 
-    res, pred = profile_workload_with_prediction(build, workload, scale=scale, mode=mode,
+    res, pred = gprof_profile_with_prediction(build, workload, scale=scale, mode=mode,
                                                  reps=reps, progress=_say)
     click.echo(f"run {res.run.run_id}: gprof of backend {res.run.get('backend_pid')}")
     click.echo(f"flat profile, top {top_n}:")

@@ -71,7 +71,7 @@ def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
 
     Takes a few minutes with the default scales and 5 arms on 2 cores.
     """
-    from profkit.timing_variants import DEFAULT_ARMS, analyze_run, run_timing_accuracy
+    from profkit.experiments.timing_accuracy import DEFAULT_ARMS, analyze_run, run_timing_accuracy
 
     if report_dir is not None:
         _print(analyze_run(report_dir, baseline=baseline, tol_pct=tol,

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from profkit.collect.artifacts import RunDir, load_run, new_run, server_settings
+from profkit.collect.artifacts import server_settings
+from profkit.rundir import RunDir, load_run, new_run
 from profkit.collect.perf import QueryResult, format_rows, pid_alive, run_query
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.gprof import GprofProfile, parse_gprof
@@ -51,7 +52,6 @@ from profkit.run import run as run_argv
 if TYPE_CHECKING:
     import psycopg
 
-    from profkit.pg.build import Build
     from profkit.pg.cluster import Cluster
 
 GMON = "gmon.out"
@@ -425,82 +425,3 @@ def parse_run(run: RunDir | str | os.PathLike[str], *, binary: str | None = None
     rd.finish(status="ok", functions=len(prof.functions),
               sample_seconds=prof.sample_seconds)
     return GprofResult(rd, prof)
-
-
-# gprof function name -> Prediction.totals key (profkit.analyze.predict)
-_PREDICTED = {"InstrStartNode": "instr_start_node", "InstrStopNode": "instr_stop_node",
-              "ExecProcNodeInstr": "exec_proc_node_instr"}
-
-
-def explain_prediction(conn: psycopg.Connection, explain_json_sql: str, mode: str) -> Any:
-    """Run ``EXPLAIN (ANALYZE, FORMAT JSON) ...`` on *conn* (another backend than the one
-    profiled) and predict the Instr* calls of *mode* from its rows and loops
-    (:func:`profkit.analyze.predict.predict`)."""
-    from profkit.analyze.predict import context_from_conn, predict
-
-    row = conn.execute(explain_json_sql).fetchone()
-    if row is None:
-        raise GprofError("EXPLAIN returned no rows")
-    return predict(row[0], context_from_conn(conn, mode))
-
-
-def predicted_calls(prediction: Any, function: str, reps: int = 1) -> int | None:
-    """Predicted calls of *function* for *reps* executions (None: not predicted)."""
-    key = _PREDICTED.get(function)
-    if key is None:
-        return None
-    return int(prediction.totals[key]) * reps
-
-
-def gprof_artifact(prediction: Any, function: str, merged: list[str], reps: int = 1) -> int:
-    """Calls gprof adds to *function* because it counts dropped symbols as it
-    (:func:`merged_into`): ``ExecShutdownNode_walker.part.0`` runs once per plan node
-    when the executor shuts the plan down (ExecShutdownNode walks the whole PlanState
-    tree, sub-plans included)."""
-    if any(m.startswith("ExecShutdownNode_walker.") for m in merged):
-        return len(prediction.nodes) * reps
-    return 0
-
-
-def profile_workload(build: Build | str = "gprof", workload: str = "nested_loop", *,
-                     scale: float = 0.05, mode: str = "analyze_notiming", reps: int = 1,
-                     base: str | os.PathLike[str] | None = None,
-                     progress: Callable[[str], None] | None = None) -> GprofResult:
-    """-pg build (cached) → throwaway cluster → load → one backend runs *mode* → gprof."""
-    return profile_workload_with_prediction(build, workload, scale=scale, mode=mode, reps=reps,
-                                            base=base, progress=progress, predict=False)[0]
-
-
-def profile_workload_with_prediction(
-        build: Build | str = "gprof", workload: str = "nested_loop", *, scale: float = 0.05,
-        mode: str = "analyze_notiming", reps: int = 1,
-        base: str | os.PathLike[str] | None = None,
-        progress: Callable[[str], None] | None = None,
-        predict: bool = True) -> tuple[GprofResult, Any]:
-    """:func:`profile_workload`, plus the Instr* calls predicted from the plan's rows and
-    loops (EXPLAIN ANALYZE modes; None for the plain query or with ``predict=False``)."""
-    from profkit.pg.build import Build as _Build
-    from profkit.pg.build import get_build
-    from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
-
-    say = progress or (lambda _m: None)
-    gprof_path()
-    b = build if isinstance(build, _Build) else get_build(profiling_build_name(build),
-                                                          progress=say)
-    wl = get_workload(workload)
-    sql = wl.query(mode)
-    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
-    pred = None
-    with Cluster(b, name=f"gprof-{b.name}") as cl:
-        with cl.connect() as conn:
-            say(f"loading {workload} at scale {scale}")
-            wl.load(conn, scale)
-        say(f"running {qname} in a fresh backend of {b.name}")
-        grun, _res = collect_gprof(cl, sql, reps=reps, workload=workload, mode=mode,
-                                   scale=scale, query_name=qname, base=base)
-        if predict and mode.startswith("analyze"):
-            with cl.connect() as conn:
-                pred = explain_prediction(conn, wl.query(mode, fmt="json"), mode)
-    say("gprof")
-    return parse_run(load_run(grun.run_dir)), pred

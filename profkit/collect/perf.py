@@ -65,7 +65,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import pandas as pd
 
 from profkit import paths, tables
-from profkit.collect.artifacts import RunDir, load_run, new_run, server_settings
+from profkit.collect.artifacts import server_settings
+from profkit.rundir import RunDir, load_run, new_run
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.folded import instrumentation_share, write_folded
 from profkit.parse.perf_script import PerfFolding, VdsoSymbols, dump_vdso, fold_perf_script
@@ -636,38 +637,3 @@ def load_profile(run: RunDir | str | os.PathLike[str]) -> PerfProfile:
             if rd.file(STAT_PARQUET).exists() else None)
     return PerfProfile(rd, folding, stacks, functions, stat,
                        {"instrumentation_share": instrumentation_share(functions)})
-
-
-# --------------------------------------------------------------------------- whole workflow
-
-def profile_workload(build: Any, workload: str = "nested_loop", *, scale: float = 0.05,
-                     mode: str = "analyze_timing", reps: int = 1, freq: int = DEFAULT_FREQ,
-                     call_graph: CallGraph = "fp", stat: bool = True, perf: str = "perf",
-                     warmup: bool = True, base: str | os.PathLike[str] | None = None,
-                     progress: Callable[[str], None] | None = None) -> PerfProfile:
-    """Build (cached) → throwaway cluster → load *workload* → record *mode* → fold.
-
-    *build*: a preset name or a :class:`~profkit.pg.build.Build`. A warm-up run of the
-    query (not recorded) fills the caches first, so the profile shows the steady state.
-    """
-    from profkit.pg.build import Build, get_build
-    from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
-
-    say = progress or (lambda _m: None)
-    perf_path(perf)
-    b = build if isinstance(build, Build) else get_build(build, progress=say)
-    wl = get_workload(workload)
-    sql = wl.query(mode)
-    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
-    with Cluster(b, name=f"perf-{b.name}") as cl, cl.connect() as conn:
-        say(f"loading {workload} at scale {scale}")
-        wl.load(conn, scale)
-        if warmup:
-            run_query(conn, sql, 1)
-        say(f"recording {qname} on {b.name} (perf, {freq} Hz, {call_graph})")
-        rec, _res = record_query(cl, conn, sql, reps=reps, workload=workload, mode=mode,
-                                 scale=scale, query_name=qname, perf=perf, freq=freq,
-                                 call_graph=call_graph, stat=stat, base=base)
-    say(f"folding {rec.samples} samples")
-    return fold_run(load_run(rec.run_dir), perf=perf, binary=b.postgres)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from profkit.collect.artifacts import RunDir, load_run, new_run
+from profkit.rundir import RunDir, load_run, new_run
 from profkit.collect.perf import pid_alive
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.folded import functions_table, read_folded, stacks_table

@@ -1,8 +1,10 @@
-"""The single-build profile experiments' shared end: flamegraphs with a run's provenance,
-and ``make demo``'s Query-2 flamegraphs (vanilla, step3, and the differential).
+"""The single-build profile experiments: build → throwaway cluster → load → one backend
+runs the query under perf (:func:`perf_profile`) or in a -pg build (:func:`gprof_profile`,
+with the Instr* calls the plan predicts); flamegraphs with the run's provenance; and
+``make demo``'s Query-2 flamegraphs (vanilla, step3, and the differential).
 
-The recording itself is :func:`profkit.collect.perf.profile_workload` and
-:func:`profkit.collect.gprof.profile_workload`.
+The tools themselves are driven by :mod:`profkit.collect.perf` and
+:mod:`profkit.collect.gprof`, which write the raw artifacts into the run directory.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import ProfkitError
+from profkit.rundir import load_run
 
 
 def _say(msg: str) -> None:
@@ -59,7 +62,6 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     ``query2-vanilla-vs-step3.svg`` for the defaults).
     """
     from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
-    from profkit.collect.perf import profile_workload
     from profkit.pg.workloads import SEED_QUERY_NAMES
 
     say = progress or _say
@@ -69,7 +71,7 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
     slug = qname.lower().replace("-", "")
     a_name, b_name = builds
-    profs = [profile_workload(b, workload, scale=scale, mode=mode, reps=reps, progress=say)
+    profs = [perf_profile(b, workload, scale=scale, mode=mode, reps=reps, progress=say)
              for b in builds]
     paths = []
     for name, prof in zip(builds, profs, strict=True):
@@ -136,3 +138,121 @@ def instrumentation_calls(res: Any, pred: Any, reps: int) -> tuple[Any, list[str
         notes.append("the prediction is an upper bound, by at most one call per loop of "
                      f"these nodes (a loop may end without its NULL-returning call): {why}")
     return pd.DataFrame(rows), notes
+
+
+# --------------------------------------------------------------------------- perf
+
+def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.05,
+                     mode: str = "analyze_timing", reps: int = 1, freq: int = 999,
+                     call_graph: str = "fp", stat: bool = True, perf: str = "perf",
+                     warmup: bool = True, base: str | Path | None = None,
+                     progress: Callable[[str], None] | None = None) -> Any:
+    """Build (cached) → throwaway cluster → load *workload* → record *mode* → fold.
+
+    *build*: a preset name or a :class:`~profkit.pg.build.Build`. A warm-up run of the
+    query (not recorded) fills the caches first, so the profile shows the steady state.
+    """
+    from profkit.collect.perf import fold_run, perf_path, record_query, run_query
+    from profkit.pg.build import Build, get_build
+    from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+
+    say = progress or (lambda _m: None)
+    perf_path(perf)
+    b = build if isinstance(build, Build) else get_build(build, progress=say)
+    wl = get_workload(workload)
+    sql = wl.query(mode)
+    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
+    with Cluster(b, name=f"perf-{b.name}") as cl, cl.connect() as conn:
+        say(f"loading {workload} at scale {scale}")
+        wl.load(conn, scale)
+        if warmup:
+            run_query(conn, sql, 1)
+        say(f"recording {qname} on {b.name} (perf, {freq} Hz, {call_graph})")
+        rec, _res = record_query(cl, conn, sql, reps=reps, workload=workload, mode=mode,
+                                 scale=scale, query_name=qname, perf=perf, freq=freq,
+                                 call_graph=call_graph, stat=stat, base=base)
+    say(f"folding {rec.samples} samples")
+    return fold_run(load_run(rec.run_dir), perf=perf, binary=b.postgres)
+
+
+# --------------------------------------------------------------------------- gprof
+
+# gprof function name -> Prediction.totals key (profkit.analyze.predict)
+_PREDICTED = {"InstrStartNode": "instr_start_node", "InstrStopNode": "instr_stop_node",
+              "ExecProcNodeInstr": "exec_proc_node_instr"}
+
+
+def explain_prediction(conn: Any, explain_json_sql: str, mode: str) -> Any:
+    """Run ``EXPLAIN (ANALYZE, FORMAT JSON) ...`` on *conn* (another backend than the one
+    profiled) and predict the Instr* calls of *mode* from its rows and loops
+    (:func:`profkit.analyze.predict.predict`)."""
+    from profkit.analyze.predict import context_from_conn, predict
+
+    row = conn.execute(explain_json_sql).fetchone()
+    if row is None:
+        raise ProfkitError("EXPLAIN returned no rows")
+    return predict(row[0], context_from_conn(conn, mode))
+
+
+def predicted_calls(prediction: Any, function: str, reps: int = 1) -> int | None:
+    """Predicted calls of *function* for *reps* executions (None: not predicted)."""
+    key = _PREDICTED.get(function)
+    if key is None:
+        return None
+    return int(prediction.totals[key]) * reps
+
+
+def gprof_artifact(prediction: Any, function: str, merged: list[str], reps: int = 1) -> int:
+    """Calls gprof adds to *function* because it counts dropped symbols as it
+    (:func:`merged_into`): ``ExecShutdownNode_walker.part.0`` runs once per plan node
+    when the executor shuts the plan down (ExecShutdownNode walks the whole PlanState
+    tree, sub-plans included)."""
+    if any(m.startswith("ExecShutdownNode_walker.") for m in merged):
+        return len(prediction.nodes) * reps
+    return 0
+
+
+def gprof_profile(build: Any = "gprof", workload: str = "nested_loop", *,
+                     scale: float = 0.05, mode: str = "analyze_notiming", reps: int = 1,
+                     base: str | Path | None = None,
+                     progress: Callable[[str], None] | None = None) -> Any:
+    """-pg build (cached) → throwaway cluster → load → one backend runs *mode* → gprof."""
+    return gprof_profile_with_prediction(build, workload, scale=scale, mode=mode, reps=reps,
+                                            base=base, progress=progress, predict=False)[0]
+
+
+def gprof_profile_with_prediction(
+        build: Any = "gprof", workload: str = "nested_loop", *, scale: float = 0.05,
+        mode: str = "analyze_notiming", reps: int = 1,
+        base: str | Path | None = None,
+        progress: Callable[[str], None] | None = None,
+        predict: bool = True) -> tuple[Any, Any]:
+    """:func:`gprof_profile`, plus the Instr* calls predicted from the plan's rows and
+    loops (EXPLAIN ANALYZE modes; None for the plain query or with ``predict=False``)."""
+    from profkit.collect.gprof import collect_gprof, gprof_path, parse_run, profiling_build_name
+    from profkit.pg.build import Build as _Build
+    from profkit.pg.build import get_build
+    from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+
+    say = progress or (lambda _m: None)
+    gprof_path()
+    b = build if isinstance(build, _Build) else get_build(profiling_build_name(build),
+                                                          progress=say)
+    wl = get_workload(workload)
+    sql = wl.query(mode)
+    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
+    pred = None
+    with Cluster(b, name=f"gprof-{b.name}") as cl:
+        with cl.connect() as conn:
+            say(f"loading {workload} at scale {scale}")
+            wl.load(conn, scale)
+        say(f"running {qname} in a fresh backend of {b.name}")
+        grun, _res = collect_gprof(cl, sql, reps=reps, workload=workload, mode=mode,
+                                   scale=scale, query_name=qname, base=base)
+        if predict and mode.startswith("analyze"):
+            with cl.connect() as conn:
+                pred = explain_prediction(conn, wl.query(mode, fmt="json"), mode)
+    say("gprof")
+    return parse_run(load_run(grun.run_dir)), pred

@@ -530,3 +530,25 @@ def _save(fig: Any, path_png: str | os.PathLike[str] | None,
     if path_svg is not None:
         Path(path_svg).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path_svg, format="svg", metadata={"Date": None, "Creator": None})
+
+
+def summary_csv(summary: pd.DataFrame, instr_counts: pd.DataFrame | None = None,
+                path: str | Path | None = None) -> str:
+    """The ``summary.csv`` text (:func:`profkit.analyze.stats.summary_table`; NaN → empty
+    cell); also written to *path* when given."""
+    import io
+
+    from profkit.analyze.stats import summary_table
+
+    buf = io.StringIO()
+    summary_table(summary, instr_counts).to_csv(buf, index=False, na_rep="",
+                                                lineterminator="\n")
+    text = buf.getvalue()
+    if path is not None:
+        Path(path).write_text(text)
+    return text
+
+
+def write_summary_csv(summary: pd.DataFrame, path: str | Path) -> Path:
+    summary_csv(summary, path=path)
+    return Path(path)

@@ -42,32 +42,25 @@ counts them). :func:`write_report` turns the directory into ``summary.csv``,
 from __future__ import annotations
 
 import contextlib
-import csv
-import datetime as _dt
-import errno
-import io
 import itertools
-import json
 import logging
 import math
 import os
-import random
 import re
-import shutil
 import sys
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from profkit.procfs import schedstat
-from profkit import paths, tables
+from profkit import paths, rundir, tables
 from profkit.errors import ComparisonError, ProfkitError
+from profkit.experiments import harness
+from profkit.parse.explain import explain_times
+from profkit.progress import Progress, ProgressFn, as_progress
 
 if TYPE_CHECKING:
     import psycopg
@@ -139,7 +132,7 @@ class ProfilesFull(BenchError):
 
 
 @dataclass(frozen=True)
-class BuildRef:
+class BuildRef(harness.Arm):
     """A build in a benchmark: the label its rows carry and the preset it is built from.
 
     ``"step1"`` is label and preset at once; ``"a=vanilla"`` runs preset vanilla under
@@ -276,77 +269,7 @@ def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps
 
 
 # ---------------------------------------------------------------------------
-# progress
-
-
-ProgressFn = Callable[[str], None]
-
-
-class _Reporter:
-    """Progress for a run: a rich bar (``progress=True``), a callable, or nothing."""
-
-    def __init__(self, progress: bool | ProgressFn | None) -> None:
-        self._fn: ProgressFn | None = None
-        self._rich: Any = None
-        self._task: Any = None
-        self._lock = threading.Lock()
-        if progress is True:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                SpinnerColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._rich = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  MofNCompleteColumn(), TimeElapsedColumn(),
-                                  TimeRemainingColumn(), console=Console(stderr=True),
-                                  transient=False)
-        elif callable(progress):
-            self._fn = progress
-
-    def __enter__(self) -> _Reporter:  # noqa: PYI034 - a private, final class
-        if self._rich is not None:
-            self._rich.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._rich is not None:
-            self._rich.stop()
-
-    def say(self, msg: str) -> None:
-        with self._lock:
-            if self._rich is not None:
-                self._rich.console.log(msg)
-            elif self._fn is not None:
-                self._fn(msg)
-
-    def phase(self, description: str, total: int) -> None:
-        if self._rich is not None:
-            if self._task is not None:
-                self._rich.update(self._task, visible=False)
-            self._task = self._rich.add_task(description, total=total)
-        elif self._fn is not None:
-            self._fn(f"{description} ({total})")
-
-    def advance(self, description: str | None = None) -> None:
-        if self._rich is not None and self._task is not None:
-            kw = {"description": description} if description else {}
-            self._rich.update(self._task, advance=1, **kw)
-        elif self._fn is not None and description:
-            self._fn(description)
-
-
-# ---------------------------------------------------------------------------
 # files
-
-
-def _is_full(e: OSError) -> bool:
-    return e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _full_message(out_dir: Path, e: OSError, rows: int) -> str:
@@ -356,97 +279,14 @@ def _full_message(out_dir: Path, e: OSError, rows: int) -> str:
             f"failed: {e.strerror or e}){kept}")
 
 
-class _RowWriter:
-    """Append-only CSV with one ``write`` + ``fsync`` per row.
-
-    A write that fails (disk full) is truncated back to the last whole row, so the file
-    always parses and holds every row that was reported written.
-    """
-
-    def __init__(self, path: Path, columns: Sequence[str]) -> None:
-        self.path = path
-        self.columns = tuple(columns)
-        self.rows = 0
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        try:
-            self._append(self._line(self.columns))
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _line(values: Sequence[Any]) -> bytes:
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow(values)
-        return buf.getvalue().encode()
-
-    @staticmethod
-    def _cell(v: Any) -> Any:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return ""
-        if isinstance(v, float):
-            return repr(v)
-        return v
-
-    def _append(self, data: bytes) -> None:
-        pos = os.lseek(self._fd, 0, os.SEEK_END)
-        try:
-            n = os.write(self._fd, data)
-            if n != len(data):  # a short write to a regular file means the disk filled up
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-            os.fsync(self._fd)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, pos)
-            raise
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        self._append(self._line([self._cell(row.get(c)) for c in self.columns]))
-        self.rows += 1
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
-
-
 def _now() -> str:
-    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-def new_run_id(workload: str, root: Path | None = None) -> str:
-    """``20261130-031500-nested_loop`` (local time); ``-2``, ``-3``... if taken in *root*."""
-    base = f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{workload}"
-    if root is None:
-        return base
-    rid, n = base, 1
-    while (root / rid).exists():
-        n += 1
-        rid = f"{base}-{n}"
-    return rid
-
-
-def update_latest(run_dir: Path) -> Path:
-    """Point ``<profiles>/latest`` at *run_dir* (a relative symlink, replaced atomically)."""
-    run_dir = Path(run_dir)
-    root = run_dir.parent
-    link = root / "latest"
-    if link.exists() and not link.is_symlink():
-        raise BenchError(f"{link} exists and is not a symlink: move it away so profkit can "
-                         "point 'latest' at the newest run")
-    tmp = root / f".latest.{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    os.symlink(run_dir.name, tmp)
-    os.replace(tmp, link)
-    return link
+    return rundir.now()
 
 
 def load_timings(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """The run's timings: ``timings.parquet`` if written, else the streamed ``timings.csv``.
 
-    The CSV is what survives a run that died; rows are whole (see :class:`_RowWriter`).
+    The CSV is what survives a run that died; rows are whole (see :class:`profkit.rundir.RowWriter`).
     """
     d = Path(run_dir)
     pq = d / TIMINGS_PARQUET
@@ -473,48 +313,16 @@ def load_instructions(run_dir: str | os.PathLike[str]) -> pd.DataFrame | None:
     return tables.validate(df, "instr_counts")
 
 
-def load_provenance(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The run's provenance.json exactly as written (nothing filled in from this machine)."""
-    p = Path(run_dir) / PROVENANCE_JSON
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise BenchError(f"no {PROVENANCE_JSON} in {run_dir}: not a benchmark run") from None
-    except ValueError as e:
-        raise BenchError(f"{p} is damaged ({e})") from None
-
-
 def load_bench(run_dir: str | os.PathLike[str] | None = None) -> BenchResult:
-    """A benchmark run read back from its directory (default: ``profiles/latest``)."""
-    d = Path(run_dir) if run_dir is not None else paths.profiles_dir() / "latest"
-    prov = load_provenance(d)
-    return BenchResult(str(prov.get("run_id") or d.resolve().name), d.resolve(),
-                       load_timings(d), load_instructions(d), prov)
-
-
-def _get(d: Mapping[str, Any], dotted: str) -> Any:
-    cur: Any = d
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return None
-        cur = cur[part]
-    return cur
-
-
-def check_comparable(a: Mapping[str, Any], b: Mapping[str, Any], *, force: bool = False,
-                     fields: Sequence[str] = BENCH_CHECKED_FIELDS) -> dict[str, tuple[Any, Any]]:
-    """Differences of the checked provenance fields of two runs.
-
-    Raises :class:`ComparisonError` listing them unless *force* (then returns them). A
-    field missing from one run counts as different: an old run is never completed with
-    this machine's values.
-    """
-    diff = {f: (_get(a, f), _get(b, f)) for f in fields if _get(a, f) != _get(b, f)}
-    if diff and not force:
-        lines = "; ".join(f"{k}: {x!r} vs {y!r}" for k, (x, y) in diff.items())
-        raise ComparisonError(f"runs {a.get('run_id')} and {b.get('run_id')} are not "
-                              f"comparable ({lines}); pass force=True to compare anyway")
-    return diff
+    """A benchmark run read back from its directory (default: ``profiles/latest``),
+    through the one run loader (:func:`profkit.rundir.load_run`)."""
+    rd = rundir.load_run(run_dir)
+    kind = rd.provenance.get("kind")
+    if kind not in (None, "bench"):
+        raise BenchError(f"{rd.path} is a {kind} run, not a benchmark: load it with "
+                         "profkit.rundir.load_run")
+    return BenchResult(rd.run_id, rd.path, load_timings(rd.path), load_instructions(rd.path),
+                       rd.provenance)
 
 
 # ---------------------------------------------------------------------------
@@ -530,7 +338,11 @@ class _Target:
     cluster: Cluster
     conn: psycopg.Connection | None = None
     backend_pid: int = 0
-    qids: dict[str, int] = field(default_factory=dict)
+    pgss: harness.Pgss | None = None
+
+    @property
+    def qids(self) -> dict[str, int]:
+        return self.pgss.qids if self.pgss is not None else {}
 
 
 class _ExecFailed(Exception):
@@ -541,52 +353,9 @@ class _ExecFailed(Exception):
         self.err = err
 
 
-_EXEC_TIME = re.compile(r"Execution Time: ([0-9.]+) ms")
-_PLAN_TIME = re.compile(r"Planning Time: ([0-9.]+) ms")
-
-
-def _explain_times(rows: Sequence[tuple[Any, ...]]) -> tuple[float, float]:
-    ex = pl = math.nan
-    for r in rows:
-        line = str(r[0]) if r else ""
-        m = _EXEC_TIME.search(line)
-        if m:
-            ex = float(m.group(1))
-        m = _PLAN_TIME.search(line)
-        if m:
-            pl = float(m.group(1))
-    return ex, pl
-
-
-def _cpu_ns(pid: int) -> int | None:
-    """Nanoseconds *pid* has run on a CPU, read while the backend is idle (profkit.procfs)."""
-    st = schedstat(pid)
-    return None if st is None else st[0]
-
-
-def _pgss_snapshot(conn: psycopg.Connection) -> dict[int, int]:
-    """queryid -> calls for every statement except the ones reading pg_stat_statements."""
-    rows = conn.execute("SELECT queryid, calls, query FROM pg_stat_statements(true)",
-                        prepare=False).fetchall()
-    out: dict[int, int] = {}
-    for qid, calls, text in rows:
-        if qid is None or (text and "pg_stat_statements" in text):
-            continue
-        out[int(qid)] = out.get(int(qid), 0) + int(calls)
-    return out
-
-
-def _pgss_read(conn: psycopg.Connection, qid: int) -> tuple[int, float]:
-    row = conn.execute(
-        "SELECT coalesce(sum(calls), 0)::int8, coalesce(sum(total_exec_time), 0)::float8 "
-        f"FROM pg_stat_statements(false) WHERE queryid = {int(qid)}", prepare=False).fetchone()
-    assert row is not None
-    return int(row[0]), float(row[1])
-
-
 class _Runner:
     def __init__(self, req: BenchRequest, wl: Workload, run_id: str, out_dir: Path,
-                 reporter: _Reporter, order_seed: int) -> None:
+                 reporter: Progress, order_seed: int) -> None:
         self.req = req
         self.wl = wl
         self.run_id = run_id
@@ -595,85 +364,50 @@ class _Runner:
         self.order_seed = order_seed
         self.targets: list[_Target] = []
         self.rows: list[dict[str, Any]] = []
-        self.writer: _RowWriter | None = None
+        self.writer: rundir.RowWriter | None = None
+        self.clusters: harness.Clusters | None = None
         self.expected = wl.expected_rows(req.scale)
 
     # -- one execution --------------------------------------------------------
     def execute(self, t: _Target, mode: str) -> dict[str, Any]:
-        """Run *mode* once on *t*; times and pg_stat_statements delta. Raises _ExecFailed."""
-        conn = t.conn
-        assert conn is not None
-        sql = self.wl.query(mode)
+        """Run *mode* once on *t* (:func:`harness.timed_execute`). Raises _ExecFailed."""
+        assert t.conn is not None and t.pgss is not None
         try:
-            qid = t.qids.get(mode)
-            snap = _pgss_snapshot(conn) if qid is None else None
-            before = _pgss_read(conn, qid) if qid is not None else (0, 0.0)
-            cur = conn.cursor()
-            cpu0 = _cpu_ns(t.backend_pid)
-            t_start = time.time()
-            t0 = time.perf_counter_ns()
-            cur.execute(sql, prepare=False)
-            rows = cur.fetchall()
-            t1 = time.perf_counter_ns()
-            cpu1 = _cpu_ns(t.backend_pid)
-            cur.close()
-            if qid is None:
-                assert snap is not None
-                qid = self._identify(conn, snap, t, mode)
-                t.qids[mode] = qid
-                # the statement's stats are the whole entry when it was new, else a delta
-                before = (snap.get(qid, 0), math.nan)
-            after = _pgss_read(conn, qid)
+            m = harness.timed_execute(t.conn, self.wl.query(mode), pid=t.backend_pid,
+                                      pgss=t.pgss, key=mode)
+        except harness.HarnessError as e:
+            raise BenchError(f"{e} (build {t.ref.label}, {mode})") from None
         except Exception as e:  # psycopg errors, and a broken connection's own errors
-            if isinstance(e, BenchError):
-                raise
             raise _ExecFailed(t, mode, e) from e
-        if after[0] - before[0] != 1:
+        if m.pgss_calls != 1:
             raise BenchError(
-                f"pg_stat_statements counted {after[0] - before[0]} calls of the {mode} "
+                f"pg_stat_statements counted {m.pgss_calls} calls of the {mode} "
                 f"statement on {t.ref.label} for one execution (expected 1): is another "
                 "session running it? The benchmark's clusters must be private")
-        server_ms = after[1] - before[1] if not math.isnan(before[1]) else math.nan
         if mode == "plain" and self.expected is not None:
-            got = rows[0][0] if rows and rows[0] else None
+            got = harness.first_value(m.rows)
             if got != self.expected:
                 raise BenchError(
                     f"build {t.ref.label} returned {got!r} for the plain {self.wl.name} query at "
                     f"scale {self.req.scale}, expected {self.expected}: the build computes "
                     "wrong results (check its patches with `profkit regress`)")
-        ex, pl = _explain_times(rows) if mode != "plain" else (math.nan, math.nan)
-        cpu_ms = (cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else math.nan
-        return {"client_ms": (t1 - t0) / 1e6, "server_ms": server_ms, "cpu_ms": cpu_ms,
-                "explain_ms": ex,
-                "planning_ms": pl, "t_start": t_start, "backend_pid": t.backend_pid}
-
-    def _identify(self, conn: psycopg.Connection, before: dict[int, int], t: _Target,
-                  mode: str) -> int:
-        after = _pgss_snapshot(conn)
-        grown = [q for q, c in after.items() if c - before.get(q, 0) == 1]
-        if len(grown) != 1:
-            raise BenchError(
-                f"could not find the {mode} statement of {t.ref.label} in pg_stat_statements "
-                f"({len(grown)} statements ran once): is pg_stat_statements.track 'top' and "
-                "the cluster private?")
-        return grown[0]
+        ex, pl = explain_times(m.rows) if mode != "plain" else (math.nan, math.nan)
+        return {"client_ms": m.client_ms, "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,
+                "explain_ms": ex, "planning_ms": pl, "t_start": m.t_start,
+                "backend_pid": t.backend_pid}
 
     # -- phases ---------------------------------------------------------------
     def start_clusters(self, stack: contextlib.ExitStack, builds: Mapping[str, Build],
                        settings: Mapping[str, str]) -> None:
         import psycopg
 
-        from profkit.pg.cluster import Cluster
-
+        self.clusters = harness.Clusters(stack, self.out_dir / "logs")
         self.progress.phase("starting clusters and loading data", len(self.req.refs))
         for ref in self.req.refs:
             b = builds[ref.label]
-            cl = Cluster(b, name=f"bench-{ref.label}", settings=dict(settings))
-            stack.enter_context(cl)
+            cl = self.clusters.start(b, f"bench-{ref.label}", settings, log_name=ref.label)
             t = _Target(ref, b, cl)
             self.targets.append(t)
-            # LIFO: runs before the cluster stops and removes its directory
-            stack.callback(self._keep_log, t)
             stack.callback(self._close, t)
             try:
                 self.connect(t)
@@ -682,28 +416,20 @@ class _Runner:
                 raise BenchError(f"could not prepare the cluster of build {ref.label!r} "
                                  f"(pg_stat_statements, loading {self.wl.name} at scale "
                                  f"{self.req.scale}): {e}; server log: "
-                                 f"{self.out_dir / 'logs' / f'postgres-{ref.label}.log'}") from e
+                                 f"{self.clusters.log_file(ref.label)}") from e
             self.progress.advance(f"{ref.label}: cluster on port {cl.port}, {self.wl.name} "
                                   f"loaded at scale {self.req.scale}")
 
     def connect(self, t: _Target) -> None:
-        t.conn = t.cluster.connect(prepare_threshold=None)
-        t.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        t.backend_pid = t.cluster.backend_pid(t.conn)
+        qids = dict(t.qids)
+        t.conn, t.backend_pid = harness.connect(t.cluster)
+        t.pgss = harness.Pgss(t.conn)
+        t.pgss.qids.update(qids)
 
     @staticmethod
     def _close(t: _Target) -> None:
-        if t.conn is not None:
-            with contextlib.suppress(Exception):
-                t.conn.close()
-            t.conn = None
-
-    def _keep_log(self, t: _Target) -> None:
-        """Copy the server log into the run directory (it goes with the cluster's dir)."""
-        with contextlib.suppress(OSError, AssertionError):
-            dest = self.out_dir / "logs"
-            dest.mkdir(exist_ok=True)
-            shutil.copyfile(t.cluster.log_path, dest / f"postgres-{t.ref.label}.log")
+        harness.close(t.conn)
+        t.conn = None
 
     def warm_up(self) -> None:
         n = len(self.targets) * len(self.req.modes) * max(self.req.warmup, 1)
@@ -720,52 +446,36 @@ class _Runner:
                     self.progress.advance(f"warm-up {t.ref.label} {mode}")
 
     def measure(self) -> None:
-        rng = random.Random(self.order_seed)
         pairs = [(t, m) for t in self.targets for m in self.req.modes]
-        total = self.req.reps * len(pairs)
-        self.progress.phase("benchmark", total)
-        order = 0
-        for rep in range(1, self.req.reps + 1):
-            seq = pairs[:]
-            rng.shuffle(seq)
-            for slot, (t, mode) in enumerate(seq):
-                try:
-                    m = self.execute(t, mode)
-                except _ExecFailed as e:
-                    raise self._failure(e, f"repetition {rep} of {self.req.reps}") from e.err
-                row = {
-                    "run_id": self.run_id, "build": t.ref.label, "workload": self.wl.name,
-                    "query": _query_name(mode), "mode": mode, "rep": rep, "order": order,
-                    **m, "slot": slot, "preset": t.ref.preset,
-                }
-                self.rows.append(row)
-                assert self.writer is not None
-                self.writer.write(row)
-                order += 1
-                self.progress.advance(f"rep {rep}/{self.req.reps}: {t.ref.label} {mode} "
+        self.progress.phase("benchmark", self.req.reps * len(pairs))
+        for order, (rep, slot, (t, mode)) in enumerate(
+                harness.interleave(pairs, self.req.reps, self.order_seed)):
+            try:
+                m = self.execute(t, mode)
+            except _ExecFailed as e:
+                raise self._failure(e, f"repetition {rep} of {self.req.reps}") from e.err
+            row = {
+                "run_id": self.run_id, "build": t.ref.label, "workload": self.wl.name,
+                "query": _query_name(mode), "mode": mode, "rep": rep, "order": order,
+                **m, "slot": slot, "preset": t.ref.preset,
+            }
+            self.rows.append(row)
+            assert self.writer is not None
+            self.writer.write(row)
+            self.progress.advance(f"rep {rep}/{self.req.reps}: {t.ref.label} {mode} "
                                   f"{m['client_ms']:.0f} ms")
 
     def _failure(self, e: _ExecFailed, when: str) -> BenchError:
         t = e.target
-        crash = t.cluster.crash_report()
-        broken = t.conn is None or t.conn.closed or t.conn.broken
-        deadline = time.monotonic() + 3.0
-        # the postmaster logs a backend's death just after the client sees the socket close
-        while broken and not crash and time.monotonic() < deadline:
-            time.sleep(0.1)
-            crash = t.cluster.crash_report()
-        # (Cluster.stop waits for crash recovery before it asks for a fast shutdown)
-        alive = t.cluster.proc is not None and t.cluster.proc.alive()
+        crashed, detail = harness.failure_detail(t.cluster, t.conn)
         kept = len(self.rows)
         where = f"build {t.ref.label!r}, {e.mode}, during {when}"
-        if crash or not alive:
-            what = "crashed" if alive else "exited"
-            detail = crash or f"postmaster (pid {t.cluster.proc.pid if t.cluster.proc else '?'}) " \
-                              "is gone"
+        if crashed:
+            assert self.clusters is not None
             return ServerCrashed(
-                f"the server of {where} {what}: {detail}. The {kept} rows measured before are "
+                f"the server of {where} {detail}. The {kept} rows measured before are "
                 f"kept in {self.out_dir / TIMINGS_CSV}; all benchmark clusters were stopped "
-                f"(server log: {self.out_dir / 'logs' / f'postgres-{t.ref.label}.log'})",
+                f"(server log: {self.clusters.log_file(t.ref.label)})",
                 run_dir=self.out_dir, rows=kept)
         return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
                           f"before are kept in {self.out_dir / TIMINGS_CSV}",
@@ -924,7 +634,7 @@ class BenchResult:
 
 
 def run_bench(
-    builds: str | Sequence[Any],
+    builds: str | Sequence[Any] | BenchRequest,
     workload: str = "nested_loop",
     scale: float = 0.05,
     reps: int = 10,
@@ -952,21 +662,23 @@ def run_bench(
     Raises :class:`BenchError` (bad input, before anything starts), :class:`ServerCrashed`
     (naming the build and repetition; rows so far kept), :class:`ProfilesFull`.
     """
-    from profkit.collect.artifacts import RunDir, machine_info, server_settings, tool_version
+    from profkit.collect.artifacts import server_settings
     from profkit.pg.build import Build, get_build
     from profkit.pg.cluster import BENCH_SETTINGS
     from profkit.pg.workloads import check_scale, get_workload
 
-    req = check_request(builds, workload, scale, reps, modes, warmup, settings)
+    # a BenchRequest is already checked (the CLI checks before it names the run)
+    req = (builds if isinstance(builds, BenchRequest)
+           else check_request(builds, workload, scale, reps, modes, warmup, settings))
     wl = get_workload(req.workload)
     if instr_scale is not None:
         check_scale(instr_scale)
     counter = resolve_counter(instructions) if instructions != "none" else "none"
-    seed = order_seed if order_seed is not None else random.SystemRandom().randrange(2**31)
+    seed = order_seed if order_seed is not None else harness.new_seed()
 
     if out_dir is None:
         root = paths.profiles_dir()
-        run_id = run_id or new_run_id(req.workload, root)
+        run_id = run_id or rundir.new_run_id("bench", req.workload, root=root)
         out = root / run_id
     else:
         out = Path(out_dir)
@@ -975,10 +687,10 @@ def run_bench(
         raise BenchError(f"{out} already exists and is not empty; runs are never overwritten: "
                          "choose another --out")
 
-    reporter = _Reporter(progress)
+    reporter = as_progress(progress)
     with reporter:
         # Builds first (cached ones return at once): a build failure leaves no run dir.
-        passed = {b.name: b for b in ([] if isinstance(builds, str) else builds)
+        passed = {b.name: b for b in ([] if isinstance(builds, (str, BenchRequest)) else builds)
                   if isinstance(b, Build)}
         built: dict[str, Build] = {}
         for ref in req.refs:
@@ -987,34 +699,30 @@ def run_bench(
         cluster_settings = {**BENCH_SETTINGS, **req.settings}
         rows_kept = 0
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            rd = RunDir(run_id, out, {
-                "run_id": run_id, "kind": "bench", "status": "running", "started_at": _now(),
-                "command_line": list(command_line) if command_line is not None
+            rd = rundir.new_run(
+                "bench", path=out, run_id=run_id, workload=req.workload,
+                tools=("valgrind", "perf", "gcc"), status="running",
+                command_line=list(command_line) if command_line is not None
                 else list(sys.argv),
-                "workload": req.workload, "workload_sql": {m: wl.query(m) for m in req.modes},
-                "scale": req.scale, "reps": req.reps, "warmup": req.warmup,
-                "modes": list(req.modes), "order_seed": seed,
-                "settings": dict(req.settings), "cluster_settings": cluster_settings,
-                "builds": {r.label: {**built[r.label].provenance(), "preset": r.preset}
-                           for r in req.refs},
-                "source": next(iter(built.values())).source,
-                "machine": machine_info(),
-                "loadavg_start": list(os.getloadavg()),
-                "tools": {t: tool_version(t) for t in ("valgrind", "perf", "gcc")},
-                "python_packages": _package_versions(),
-                "metric_note": ("server_ms = pg_stat_statements total_exec_time delta (EXPLAIN: "
-                                "the utility statement, inner planning included); client_ms = "
-                                "client round trip, rows fetched; explain_ms = EXPLAIN's "
-                                "Execution Time"),
-                "instruction_counter": counter,
-                "files": {"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON},
-            })
-            rd.save()
+                workload_sql={m: wl.query(m) for m in req.modes},
+                scale=req.scale, reps=req.reps, warmup=req.warmup,
+                modes=list(req.modes), order_seed=seed,
+                settings=dict(req.settings), cluster_settings=cluster_settings,
+                builds={r.label: {**built[r.label].provenance(), "preset": r.preset}
+                        for r in req.refs},
+                source=next(iter(built.values())).source,
+                loadavg_start=list(os.getloadavg()),
+                python_packages=_package_versions(),
+                metric_note=("server_ms = pg_stat_statements total_exec_time delta (EXPLAIN: "
+                             "the utility statement, inner planning included); client_ms = "
+                             "client round trip, rows fetched; explain_ms = EXPLAIN's "
+                             "Execution Time"),
+                instruction_counter=counter,
+                files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON})
             runner = _Runner(req, wl, run_id, out, reporter, seed)
-            runner.writer = _RowWriter(out / TIMINGS_CSV, TIMINGS_COLUMNS)
+            runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
         except OSError as e:
-            if _is_full(e):
+            if rundir.is_disk_full(e):
                 raise ProfilesFull(_full_message(out, e, 0), run_dir=out) from None
             raise
 
@@ -1056,7 +764,7 @@ def run_bench(
                 except ProfkitError as e:
                     # The timings are complete and worth more than the counts: finish the
                     # run without them and say so (provenance and report).
-                    if isinstance(e, BenchError) or (isinstance(e, OSError) and _is_full(e)):
+                    if isinstance(e, BenchError) or (isinstance(e, OSError) and rundir.is_disk_full(e)):
                         raise
                     instr_df = None
                     rd.update(instructions_error=f"{type(e).__name__}: {e}")
@@ -1071,7 +779,7 @@ def run_bench(
             status = "complete"
         except OSError as e:
             error = f"{type(e).__name__}: {e}"
-            if _is_full(e):
+            if rundir.is_disk_full(e):
                 raise ProfilesFull(_full_message(out, e, len(runner.rows)), run_dir=out,
                                    rows=len(runner.rows)) from None
             raise
@@ -1247,22 +955,21 @@ def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
     return out
 
 
-def write_report(run_dir: str | os.PathLike[str], *, metric: str | None = None,
+def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | None = None,
                  center: str = "median") -> ReportFiles:
-    """summary.csv, report.md and the overhead chart (PNG + SVG) of a run directory.
+    """summary.csv, report.md and the overhead chart (PNG + SVG) of a run.
 
-    Reads only the run's files (timings, instructions.csv, provenance.json), so it
-    works on a run copied from another machine and on a run that died half-way.
-    *metric*: cpu_ms, server_ms or client_ms (default: :func:`default_metric`); the
-    report shows the other two below the main table.
+    *run*: the :class:`BenchResult` :func:`run_bench` returned (nothing is re-read), or a
+    run directory, read through :func:`load_bench` — so it works on a run copied from
+    another machine and on a run that died half-way. *metric*: cpu_ms, server_ms or
+    client_ms (default: :func:`default_metric`); the report shows the other two below
+    the main table.
     """
-    from profkit.analyze.stats import attach_instructions, compare_chain, summary_csv
-    from profkit.render.report import plot_overheads, render_markdown
+    from profkit.analyze.stats import attach_instructions, compare_chain
+    from profkit.render.report import plot_overheads, render_markdown, write_summary_csv
 
-    d = Path(run_dir)
-    prov = load_provenance(d)
-    timings = load_timings(d)
-    instr = load_instructions(d)
+    res = run if isinstance(run, BenchResult) else load_bench(run)
+    d, prov, timings, instr = res.out_dir, res.provenance, res.timings, res.instructions
     metric = metric or default_metric(timings)
     s = summarize_metric(timings, metric, center=center)
     s = attach_instructions(s, instr)
@@ -1279,13 +986,13 @@ def write_report(run_dir: str | os.PathLike[str], *, metric: str | None = None,
         comps = pd.concat(parts, ignore_index=True).assign(metric=metric) if parts else None
     rprov = _report_provenance({**prov, "report_metric": metric})
     try:
-        summary_csv(s, path=d / SUMMARY_CSV)
+        write_summary_csv(s, d / SUMMARY_CSV)
         plot_overheads(s, d / CHART_PNG, d / CHART_SVG, provenance=rprov)
         md = render_markdown(s, rprov, comparisons=comps, chart=CHART_PNG)
         md += _extra_sections(timings, instr, metric, center)
         (d / REPORT_MD).write_text(md)
     except OSError as e:
-        if _is_full(e):
+        if rundir.is_disk_full(e):
             raise ProfilesFull(_full_message(d, e, 0)) from None
         raise
     return ReportFiles(d, s, comps, d / SUMMARY_CSV, d / REPORT_MD, d / CHART_PNG,

@@ -28,39 +28,36 @@ restart (``instr_clock_source`` is PGC_POSTMASTER) gets the arm its own cluster.
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime as _dt
-import io
 import json
 import logging
 import math
 import os
-import random
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from profkit.procfs import schedstat as _schedstat
-from profkit import paths, tables
+from profkit import paths, rundir, tables
 from profkit.analyze import timing_accuracy as ta
 from profkit.errors import ProfkitError
+from profkit.experiments import harness
+from profkit.progress import ProgressFn
 
 if TYPE_CHECKING:
     import psycopg
 
-    from profkit.collect.artifacts import RunDir
+    from profkit.rundir import RunDir
     from profkit.pg.build import Build
     from profkit.pg.cluster import Cluster
 
-log = logging.getLogger("profkit.timing_variants")
+log = logging.getLogger("profkit.experiments.timing_accuracy")
 
-ProgressFn = Callable[[str], None]
 
 TIMINGS_CSV = "timings.csv"
 PLANS_JSONL = "plans.jsonl"
@@ -97,21 +94,8 @@ class TimingAccuracyError(ta.TimingAccuracyError):
 _LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
-@dataclass(frozen=True)
-class Arm:
+class Arm(harness.Arm):
     """A build preset measured under a label, with settings (``name=value``) applied."""
-
-    label: str
-    preset: str
-    settings: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def settings_dict(self) -> dict[str, str]:
-        return dict(self.settings)
-
-    def describe(self) -> str:
-        s = ", ".join(f"{k}={v}" for k, v in self.settings)
-        return f"{self.label} (preset {self.preset}{'; ' + s if s else ''})"
 
 
 DEFAULT_ARMS: tuple[Arm, ...] = (
@@ -132,7 +116,7 @@ def parse_arm(text: str | Arm) -> Arm:
     """
     if isinstance(text, Arm):
         return text
-    from profkit.bench import BenchError, parse_settings
+    from profkit.experiments.bench import BenchError, parse_settings
 
     head, _, rest = str(text).strip().partition(":")
     label, sep, preset = head.partition("=")
@@ -217,38 +201,6 @@ def resolve_builds(arms: Sequence[Arm], *, build_missing: bool, baseline: str,
 # the run
 
 
-class _RowFile:
-    """Append-only text file, one ``write`` + ``fsync`` per record (a crash keeps rows)."""
-
-    def __init__(self, path: Path, header: str | None = None) -> None:
-        self.path = path
-        self.rows = 0
-        self._f = open(path, "x", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        if header is not None:
-            self._write(header)
-
-    def _write(self, text: str) -> None:
-        self._f.write(text)
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def csv_row(self, values: Sequence[Any]) -> None:
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow(
-            ["" if v is None or (isinstance(v, float) and math.isnan(v)) else
-             repr(v) if isinstance(v, float) else v for v in values])
-        self._write(buf.getvalue())
-        self.rows += 1
-
-    def json_line(self, obj: Mapping[str, Any]) -> None:
-        self._write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self.rows += 1
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._f.close()
-
-
 @dataclass
 class _Target:
     arm: Arm
@@ -257,29 +209,6 @@ class _Target:
     conn: psycopg.Connection | None = None
     backend_pid: int = 0
     shown: dict[str, str] = field(default_factory=dict)
-
-
-# gettimeofday() in the backend: not instr_time, so no patch changes it (µs resolution)
-_STAMP = "SELECT extract(epoch FROM clock_timestamp())::float8"
-
-
-def _prioritise(pid: int, nice: int) -> None:
-    """Give a process (our backend, by pid) the scheduling priority *nice*.
-
-    With autogroup scheduling (kernel.sched_autogroup_enabled = 1, as here) a nice
-    value only ranks a process within its session's group, and every session's group
-    gets an equal share: the postmaster runs in a session of its own, so the
-    backend's group competes 1:1 with each other session's.  Its group's nice
-    (/proc/PID/autogroup) is what lifts it above the other work; that group holds
-    only the cluster profkit started.
-    """
-    os.setpriority(os.PRIO_PROCESS, pid, nice)
-    ag = Path(f"/proc/{pid}/autogroup")
-    if ag.exists() and Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() \
-            == "1":
-        ag.write_text(f"{nice}\n")
-
-
 
 
 def _now() -> str:
@@ -318,23 +247,23 @@ class _Runner:
         self.say = say
         self.targets: list[_Target] = []
         self.clusters: dict[tuple[str, tuple[tuple[str, str], ...]], Cluster] = {}
-        self.timings: _RowFile | None = None
-        self.plans: _RowFile | None = None
+        self.timings: rundir.RowWriter | None = None
+        self.plans: rundir.RowWriter | None = None
+        self._clusters: harness.Clusters | None = None
         self.order = 0
         self.nice: int | None = None
 
     # -- clusters ---------------------------------------------------------------
     def _cluster(self, stack: contextlib.ExitStack, preset: str,
                  server: tuple[tuple[str, str], ...]) -> Cluster:
-        from profkit.pg.cluster import Cluster
         from profkit.pg.workloads import get_workload
 
         key = (preset, server)
         if key not in self.clusters:
+            if self._clusters is None:
+                self._clusters = harness.Clusters(stack, self.out / "logs")
             name = "ta-" + preset + ("-" + "-".join(v for _, v in server) if server else "")
-            cl = Cluster(self.builds[preset], name=name, settings=dict(server))
-            stack.enter_context(cl)
-            stack.callback(self._keep_log, cl, name)
+            cl = self._clusters.start(self.builds[preset], name, dict(server))
             self.clusters[key] = cl
             with cl.connect() as conn:
                 for wl, s in self.scales.items():
@@ -342,12 +271,6 @@ class _Runner:
             self.say(f"{name}: cluster on port {cl.port}, loaded "
                      + ", ".join(f"{w} @ {s:g}" for w, s in self.scales.items()))
         return self.clusters[key]
-
-    def _keep_log(self, cl: Cluster, name: str) -> None:
-        with contextlib.suppress(OSError, AssertionError):
-            dest = self.out / "logs"
-            dest.mkdir(exist_ok=True)
-            (dest / f"postgres-{name}.log").write_bytes(cl.log_path.read_bytes())
 
     def start(self, stack: contextlib.ExitStack) -> None:
         from profkit.patches import PATCH_GUCS, PRESETS
@@ -370,18 +293,17 @@ class _Runner:
                          else session).append((k, v))
             cl = self._cluster(stack, arm.preset, tuple(server)) if server else base
             t = _Target(arm, self.builds[arm.preset], cl)
-            t.conn = cl.connect(prepare_threshold=None)
+            t.conn, t.backend_pid = harness.connect(cl, pgss=False)
             stack.callback(self._close, t)
             _text_json(t.conn)
             for k, v in session:
                 t.conn.execute(f"SET {k} = '{v}'")  # names/values checked by parse_settings
-            t.backend_pid = cl.backend_pid(t.conn)
             if self.nice is not None:
                 # other work on this shared VM kept the backend off the CPU for 2/3 of its
                 # wall time (load ~9 on 2 cores): EXPLAIN's per-node wall times were noise.
                 # A high priority for our own backend (by pid) keeps it on the CPU.
                 try:
-                    _prioritise(t.backend_pid, self.nice)
+                    harness.prioritise(t.backend_pid, self.nice)
                 except OSError as e:
                     raise TimingAccuracyError(
                         f"cannot set the priority of backend {t.backend_pid} to {self.nice} "
@@ -393,10 +315,8 @@ class _Runner:
 
     @staticmethod
     def _close(t: _Target) -> None:
-        if t.conn is not None:
-            with contextlib.suppress(Exception):
-                t.conn.close()
-            t.conn = None
+        harness.close(t.conn)
+        t.conn = None
 
     # -- executions -------------------------------------------------------------
     def execute(self, t: _Target, workload: str, mode: str) -> dict[str, Any]:
@@ -406,28 +326,16 @@ class _Runner:
         sql = wl.query(mode, fmt="json" if mode != "plain" else None)
         assert t.conn is not None
         try:
-            cur = t.conn.cursor()
-            t_start = time.time()
-            s0 = _schedstat(t.backend_pid)
-            t0 = time.perf_counter_ns()
-            # one simple-protocol message: the backend reads clock_timestamp() right
-            # before and after the statement, no client round trip in between
-            cur.execute(f"{_STAMP}; {sql}; {_STAMP}", prepare=False)
-            before = cur.fetchall()
-            cur.nextset()
-            rows = cur.fetchall()
-            cur.nextset()
-            after = cur.fetchall()
-            t1 = time.perf_counter_ns()
-            s1 = _schedstat(t.backend_pid)
-            cur.close()
+            # server_ms from the backend's clock_timestamp() around the statement, in
+            # one message: not pg_stat_statements, which times with the clock under test
+            m = harness.timed_execute(t.conn, sql, pid=t.backend_pid, stamps=True)
         except Exception as e:  # psycopg's errors; the caller adds where and what was kept
             raise TimingAccuracyError(f"{mode} of {workload} failed on {t.arm.label}: {e}"
                                       ) from e
-        res: dict[str, Any] = {"client_ms": (t1 - t0) / 1e6, "t_start": t_start,
-                               "server_ms": (float(after[0][0]) - float(before[0][0])) * 1e3,
-                               "cpu_ms": (s1[0] - s0[0]) / 1e6 if s0 and s1 else math.nan,
-                               "wait_ms": (s1[1] - s0[1]) / 1e6 if s0 and s1 else math.nan,
+        rows = m.rows
+        res: dict[str, Any] = {"client_ms": m.client_ms, "t_start": m.t_start,
+                               "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,
+                               "wait_ms": m.runq_ms,
                                "explain_ms": math.nan, "planning_ms": math.nan, "plan": None}
         if mode == "plain":
             exp = wl.expected_rows(self.scales[workload])
@@ -449,14 +357,12 @@ class _Runner:
         for _ in range(max(self.warmup, 1)):
             for t, m in pairs:  # also checks every arm's plain result once
                 self.execute(t, workload, m)
-        rng = random.Random(f"{self.seed}-{workload}")
-        for rep in range(1, self.reps + 1):
-            seq = pairs[:]
-            rng.shuffle(seq)
-            for slot, (t, mode) in enumerate(seq):
-                r = self.execute(t, workload, mode)
-                self._record(t, workload, mode, rep, slot, r)
-            self.say(f"{workload}: repetition {rep}/{self.reps} done")
+        for rep, slot, (t, mode) in harness.interleave(pairs, self.reps,
+                                                       f"{self.seed}-{workload}"):
+            r = self.execute(t, workload, mode)
+            self._record(t, workload, mode, rep, slot, r)
+            if slot == len(pairs) - 1:
+                self.say(f"{workload}: repetition {rep}/{self.reps} done")
 
     def _record(self, t: _Target, workload: str, mode: str, rep: int, slot: int,
                 r: Mapping[str, Any]) -> None:
@@ -471,7 +377,7 @@ class _Runner:
                "preset": t.arm.preset,
                "settings": ",".join(f"{k}={v}" for k, v in t.arm.settings),
                "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"]}
-        self.timings.csv_row([row[c] for c in TIMINGS_COLUMNS])
+        self.timings.write(row)
         if r["plan"] is not None:
             self.plans.json_line({"workload": workload, "arm": t.arm.label,
                                   "preset": t.arm.preset, "mode": mode, "rep": rep,
@@ -530,7 +436,7 @@ def run_timing_accuracy(
     *nice*: scheduling priority given to the measured backends (by pid); ``"auto"`` =
     −20 when running as root, else unchanged (None).
     """
-    from profkit.collect.artifacts import RunDir, machine_info
+    from profkit.collect.artifacts import machine_info
     from profkit.patches import PATCH_GUCS
 
     say = progress or (lambda s: None)
@@ -545,7 +451,7 @@ def run_timing_accuracy(
     for a in skipped:
         say(f"skipping {a.label}: build {a.preset} is not cached (--build-missing builds it)")
     arm_list = [a for a in arm_list if a.preset in builds]
-    seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
+    seed = seed if seed is not None else harness.new_seed()
     if nice == "auto":
         nice = -20 if os.geteuid() == 0 else None
     if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int)
@@ -554,7 +460,7 @@ def run_timing_accuracy(
 
     root = paths.profiles_dir()
     if out_dir is None:
-        run_id = run_id or (_dt.datetime.now().strftime("%Y%m%d-%H%M%S") + "-timing_accuracy")
+        run_id = run_id or rundir.new_run_id("timing_accuracy", root=root)
         out = root / run_id
     else:
         out = Path(out_dir)
@@ -562,10 +468,9 @@ def run_timing_accuracy(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TimingAccuracyError(f"{out} already exists and is not empty; runs are never "
                                   "overwritten: choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
     tick = coarse_tick_ms()
-    rd = RunDir(run_id, out, {
-        "run_id": run_id, "kind": "timing_accuracy", "status": "running",
+    rd = rundir.new_run("timing_accuracy", path=out, run_id=run_id, **{
+        "status": "running",
         "started_at": _now(), "command_line": list(sys.argv),
         "baseline": baseline, "reps": reps, "backend_nice": nice, "warmup": warmup,
         "order_seed": seed,
@@ -594,13 +499,12 @@ def run_timing_accuracy(
                         "Execution/Planning Time (measured by the build's clock)"),
         "files": {"timings": TIMINGS_CSV, "plans": PLANS_JSONL},
     })
-    rd.save()
     runner = _Runner(arm_list, builds, sc, reps, warmup, seed, out, run_id, say)
     runner.nice = nice
     status, error = "failed", ""
     try:
-        runner.timings = _RowFile(out / TIMINGS_CSV, ",".join(TIMINGS_COLUMNS) + "\n")
-        runner.plans = _RowFile(out / PLANS_JSONL)
+        runner.timings = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
+        runner.plans = rd.rows(PLANS_JSONL)
         with contextlib.ExitStack() as stack:
             runner.start(stack)
             rd.update(arm_settings_shown={t.arm.label: t.shown for t in runner.targets},
@@ -702,7 +606,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     it was measured; "" for none): the verdicts also say how far each arm's node
     times are from it (``accuracy_vs_<reference>.csv``).
     """
-    from profkit.collect.artifacts import load_run
+    from profkit.rundir import load_run
 
     rd = load_run(run_dir)
     out = rd.path
