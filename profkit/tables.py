@@ -70,7 +70,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "loops": "float64", "startup_ms": "float64", "total_ms": "float64",
         "inclusive_ms": "float64", "exclusive_ms": "float64",
     },
-    # one execution of one query, unobserved or watched by one observer (profkit.observers):
+    # one execution of one query, unobserved or watched by one observer (profkit.experiments.observers):
     # method unobserved / ltrace / bcc / bpftrace / perf / callgrind, variant e.g.
     # "clock_gettime", "per_node", "999Hz"; baseline_order = order of the unobserved
     # execution run just before it; hits = probe hits (or perf samples) of this execution;

@@ -22,14 +22,14 @@ from profkit.analyze import observers as A
 from profkit.analyze import predict as P
 from profkit.errors import ProbeError
 from profkit.procfs import schedstat
-from profkit.observers import (
-    explain_execution_ms,
-    measure_correction,
+from profkit.experiments.correction import measure_correction
+from profkit.experiments.observers import (
     measure_observers,
     parse_method,
-
     summarize_observers,
 )
+from profkit.parse.explain import execution_ms as explain_execution_ms
+from profkit.render import markdown as render_md
 
 PLANS = Path(__file__).parent / "fixtures" / "plans"
 
@@ -247,7 +247,7 @@ def test_small_helpers():
     s = schedstat(os.getpid())
     assert s is not None and s[0] > 0
     assert schedstat(2**22 + 12345) is None
-    md = A.markdown_table(pd.DataFrame({"a": ["x|y"], "b": [1.5], "c": [math.nan], "d": [3]}),
+    md = render_md.frame(pd.DataFrame({"a": ["x|y"], "b": [1.5], "c": [math.nan], "d": [3]}),
                           {"b": "{:.1f}"})
     assert md.splitlines() == ["| a | b | c | d |", "|---|---|---|---|", "| x\\|y | 1.5 |  | 3 |"]
 

@@ -4,7 +4,7 @@ Pure functions over tables (no processes, no database):
 
 - :func:`slowdown_table` — from the ``observer_timings`` table (one row per
   execution of one query, unobserved or watched by ltrace, bcc, bpftrace, perf
-  or callgrind; written by :mod:`profkit.observers`) to one row per method:
+  or callgrind; written by :mod:`profkit.experiments.observers`) to one row per method:
   median time, slowdown relative to the unobserved runs of the same mode,
   the probe's hit count and what one hit cost::
 
@@ -378,29 +378,3 @@ def node_correction(nodes: pd.DataFrame, predicted: pd.DataFrame, *,
     if top is not None:
         out = out.sort_values("self_ms", ascending=False, kind="stable").head(top)
     return out.reset_index(drop=True)
-
-
-# ---------------------------------------------------------------------------
-# Markdown (no tabulate dependency)
-
-
-def markdown_table(df: pd.DataFrame, floatfmt: Mapping[str, str] | None = None,
-                   default_fmt: str = "{:.2f}") -> str:
-    """A GitHub markdown table of *df*; NaN prints as an empty cell."""
-    fmts = dict(floatfmt or {})
-
-    def cell(col: str, v: Any) -> str:
-        if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
-            return ""
-        if isinstance(v, (float, np.floating)):
-            return fmts.get(col, default_fmt).format(float(v))
-        if isinstance(v, (int, np.integer)):
-            return f"{int(v):,}"
-        return str(v).replace("|", "\\|")
-
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for rec in df.itertuples(index=False):
-        lines.append("| " + " | ".join(cell(c, v) for c, v in zip(cols, rec, strict=True))
-                     + " |")
-    return "\n".join(lines) + "\n"

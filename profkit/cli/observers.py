@@ -3,8 +3,8 @@
 Both start a throwaway cluster on a build (``--build``, default vanilla), load
 the workload(s), measure, print the tables and write them under
 ``profiles/<run_id>/`` (csv, markdown, provenance.json).  The work is done by
-:func:`profkit.observers.measure_observers` and
-:func:`profkit.observers.measure_correction`, which notebooks can call with a
+:func:`profkit.experiments.observers.measure_observers` and
+:func:`profkit.experiments.correction.measure_correction`, which notebooks can call with a
 Cluster of their own.
 """
 from __future__ import annotations
@@ -44,7 +44,8 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
                   methods: tuple[str, ...], reps: int, expensive_reps: int, force: bool,
                   max_probe_s: float, out: str | None) -> None:
     """Slowdown of the query under each observer (ltrace, bcc, bpftrace, perf, callgrind)."""
-    from profkit.observers import DEFAULT_METHODS, SLOWDOWN_SHOW, measure_observers
+    from profkit.experiments.observers import DEFAULT_METHODS, measure_observers
+    from profkit.render.markdown import SLOWDOWN_SHOW
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
 
@@ -98,7 +99,8 @@ def _parse_workloads(items: tuple[str, ...]) -> dict[str, float] | None:
 def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metric: str,
                    top: int, out: str | None) -> None:
     """TIMING ON minus clock reads × cost per read, against the plain query's time."""
-    from profkit.observers import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW, measure_correction
+    from profkit.experiments.correction import measure_correction
+    from profkit.render.markdown import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
 

@@ -15,7 +15,7 @@ from profkit.cli.common import say as _say
 
 
 def _print(res: Any) -> None:
-    from profkit.analyze.timing_accuracy import _md_table
+    from profkit.render.markdown import ta_table as _md_table
 
     click.echo(_md_table(res.summary))
     for r in res.verdicts.itertuples():

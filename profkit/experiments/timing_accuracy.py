@@ -47,6 +47,7 @@ from profkit import paths, rundir, tables
 from profkit.analyze import timing_accuracy as ta
 from profkit.errors import ProfkitError
 from profkit.experiments import harness
+from profkit.render import markdown as render_md
 from profkit.progress import ProgressFn
 
 if TYPE_CHECKING:
@@ -685,7 +686,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                                           (prov.get("clock_cost_ns") or {}).items()) or "–",
         "load average (start → end)": f"{prov.get('loadavg_start')} → {prov.get('loadavg_end')}",
     }
-    md = ta.markdown_report(title="Timing accuracy of the clock-source variants",
+    md = render_md.timing_accuracy_report(title="Timing accuracy of the clock-source variants",
                             facts=facts, verdict_df=verd, cost=cost, truth=truth,
                             accuracy=acc, mismatches=mism, grid=grid, baseline=baseline,
                             cost_wall=cost_wall, min_node_ms=mnm, tol_pct=tol, reference=ref)

@@ -27,6 +27,7 @@ from rich.table import Table
 from profkit import seed_figures as _seed
 from profkit.analyze.stats import build_order
 from profkit.errors import ProfkitError
+from profkit.render.markdown import table as md_table
 
 
 class ReportError(ProfkitError):
@@ -123,14 +124,7 @@ def seed_table(summary: pd.DataFrame, seed: ModuleType = _seed) -> pd.DataFrame:
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
               align: Sequence[str] | None = None) -> str:
-    def esc(x: str) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
-
-    align = align or ["l"] + ["r"] * (len(header) - 1)
-    sep = ["---:" if a == "r" else ":---" for a in align]
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "| " + " | ".join(sep) + " |"]
-    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
+    return md_table(header, rows, align or ["l"] + ["r"] * (len(header) - 1))
 
 
 def _provenance_lines(prov: Mapping[str, Any]) -> list[str]:
