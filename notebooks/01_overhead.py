@@ -40,7 +40,7 @@ RUN_DIR = None          # a run directory (or id under profiles/) to read instea
 from IPython.display import Image, Markdown, display
 
 from profkit.experiments import bench
-from profkit import notebook as nb
+from profkit.lab import notebook as nb
 from profkit.render import report
 
 choice = nb.available_builds(BUILDS)

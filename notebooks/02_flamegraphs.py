@@ -42,7 +42,7 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
-from profkit import notebook as nb
+from profkit.lab import notebook as nb
 from profkit.collect import perf
 from profkit.rundir import load_run
 from profkit.parse.folded import instrumentation_functions

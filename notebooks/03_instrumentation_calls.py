@@ -41,7 +41,7 @@ RUN_DIR = None                 # unused here: every figure is collected (seconds
 import pandas as pd
 from IPython.display import display
 
-from profkit import notebook as nb
+from profkit.lab import notebook as nb
 from profkit.analyze import predict as P
 from profkit.collect import perf
 from profkit.rundir import load_run

@@ -39,7 +39,7 @@ RUN_DIR = None             # an earlier plan_nodes run (profiles/<id>) to show i
 import pandas as pd
 from IPython.display import display
 
-from profkit import notebook as nb
+from profkit.lab import notebook as nb
 from profkit.analyze import correction as C
 from profkit.analyze import predict as P
 from profkit.collect import bpf, clock, ltrace

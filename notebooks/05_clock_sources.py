@@ -37,7 +37,7 @@ import pandas as pd
 from IPython.display import display
 
 from profkit.experiments import bench
-from profkit import notebook as nb
+from profkit.lab import notebook as nb
 from profkit.analyze import predict as P
 from profkit.analyze.stats import summarize
 from profkit.collect import clock

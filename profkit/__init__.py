@@ -4,12 +4,12 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    from profkit.magics import load_ipython_extension as _load
+    from profkit.lab.magics import load_ipython_extension as _load
 
     _load(ipython)
 
 
 def unload_ipython_extension(ipython):
-    from profkit.magics import unload_ipython_extension as _unload
+    from profkit.lab.magics import unload_ipython_extension as _unload
 
     _unload(ipython)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from profkit import magics
+from profkit.lab import magics
 from profkit.pg.workloads import get_workload
 
 SCALE = 0.01

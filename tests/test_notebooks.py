@@ -140,7 +140,7 @@ def test_notebook_runs_and_asserts(name, profiles):
 
 
 # ---------------------------------------------------------------------------
-# profkit.notebook helpers (no PostgreSQL needed)
+# profkit.lab.notebook helpers (no PostgreSQL needed)
 
 
 def test_run_listing_latest_and_html(tmp_path):
@@ -148,7 +148,7 @@ def test_run_listing_latest_and_html(tmp_path):
 
     import pandas as pd
 
-    from profkit import notebook as nbk
+    from profkit.lab import notebook as nbk
 
     assert nbk.list_runs(tmp_path) == []
     assert nbk.latest_run(root=tmp_path) is None
@@ -188,7 +188,7 @@ def test_run_listing_latest_and_html(tmp_path):
 def test_plan_tree_indents_by_depth():
     import pandas as pd
 
-    from profkit import notebook as nbk
+    from profkit.lab import notebook as nbk
 
     nodes = pd.DataFrame({"node_id": [0, 1, 2, 3, 4],
                           "parent_id": pd.array([None, 0, 1, 1, 3], dtype="Int64"),
@@ -205,7 +205,7 @@ def test_plan_tree_indents_by_depth():
 
 
 def test_progress_outside_a_notebook_prints_lines(capsys):
-    from profkit import notebook as nbk
+    from profkit.lab import notebook as nbk
 
     with nbk.Progress(3, "work", min_interval_s=0) as p:
         p.advance(message="one")
@@ -221,7 +221,7 @@ def test_comparison_html():
     import numpy as np
     import pandas as pd
 
-    from profkit import notebook as nbk
+    from profkit.lab import notebook as nbk
 
     rng = np.random.default_rng(1)
     rows = []

@@ -262,7 +262,7 @@ def _rows_frame(cur: Any) -> pd.DataFrame:
 
 
 def _magic_run_dir(opts: CellOptions) -> Path:
-    from profkit.notebook import new_run_dir
+    from profkit.lab.notebook import new_run_dir
 
     return new_run_dir(f"magic-{opts.collector}-{opts.build.replace('+', '_')}")
 
@@ -414,6 +414,7 @@ def _display(obj: Any) -> None:
 
 
 def _say(msg: str) -> None:
+    # the cell's own output (stdout), not a progress line: it stays with the cell
     print(f"profkit: {msg}", flush=True)
 
 

@@ -17,7 +17,6 @@ Nothing here collects: collection lives in :mod:`profkit.collect` and
 from __future__ import annotations
 
 import html
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import paths
+from profkit import paths, rundir
 from profkit.errors import ProfkitError
 from profkit.progress import Progress, in_notebook
 
@@ -144,22 +143,12 @@ class Run:
 
     @classmethod
     def load(cls, path_or_id: str | Path, root: Path | None = None) -> Run:
-        p = Path(path_or_id)
-        if not p.is_absolute() and not p.exists():
-            p = (root or paths.profiles_dir()) / str(path_or_id)
-        p = p.resolve()
-        if not p.is_dir():
-            raise NotebookError(f"no run directory {p}: pass a directory under "
-                                f"{root or paths.profiles_dir()} or a run id")
-        prov: dict[str, Any] = {}
-        pf = p / "provenance.json"
-        if pf.exists():
-            try:
-                prov = json.loads(pf.read_text())
-            except json.JSONDecodeError as e:
-                raise NotebookError(f"{pf} is not valid JSON ({e}); the run's tables "
-                                    "are still there to read by hand") from None
-        return cls(p, prov)
+        """Any run profkit wrote, through the one loader (:func:`profkit.rundir.load_run`)."""
+        try:
+            rd = rundir.load_run(path_or_id, root=root)
+        except rundir.RunDirError as e:
+            raise NotebookError(str(e)) from None
+        return cls(rd.path, rd.provenance)
 
     @property
     def run_id(self) -> str:
@@ -302,11 +291,11 @@ def resolve_run(run_dir: str | Path | None, **criteria: Any) -> Run | None:
 
 
 def new_run_dir(kind: str, root: str | Path | None = None) -> Path:
-    """A fresh ``profiles/<kind>-<timestamp>`` directory for a notebook's own collection."""
+    """A fresh ``profiles/<run id>`` directory (:func:`profkit.rundir.new_run_id`) for a
+    notebook's own collection; :func:`save_run` completes it."""
     base = Path(root) if root is not None else paths.profiles_dir()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for i in range(1000):
-        d = base / (f"{kind}-{stamp}" + (f"-{i}" if i else ""))
+    for _ in range(100):
+        d = base / rundir.new_run_id(kind, root=base)
         try:
             d.mkdir(parents=True)
             return d
@@ -325,9 +314,8 @@ def save_run(directory: Path, provenance: Mapping[str, Any],
             df.to_parquet(directory / f"{name}.parquet", index=False)
         except (ValueError, TypeError, ImportError):
             pass  # object columns (histograms) that pyarrow cannot store: csv only
-    prov = {"run_id": directory.name, **provenance}
     # provenance last: its presence marks the run complete (list_runs requires it)
-    (directory / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
+    rundir.RunDir(directory.name, directory, {"run_id": directory.name, **provenance}).save()
     return Run.load(directory)
 
 
