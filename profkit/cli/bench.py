@@ -5,7 +5,6 @@ exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from profkit.errors import ProfkitError
 from profkit.cli.common import friendly as _friendly
@@ -58,26 +56,12 @@ def _report_after_failure(e: ProfkitError) -> None:
             _say(f"no report from the partial run ({e2})")
 
 
-def _comparisons_table(comps: Any) -> Table:
-    t = Table(title="Does each step change the overhead? (b − a, percentage points)",
-              title_justify="left", header_style="bold")
-    for c in ("a → b", "mode", "b − a [95% CI]", "differs?", "p (overheads)"):
-        t.add_column(c, justify="left" if c in ("a → b", "mode") else "right")
-    for r in comps.itertuples():
-        ci = (f"{r.overhead_diff_pct:.2f} [{r.diff_ci_low_pct:.2f}, {r.diff_ci_high_pct:.2f}]"
-              if not math.isnan(r.diff_ci_low_pct) else f"{r.overhead_diff_pct:.2f}")
-        p = "–" if math.isnan(r.overhead_p_value) else f"{r.overhead_p_value:.3g}"
-        t.add_row(f"{r.a} → {r.b}", r.mode, ci, "yes" if r.overhead_differs else "no", p)
-    return t
-
-
 def _print_results(files: Any) -> None:
-    from profkit.experiments.bench import ordering_check
-    from profkit.render.report import render_console
+    from profkit.render.report import comparisons_table, ordering_check, render_console
 
     out_console.print(render_console(files.summary))
     if files.comparisons is not None and not files.comparisons.empty:
-        out_console.print(_comparisons_table(files.comparisons))
+        out_console.print(comparisons_table(files.comparisons))
     for line in ordering_check(files.summary, files.comparisons):
         out_console.print(line, highlight=False)
     out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"

@@ -42,7 +42,6 @@ counts them). :func:`write_report` turns the directory into ``summary.csv``,
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import os
@@ -614,7 +613,7 @@ class BenchResult:
     provenance: dict[str, Any]
 
     def summary(self, metric: str | None = None) -> pd.DataFrame:
-        from profkit.analyze.stats import attach_instructions
+        from profkit.analyze.stats import attach_instructions, summarize_metric
 
         return attach_instructions(summarize_metric(self.timings, metric), self.instructions)
 
@@ -869,92 +868,6 @@ class ReportFiles:
     chart_svg: Path
 
 
-def _report_provenance(prov: Mapping[str, Any]) -> dict[str, Any]:
-    """The provenance fields a reader of the report needs, in the report's vocabulary."""
-    m = prov.get("machine") or {}
-    machine = {k: m.get(k) for k in ("cpu_model", "cpus", "kernel", "clocksource",
-                                     "virtualization", "governor") if k in m}
-    cmd = prov.get("command_line")
-    out: dict[str, Any] = {
-        "run_id": prov.get("run_id"), "started_at": prov.get("started_at"),
-        "ended_at": prov.get("ended_at"),
-        "command_line": " ".join(cmd) if isinstance(cmd, list) else cmd,
-        "workload": prov.get("workload"), "scale": prov.get("scale"),
-        "reps": prov.get("reps"), "metric": prov.get("report_metric"),
-        "instruction_counter": prov.get("instruction_counter"),
-        "machine": machine, "builds": _ordered_builds(prov.get("builds")),
-        "settings": prov.get("settings"),
-        "status": prov.get("status"),
-        "instructions counted at scale": prov.get("instr_scale"),
-        "load average (1/5/15 min) at start": _loadavg(prov.get("loadavg_start")),
-        "load average at end": _loadavg(prov.get("loadavg_end")),
-        "order seed": prov.get("order_seed"),
-    }
-    if prov.get("error"):
-        out["error"] = prov["error"]
-    if prov.get("instructions_error"):
-        out["instruction counts failed"] = prov["instructions_error"]
-    return out
-
-
-def _ordered_builds(builds: Any) -> Any:
-    """The builds in the seed's order (provenance.json stores them sorted by name)."""
-    from profkit.analyze.stats import build_order
-
-    if not isinstance(builds, Mapping):
-        return builds
-    return {b: builds[b] for b in build_order(list(builds))}
-
-
-def _loadavg(x: Any) -> str | None:
-    if not isinstance(x, list):
-        return None
-    return " / ".join(f"{v:.2f}" for v in x)
-
-
-METRICS: tuple[str, ...] = ("cpu_ms", "server_ms", "client_ms")
-
-
-def default_metric(timings: pd.DataFrame) -> str:
-    """``cpu_ms`` when every row has it (Linux), else ``server_ms``.
-
-    The backend's on-CPU time is the headline: on an idle machine it equals the
-    server's wall time to 0.1 ms (measured here), and on a shared one it does not
-    count the time the backend waited for a core — waiting that inflated plain-query
-    wall times here by up to 2x under a load average of 7 and so biased the overhead.
-    """
-    if "cpu_ms" in timings.columns and len(timings) and timings["cpu_ms"].notna().all():
-        return "cpu_ms"
-    return "server_ms"
-
-
-def _metric_frame(timings: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, str]:
-    """(frame, column name stats understands): other time columns ride as server_ms."""
-    if metric not in METRICS:
-        raise BenchError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
-    if metric in ("server_ms", "client_ms"):
-        return timings, metric
-    if metric not in timings.columns or timings[metric].isna().any():
-        raise BenchError(f"this run has no complete {metric} column (recorded on Linux only); "
-                         "use metric='server_ms'")
-    # profkit.analyze.stats knows the timings table's two time columns: feed the other
-    # one in under server_ms's name and put the real name back on the result.
-    return timings.assign(server_ms=timings[metric].astype("float64")), "server_ms"
-
-
-def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
-                     **kwargs: Any) -> pd.DataFrame:
-    """:func:`profkit.analyze.stats.summarize` on any of :data:`METRICS` (default: see
-    :func:`default_metric`)."""
-    from profkit.analyze.stats import summarize
-
-    metric = metric or default_metric(timings)
-    frame, col = _metric_frame(timings, metric)
-    out = summarize(frame, col, **kwargs)  # type: ignore[arg-type]
-    out["metric"] = metric
-    return out
-
-
 def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | None = None,
                  center: str = "median") -> ReportFiles:
     """summary.csv, report.md and the overhead chart (PNG + SVG) of a run.
@@ -965,8 +878,20 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     client_ms (default: :func:`default_metric`); the report shows the other two below
     the main table.
     """
-    from profkit.analyze.stats import attach_instructions, compare_chain
-    from profkit.render.report import plot_overheads, render_markdown, write_summary_csv
+    from profkit.analyze.stats import (
+        attach_instructions,
+        compare_chain,
+        default_metric,
+        metric_frame,
+        summarize_metric,
+    )
+    from profkit.render.report import (
+        bench_extra_sections,
+        plot_overheads,
+        render_markdown,
+        report_provenance,
+        write_summary_csv,
+    )
 
     res = run if isinstance(run, BenchResult) else load_bench(run)
     d, prov, timings, instr = res.out_dir, res.provenance, res.timings, res.instructions
@@ -976,7 +901,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     comps = None
     builds = timings["build"].unique().tolist()
     if len(builds) >= 2 and not timings.empty:
-        frame, col = _metric_frame(timings, metric)
+        frame, col = metric_frame(timings, metric)
         parts = []
         for mode in ("analyze_notiming", "analyze_timing"):
             if mode in set(timings["mode"]):
@@ -984,12 +909,12 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
                     parts.append(compare_chain(frame, mode=mode, metric=col,  # type: ignore[arg-type]
                                                center=center))
         comps = pd.concat(parts, ignore_index=True).assign(metric=metric) if parts else None
-    rprov = _report_provenance({**prov, "report_metric": metric})
+    rprov = report_provenance({**prov, "report_metric": metric})
     try:
         write_summary_csv(s, d / SUMMARY_CSV)
         plot_overheads(s, d / CHART_PNG, d / CHART_SVG, provenance=rprov)
         md = render_markdown(s, rprov, comparisons=comps, chart=CHART_PNG)
-        md += _extra_sections(timings, instr, metric, center)
+        md += bench_extra_sections(timings, instr, metric, center)
         (d / REPORT_MD).write_text(md)
     except OSError as e:
         if rundir.is_disk_full(e):
@@ -999,141 +924,3 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
                        d / CHART_SVG)
 
 
-def _extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: str,
-                    center: str) -> str:
-    """The other time measures and the raw instruction counts, after the main report."""
-    out = ["", "## The time measures", "",
-           (f"The tables above use `{metric}`. `cpu_ms`: the backend's on-CPU time over the "
-            "execution (/proc/PID/schedstat), blind to waiting for a core on a shared machine; "
-            "`server_ms`: pg_stat_statements' total_exec_time delta (EXPLAIN's includes "
-            "planning its query, ~0.2 ms); `client_ms`: the client's round trip, rows "
-            "fetched. Overhead % by each, same executions (brackets: 95 % CI):"), "",
-           "| build | mode | " + " | ".join(f"{m} median | {m} overhead % [95% CI]"
-                                            for m in METRICS) + " |",
-           "| :--- | :--- |" + " ---: | ---: |" * len(METRICS)]
-    sums = {}
-    for m in METRICS:
-        try:
-            sums[m] = summarize_metric(timings, m, center=center).set_index(["build", "mode"])
-        except ProfkitError:
-            continue
-    if sums:
-        first = next(iter(sums.values()))
-        for key in first.index:
-            cells = []
-            for m in METRICS:
-                r = sums[m].loc[key] if m in sums and key in sums[m].index else None
-                if r is None:
-                    cells += ["–", "–"]
-                    continue
-                ci = ("" if not (_num(r.ci_low_pct) and _num(r.ci_high_pct))
-                      else f" [{r.ci_low_pct:.2f}, {r.ci_high_pct:.2f}]")
-                cells += [f"{r.median_ms:.2f}", f"{r.overhead_pct:.2f}{ci}"]
-            out.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
-    out += _plain_across_builds(timings, instr, metric)
-    if instr is not None and not instr.empty:
-        tools = ", ".join(sorted(set(instr["tool"].astype(str))))
-        scopes = ", ".join(sorted(set(instr["scope"].astype(str))))
-        scales = ", ".join(str(x) for x in sorted(set(instr.get("scale", pd.Series([])))))
-        out += ["", "## Instruction counts (one execution each)", "",
-                (f"Counter: {tools}; scope: {scopes}; scale {scales}. `executor` is the "
-                 "inclusive count of standard_ExecutorRun (no parse, plan or EXPLAIN output)."),
-                "",
-                ("| build | mode | instructions | overhead % | executor instructions | "
-                 "executor overhead % |"),
-                "| :--- | :--- | ---: | ---: | ---: | ---: |"]
-        has_ex = "executor_instructions" in instr.columns
-        for b in instr["build"].unique():
-            ib = instr[instr["build"] == b].set_index("mode")
-            base = ib["instructions"].get("plain")
-            base_ex = ib["executor_instructions"].get("plain") if has_ex else None
-            for mode, r in ib.iterrows():
-                ov = (r["instructions"] / base - 1) * 100 if _num(base) else math.nan
-                ex = r["executor_instructions"] if has_ex else None
-                ovx = (ex / base_ex - 1) * 100 if _num(ex) and _num(base_ex) else math.nan
-                out.append(f"| {b} | {mode} | {int(r['instructions']):,} | {ov:.2f} | "
-                           f"{f'{int(ex):,}' if _num(ex) else '–'} | "
-                           f"{'–' if math.isnan(ovx) else f'{ovx:.2f}'} |")
-    return "\n".join(out) + "\n"
-
-
-def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None,
-                         metric: str) -> list[str]:
-    """Query-1 of every build against the first (the seed's step 3 slowed it by ~1 %)."""
-    from profkit.analyze.stats import build_order, compare_builds
-
-    builds = build_order(timings["build"].unique().tolist())
-    if len(builds) < 2 or "plain" not in set(timings["mode"]):
-        return []
-    frame, col = _metric_frame(timings, metric)
-    ic = None
-    if instr is not None and not instr.empty:
-        ic = instr[instr["mode"] == "plain"].set_index("build")["instructions"].astype(float)
-    base = builds[0]
-    out = ["", f"## The plain query across builds (against {base})", "",
-           (f"Median `{metric}` of Query-1 relative to {base}'s (Mann–Whitney U on the "
-            "per-execution times) and its instruction count: what a patch costs a query "
-            "that is not being explained."), "",
-           "| build | median ms | time vs " + base + " % | p | instructions vs " + base + " % |",
-           "| :--- | ---: | ---: | ---: | ---: |"]
-    for b in builds[1:]:
-        try:
-            c = compare_builds(frame, base, b, "plain", col)  # type: ignore[arg-type]
-        except ComparisonError:
-            continue
-        iv = (ic[b] / ic[base] - 1) * 100 if ic is not None and b in ic and base in ic \
-            else math.nan
-        out.append(f"| {b} | {c.median_b_ms:.2f} | {(c.time_ratio - 1) * 100:+.2f} | "
-                   f"{c.time_p_value:.3g} | {'–' if math.isnan(iv) else f'{iv:+.2f}'} |")
-    return out
-
-
-def _num(x: Any) -> bool:
-    try:
-        return x is not None and x is not pd.NA and math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
-
-
-
-SEED_BUILDS: tuple[str, ...] = ("vanilla", "step1", "step2", "step3")
-
-
-def ordering_check(summary: pd.DataFrame, comparisons: pd.DataFrame | None = None, *,
-                   builds: Sequence[str] = SEED_BUILDS, mode: str = "analyze_notiming",
-                   ) -> list[str]:
-    """Sentences on whether *mode*'s overhead falls along *builds* (the seed's claim).
-
-    Checked in instructions (``instr_overhead_pct``) and in wall-clock overhead; for the
-    latter, each neighbouring pair says whether the bootstrap CI of the difference (from
-    *comparisons*, :func:`profkit.analyze.stats.compare_chain`) excludes zero. Empty when
-    fewer than two of *builds* are in the summary.
-    """
-    s = summary[summary["mode"] == mode].set_index("build")
-    present = [b for b in builds if b in s.index]
-    if len(present) < 2:
-        return []
-    out = []
-    metric = str(s["metric"].iloc[0]) if "metric" in s.columns and len(s) else "time"
-    for col, what in (("instr_overhead_pct", "instructions"), ("overhead_pct", f"time ({metric})")):
-        if col not in s.columns:
-            continue
-        vals = [s.loc[b, col] for b in present]
-        if not all(_num(v) for v in vals):
-            continue
-        fv = [float(v) for v in vals]
-        holds = all(a > b for a, b in itertools.pairwise(fv))
-        chain = " > ".join(f"{b} {v:.2f} %" for b, v in zip(present, fv, strict=True))
-        line = (f"{_query_name(mode)} overhead by {what}: {chain} — the ordering "
-                f"{'holds' if holds else 'does NOT hold'}")
-        if col == "overhead_pct" and comparisons is not None and not comparisons.empty:
-            c = comparisons[comparisons["mode"] == mode]
-            sep = []
-            for r in c.itertuples():
-                if r.a in present and r.b in present:
-                    sep.append(f"{r.a}→{r.b} {'beyond' if r.overhead_differs else 'within'} "
-                               "noise")
-            if sep:
-                line += " (" + ", ".join(sep) + ")"
-        out.append(line)
-    return out

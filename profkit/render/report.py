@@ -14,6 +14,7 @@ and a provenance dict written by the benchmark runner. Three outputs:
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -25,8 +26,14 @@ import pandas as pd
 from rich.table import Table
 
 from profkit import seed_figures as _seed
-from profkit.analyze.stats import build_order
-from profkit.errors import ProfkitError
+from profkit.analyze.stats import (
+    METRICS,
+    build_order,
+    compare_builds,
+    metric_frame,
+    summarize_metric,
+)
+from profkit.errors import ComparisonError, ProfkitError
 from profkit.render.markdown import table as md_table
 
 
@@ -546,3 +553,203 @@ def summary_csv(summary: pd.DataFrame, instr_counts: pd.DataFrame | None = None,
 def write_summary_csv(summary: pd.DataFrame, path: str | Path) -> Path:
     summary_csv(summary, path=path)
     return Path(path)
+
+
+# --------------------------------------------------------------------------- the bench's report
+
+def report_provenance(prov: Mapping[str, Any]) -> dict[str, Any]:
+    """The provenance fields a reader of the report needs, in the report's vocabulary."""
+    m = prov.get("machine") or {}
+    machine = {k: m.get(k) for k in ("cpu_model", "cpus", "kernel", "clocksource",
+                                     "virtualization", "governor") if k in m}
+    cmd = prov.get("command_line")
+    out: dict[str, Any] = {
+        "run_id": prov.get("run_id"), "started_at": prov.get("started_at"),
+        "ended_at": prov.get("ended_at"),
+        "command_line": " ".join(cmd) if isinstance(cmd, list) else cmd,
+        "workload": prov.get("workload"), "scale": prov.get("scale"),
+        "reps": prov.get("reps"), "metric": prov.get("report_metric"),
+        "instruction_counter": prov.get("instruction_counter"),
+        "machine": machine, "builds": _ordered_builds(prov.get("builds")),
+        "settings": prov.get("settings"),
+        "status": prov.get("status"),
+        "instructions counted at scale": prov.get("instr_scale"),
+        "load average (1/5/15 min) at start": _loadavg(prov.get("loadavg_start")),
+        "load average at end": _loadavg(prov.get("loadavg_end")),
+        "order seed": prov.get("order_seed"),
+    }
+    if prov.get("error"):
+        out["error"] = prov["error"]
+    if prov.get("instructions_error"):
+        out["instruction counts failed"] = prov["instructions_error"]
+    return out
+
+
+def _ordered_builds(builds: Any) -> Any:
+    """The builds in the seed's order (provenance.json stores them sorted by name)."""
+    if not isinstance(builds, Mapping):
+        return builds
+    return {b: builds[b] for b in build_order(list(builds))}
+
+
+def _loadavg(x: Any) -> str | None:
+    if not isinstance(x, list):
+        return None
+    return " / ".join(f"{v:.2f}" for v in x)
+
+
+def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: str,
+                         center: str) -> str:
+    """The other time measures and the raw instruction counts, after the main report."""
+    out = ["", "## The time measures", "",
+           (f"The tables above use `{metric}`. `cpu_ms`: the backend's on-CPU time over the "
+            "execution (/proc/PID/schedstat), blind to waiting for a core on a shared machine; "
+            "`server_ms`: pg_stat_statements' total_exec_time delta (EXPLAIN's includes "
+            "planning its query, ~0.2 ms); `client_ms`: the client's round trip, rows "
+            "fetched. Overhead % by each, same executions (brackets: 95 % CI):"), ""]
+    header = ["build", "mode", *(h for m in METRICS
+                                 for h in (f"{m} median", f"{m} overhead % [95% CI]"))]
+    rows = []
+    sums = {}
+    for m in METRICS:
+        try:
+            sums[m] = summarize_metric(timings, m, center=center).set_index(["build", "mode"])
+        except ProfkitError:
+            continue
+    if sums:
+        first = next(iter(sums.values()))
+        for key in first.index:
+            cells = []
+            for m in METRICS:
+                r = sums[m].loc[key] if m in sums and key in sums[m].index else None
+                if r is None:
+                    cells += ["–", "–"]
+                    continue
+                ci = ("" if not (_num(r.ci_low_pct) and _num(r.ci_high_pct))
+                      else f" [{r.ci_low_pct:.2f}, {r.ci_high_pct:.2f}]")
+                cells += [f"{r.median_ms:.2f}", f"{r.overhead_pct:.2f}{ci}"]
+            rows.append([key[0], key[1], *cells])
+    out.append(md_table(header, rows, ["l", "l"] + ["r"] * (2 * len(METRICS))))
+    out += _plain_across_builds(timings, instr, metric)
+    if instr is not None and not instr.empty:
+        tools = ", ".join(sorted(set(instr["tool"].astype(str))))
+        scopes = ", ".join(sorted(set(instr["scope"].astype(str))))
+        scales = ", ".join(str(x) for x in sorted(set(instr.get("scale", pd.Series([])))))
+        out += ["", "## Instruction counts (one execution each)", "",
+                (f"Counter: {tools}; scope: {scopes}; scale {scales}. `executor` is the "
+                 "inclusive count of standard_ExecutorRun (no parse, plan or EXPLAIN output)."),
+                ""]
+        has_ex = "executor_instructions" in instr.columns
+        irows = []
+        for b in instr["build"].unique():
+            ib = instr[instr["build"] == b].set_index("mode")
+            base = ib["instructions"].get("plain")
+            base_ex = ib["executor_instructions"].get("plain") if has_ex else None
+            for mode, r in ib.iterrows():
+                ov = (r["instructions"] / base - 1) * 100 if _num(base) else math.nan
+                ex = r["executor_instructions"] if has_ex else None
+                ovx = (ex / base_ex - 1) * 100 if _num(ex) and _num(base_ex) else math.nan
+                irows.append([b, mode, f"{int(r['instructions']):,}", f"{ov:.2f}",
+                              f"{int(ex):,}" if _num(ex) else "–",
+                              "–" if math.isnan(ovx) else f"{ovx:.2f}"])
+        out.append(md_table(["build", "mode", "instructions", "overhead %",
+                             "executor instructions", "executor overhead %"], irows,
+                            ["l", "l", "r", "r", "r", "r"]))
+    return "\n".join(out) + "\n"
+
+
+def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None,
+                         metric: str) -> list[str]:
+    """Query-1 of every build against the first (the seed's step 3 slowed it by ~1 %)."""
+    builds = build_order(timings["build"].unique().tolist())
+    if len(builds) < 2 or "plain" not in set(timings["mode"]):
+        return []
+    frame, col = metric_frame(timings, metric)
+    ic = None
+    if instr is not None and not instr.empty:
+        ic = instr[instr["mode"] == "plain"].set_index("build")["instructions"].astype(float)
+    base = builds[0]
+    out = ["", f"## The plain query across builds (against {base})", "",
+           (f"Median `{metric}` of Query-1 relative to {base}'s (Mann–Whitney U on the "
+            "per-execution times) and its instruction count: what a patch costs a query "
+            "that is not being explained."), ""]
+    rows = []
+    for b in builds[1:]:
+        try:
+            c = compare_builds(frame, base, b, "plain", col)  # type: ignore[arg-type]
+        except ComparisonError:
+            continue
+        iv = (ic[b] / ic[base] - 1) * 100 if ic is not None and b in ic and base in ic \
+            else math.nan
+        rows.append([b, f"{c.median_b_ms:.2f}", f"{(c.time_ratio - 1) * 100:+.2f}",
+                     f"{c.time_p_value:.3g}", "–" if math.isnan(iv) else f"{iv:+.2f}"])
+    out.append(md_table(["build", "median ms", f"time vs {base} %", "p",
+                         f"instructions vs {base} %"], rows, ["l", "r", "r", "r", "r"]))
+    return out
+
+
+def _num(x: Any) -> bool:
+    try:
+        return x is not None and x is not pd.NA and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+
+SEED_BUILDS: tuple[str, ...] = ("vanilla", "step1", "step2", "step3")
+
+
+def ordering_check(summary: pd.DataFrame, comparisons: pd.DataFrame | None = None, *,
+                   builds: Sequence[str] = SEED_BUILDS, mode: str = "analyze_notiming",
+                   ) -> list[str]:
+    """Sentences on whether *mode*'s overhead falls along *builds* (the seed's claim).
+
+    Checked in instructions (``instr_overhead_pct``) and in wall-clock overhead; for the
+    latter, each neighbouring pair says whether the bootstrap CI of the difference (from
+    *comparisons*, :func:`profkit.analyze.stats.compare_chain`) excludes zero. Empty when
+    fewer than two of *builds* are in the summary.
+    """
+    from profkit.pg.workloads import SEED_QUERY_NAMES
+
+    s = summary[summary["mode"] == mode].set_index("build")
+    present = [b for b in builds if b in s.index]
+    if len(present) < 2:
+        return []
+    out = []
+    metric = str(s["metric"].iloc[0]) if "metric" in s.columns and len(s) else "time"
+    for col, what in (("instr_overhead_pct", "instructions"), ("overhead_pct", f"time ({metric})")):
+        if col not in s.columns:
+            continue
+        vals = [s.loc[b, col] for b in present]
+        if not all(_num(v) for v in vals):
+            continue
+        fv = [float(v) for v in vals]
+        holds = all(a > b for a, b in itertools.pairwise(fv))
+        chain = " > ".join(f"{b} {v:.2f} %" for b, v in zip(present, fv, strict=True))
+        line = (f"{SEED_QUERY_NAMES.get(mode, mode)} overhead by {what}: {chain} — the ordering "
+                f"{'holds' if holds else 'does NOT hold'}")
+        if col == "overhead_pct" and comparisons is not None and not comparisons.empty:
+            c = comparisons[comparisons["mode"] == mode]
+            sep = []
+            for r in c.itertuples():
+                if r.a in present and r.b in present:
+                    sep.append(f"{r.a}→{r.b} {'beyond' if r.overhead_differs else 'within'} "
+                               "noise")
+            if sep:
+                line += " (" + ", ".join(sep) + ")"
+        out.append(line)
+    return out
+
+
+def comparisons_table(comps: pd.DataFrame) -> Table:
+    """A rich Table of :func:`profkit.analyze.stats.compare_chain`'s rows."""
+    t = Table(title="Does each step change the overhead? (b − a, percentage points)",
+              title_justify="left", header_style="bold")
+    for c in ("a → b", "mode", "b − a [95% CI]", "differs?", "p (overheads)"):
+        t.add_column(c, justify="left" if c in ("a → b", "mode") else "right")
+    for r in comps.itertuples():
+        ci = (f"{r.overhead_diff_pct:.2f} [{r.diff_ci_low_pct:.2f}, {r.diff_ci_high_pct:.2f}]"
+              if not math.isnan(r.diff_ci_low_pct) else f"{r.overhead_diff_pct:.2f}")
+        p = "–" if math.isnan(r.overhead_p_value) else f"{r.overhead_p_value:.3g}"
+        t.add_row(f"{r.a} → {r.b}", r.mode, ci, "yes" if r.overhead_differs else "no", p)
+    return t
