@@ -21,7 +21,7 @@ from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
 from profkit.errors import ProbeError
-from profkit.procfs import schedstat
+from profkit.collect.procfs import schedstat
 from profkit.experiments.correction import measure_correction
 from profkit.experiments.observers import (
     measure_observers,

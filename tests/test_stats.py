@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from profkit import seed_figures
+from profkit.render import seed_figures
 from profkit.analyze import stats
 from profkit.render import report
 from profkit.errors import ComparisonError

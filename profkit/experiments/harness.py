@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profkit.errors import ProfkitError
-from profkit.procfs import schedstat
+from profkit.collect.procfs import schedstat
 
 if TYPE_CHECKING:
     import psycopg

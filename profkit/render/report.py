@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
-from profkit import seed_figures as _seed
+from profkit.render import seed_figures as _seed
 from profkit.analyze.stats import (
     METRICS,
     build_order,
