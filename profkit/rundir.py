@@ -212,9 +212,11 @@ def new_run(kind: str, *, build: Build | None = None, workload: str | None = Non
     p.mkdir(parents=True, exist_ok=True)  # OSError (a full disk) is the caller's to report
     prov: dict[str, Any] = {
         "run_id": run_id, "kind": kind, "tool": kind, "started_at": now(),
-        "build": build.provenance() if build is not None else None,
-        "build_name": build.name if build is not None else None,
-        "workload": workload, "mode": mode,
+        # a single-build run (a collector's) names its build; multi-build experiments
+        # record theirs under "builds"
+        **({"build": build.provenance(), "build_name": build.name} if build is not None
+           else {}),
+        **{k: v for k, v in (("workload", workload), ("mode", mode)) if v is not None},
         "machine": machine_info(),
         "tools": {t: v for t in dict.fromkeys([kind, *tools])
                   if (v := tool_version(t)) or t != kind},

@@ -35,15 +35,6 @@ REPRO_REPS = 25
 REPRO_INSTR_SCALE = 0.01
 
 
-def _profiles_root(out: Path | None) -> Path:
-    from profkit import paths
-
-    if out is None:
-        return paths.profiles_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
 def _report_after_failure(e: ProfkitError) -> None:
     """A run that stopped half-way still gets its report from the rows it kept."""
     from profkit.experiments.bench import BenchError, write_report
@@ -118,22 +109,18 @@ def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
     """
     from profkit.experiments.bench import check_request, run_bench, write_report
-    from profkit.rundir import new_run_id, update_latest
 
     req = check_request(builds, workload, scale, reps, _mode_list(modes), warmup, list(sets))
-    root = _profiles_root(out)
-    run_id = new_run_id("bench", req.workload, root=root)
     try:
-        res = run_bench(req, out_dir=root / run_id, progress=True,
+        res = run_bench(req, root=out, progress=True,
                         instructions=instructions,  # type: ignore[arg-type]
-                        instr_scale=instr_scale, order_seed=order_seed, run_id=run_id,
+                        instr_scale=instr_scale, order_seed=order_seed,
                         command_line=["profkit", *sys.argv[1:]])
     except ProfkitError as e:
         _report_after_failure(e)
         raise
     files = write_report(res, metric=metric)
     _warn_instructions(res.provenance)
-    update_latest(res.out_dir)
     _print_results(files)
     out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
 
@@ -165,11 +152,9 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     """
     from profkit.experiments.bench import check_request, run_bench, write_report
     from profkit.pg.build import get_build
-    from profkit.rundir import new_run_id, update_latest
 
     t_all = time.monotonic()
     req = check_request(builds, "nested_loop", scale, reps, warmup=warmup)
-    root = _profiles_root(out)
 
     err_console.rule("builds")
     t0 = time.monotonic()
@@ -181,19 +166,17 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     t_builds = time.monotonic() - t0
 
     err_console.rule(f"benchmark: nested_loop at scale {scale}, {reps} repetitions")
-    run_id = new_run_id("bench", "nested_loop", root=root)
     t0 = time.monotonic()
     try:
-        res = run_bench(req, out_dir=root / run_id, progress=True,
+        res = run_bench(req, root=out, progress=True,
                         instructions="none" if no_callgrind else "auto",
-                        instr_scale=instr_scale, order_seed=order_seed, run_id=run_id,
+                        instr_scale=instr_scale, order_seed=order_seed,
                         command_line=["profkit", *sys.argv[1:]])
     except ProfkitError as e:
         _report_after_failure(e)
         raise
     t_bench = time.monotonic() - t0
     files = write_report(res)
-    update_latest(res.out_dir)
     _warn_instructions(res.provenance)
 
     err_console.rule("result")

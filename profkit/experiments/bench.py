@@ -649,14 +649,17 @@ def run_bench(
     order_seed: int | None = None,
     run_id: str | None = None,
     command_line: Sequence[str] | None = None,
+    root: str | os.PathLike[str] | None = None,
 ) -> BenchResult:
     """Benchmark *modes* of *workload* on every build, interleaved; see the module doc.
 
-    *out_dir* is the run directory (default ``profiles/<run_id>``; it must not exist or
-    be empty). *instructions*: ``"auto"`` counts with perf stat where the CPU has
-    counters, else callgrind; ``"none"`` skips counting. *instr_scale* forces the
-    callgrind scale (default: the bench scale if it fits *callgrind_budget_s* per build,
-    else a smaller one; the scale used is in instructions.csv and the provenance).
+    *out_dir* is the run directory (it must not exist or be empty); without it the run
+    is named here (:func:`profkit.rundir.new_run_id`) under *root* (default profiles/)
+    and ``<root>/latest`` points at it once it completes. *instructions*: ``"auto"``
+    counts with perf stat where the CPU has counters, else callgrind; ``"none"`` skips
+    counting. *instr_scale* forces the callgrind scale (default: the bench scale if it
+    fits *callgrind_budget_s* per build, else a smaller one; the scale used is in
+    instructions.csv and the provenance).
 
     Raises :class:`BenchError` (bad input, before anything starts), :class:`ServerCrashed`
     (naming the build and repetition; rows so far kept), :class:`ProfilesFull`.
@@ -675,10 +678,12 @@ def run_bench(
     counter = resolve_counter(instructions) if instructions != "none" else "none"
     seed = order_seed if order_seed is not None else harness.new_seed()
 
+    named_here = out_dir is None
     if out_dir is None:
-        root = paths.profiles_dir()
-        run_id = run_id or rundir.new_run_id("bench", req.workload, root=root)
-        out = root / run_id
+        root_dir = Path(root) if root is not None else paths.profiles_dir()
+        root_dir.mkdir(parents=True, exist_ok=True)
+        run_id = run_id or rundir.new_run_id("bench", req.workload, root=root_dir)
+        out = root_dir / run_id
     else:
         out = Path(out_dir)
         run_id = run_id or out.name
@@ -803,6 +808,8 @@ def run_bench(
                 log.warning("could not update %s: %s", out / PROVENANCE_JSON, e)
                 with contextlib.suppress(OSError):
                     (out / (PROVENANCE_JSON + ".tmp")).unlink()
+    if named_here:
+        rundir.update_latest(out)
     return BenchResult(run_id, out, timings, instr_df, rd.provenance)
 
 
