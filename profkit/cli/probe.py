@@ -17,7 +17,8 @@ from profkit.pg.workloads import MODES
               help="Comma-separated subset (default: monotonic, coarse, raw, TSC variants).")
 @click.option("--build", "build_name", default=None,
               help="Also run this build's pg_test_timing (-d 1).")
-@click.option("--out", default=None, help="Output directory (default profiles/<run_id>).")
+@click.option("--out", default=None,
+              help="Run directory, new or empty (default profiles/<run_id>).")
 @_friendly
 def clock_cost_cmd(loops: int, repeats: int, sources: str | None, build_name: str | None,
                    out: str | None) -> None:
@@ -58,7 +59,8 @@ def clock_calls_cmd(workload: str | None, cluster_name: str, sql: str | None,
     from profkit.experiments.probe import clock_calls, connect, new_run_dir, select_sql
 
     name, select = select_sql(workload, sql)
-    run_id, d = new_run_dir(f"clock-calls-{name}", out)
+    run_id, d = new_run_dir("clock-calls", out, workload=name, sql=select,
+                            tools=("ltrace", "bpftrace"))
     with connect(cluster_name) as conn:
         df = clock_calls(conn, select, modes=modes, methods=methods, force=force, out_dir=d,
                          run_id=run_id)
@@ -86,7 +88,8 @@ def probe_cmd(workload: str | None, cluster_name: str, sql: str | None, mode: st
     from profkit.experiments.probe import connect, new_run_dir, probe_nodes, select_sql
 
     name, select = select_sql(workload, sql)
-    run_id, d = new_run_dir(f"probe-{name}", out)
+    run_id, d = new_run_dir("probe", out, workload=name, sql=select, mode=mode,
+                            tools=("bpftrace",))
     with connect(cluster_name) as conn:
         table, res = probe_nodes(conn, select, mode=mode, tool=tool, force=force, out_dir=d,
                                  run_id=run_id, query=name)

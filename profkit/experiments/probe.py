@@ -8,7 +8,6 @@ Each writes its raw artifacts and tables under ``profiles/<run_id>/``.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,18 +15,18 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import paths
+from profkit import rundir
 from profkit.errors import ProbeError
 from profkit.pg.workloads import MODES, explain_prefix
 
 EXPLAIN = {m: explain_prefix(m, "json") for m in MODES}
 
 
-def new_run_dir(kind: str, out: str | None) -> tuple[str, Path]:
-    run_id = f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    d = Path(out) if out else paths.profiles_dir() / run_id
-    d.mkdir(parents=True, exist_ok=True)
-    return run_id, d
+def new_run_dir(kind: str, out: str | None, **facts: Any) -> tuple[str, Path]:
+    """The probe's run directory through :func:`profkit.rundir.new_run` (*out*: exactly
+    that directory, which must be new or empty)."""
+    rd = rundir.new_run(kind, path=out, **facts) if out else rundir.new_run(kind, **facts)
+    return rd.run_id, rd.path
 
 
 def write_parquet(df: pd.DataFrame, path: Path) -> None:
@@ -165,7 +164,7 @@ def clock_cost(*, loops: int, repeats: int, sources: Sequence[str] | None = None
     """
     from profkit.collect import clock
 
-    run_id, d = new_run_dir("clock-cost", out)
+    run_id, d = new_run_dir("clock-cost", out, tools=("gcc",))
     df = clock.measure_clocks(list(sources) if sources else None, loops=loops, repeats=repeats,
                               run_id=run_id)
     frames = [df]
