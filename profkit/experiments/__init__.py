@@ -1,0 +1,13 @@
+"""Experiments: a spec checked up front, the one harness, a run directory, analyses.
+
+- :mod:`~profkit.experiments.harness` — arms, clusters, the one timed execution,
+  interleaving, crash detail (what every timing experiment is built from);
+- :mod:`~profkit.experiments.bench` — plain vs EXPLAIN ANALYZE across builds;
+- :mod:`~profkit.experiments.timing_accuracy` — clock-source variants per plan node;
+- :mod:`~profkit.experiments.observers` — the slowdown each profiler causes;
+- :mod:`~profkit.experiments.correction` — TIMING ON corrected for the clock vs plain;
+- :mod:`~profkit.experiments.profile` — one backend under perf or gprof, flamegraphs;
+- :mod:`~profkit.experiments.probe` — clock reads per query and per plan node (eBPF).
+
+Every run is written through :mod:`profkit.rundir` and read back by its ``load_run``.
+"""
