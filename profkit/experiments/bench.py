@@ -36,8 +36,14 @@ with the error); each row is appended to ``timings.csv`` with one ``write`` and 
 parseable); ``timings.parquet`` is written at the end (also after a failure, from
 the rows measured). Instruction counts of one execution per build and mode go to
 ``instructions.csv`` (callgrind here; ``perf stat -e instructions`` where the CPU
-counts them). :func:`write_report` turns the directory into ``summary.csv``,
-``report.md`` and the overhead chart, reading only files.
+counts them). :func:`write_report` turns the :class:`BenchResult` :func:`run_bench`
+returns (or any run directory, read back by :func:`load_bench` through
+:func:`profkit.rundir.load_run`) into ``summary.csv``, ``report.md`` and the overhead
+chart: statistics from :mod:`profkit.analyze.stats`, every file from :mod:`profkit.render`.
+
+Every execution is timed by :func:`profkit.experiments.harness.timed_execute`, in the
+order :func:`~profkit.experiments.harness.interleave` draws; the clusters are
+:class:`~profkit.experiments.harness.Clusters` (server logs kept in ``logs/``).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run the observer-effect measurements and the correction check on a real cluster.
+"""The observer-effect experiment: the query unobserved and under each profiler, timed alike.
 
 Two experiments of issue 6 (the second is :mod:`profkit.experiments.correction`), each
 writing ``profiles/<run_id>/`` through :mod:`profkit.rundir` and timing every execution
