@@ -153,3 +153,51 @@ def plan_rows(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS,
                 float("nan")] * (len(nodes) - len(plan))
         frames.append(nodes)
     return pd.concat(frames, ignore_index=True)
+
+
+def all_times(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS) -> pd.DataFrame:
+    """(query, node position, node type, start/total time) under TIMING TRUE."""
+    rows = []
+    for q in queries:
+        explain = _explain(conn, q, True)
+
+        def walk(n: dict, q=q) -> None:
+            rows.append({"query": q.name, "node_type": n["Node Type"],
+                         "startup_ms": n.get("Actual Startup Time"),
+                         "total_ms": n.get("Actual Total Time"),
+                         "loops": n.get("Actual Loops")})
+            for c in n.get("Plans", []) or []:
+                walk(c)
+
+        walk(explain[0]["Plan"])  # type: ignore[index]
+    return pd.DataFrame(rows)
+
+
+def missing_node_types(rows: pd.DataFrame) -> list[str]:
+    """Expected node types the plans did not contain (the corpus must cover them)."""
+    out = []
+    for q in CORPUS:
+        have = set(rows.loc[rows["query"] == q.name, "node_type"])
+        out += [f"{q.name}: {t}" for t in q.expect if t not in have]
+    return out
+
+
+def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
+    """Rows where *other* differs from *reference* in node type, rows or loops.
+
+    Nodes under a Gather run in workers whose per-loop rows are printed rounded
+    to two decimals, so their totals may differ by rounding: a tolerance of 1
+    row applies there, everything else must be exact.
+    """
+    key = ["query", "node_id"]
+    cols = ["node_type", "rows", "loops", "parent_id"]
+    m = reference[key + cols].merge(other[key + cols], on=key, how="outer",
+                                    suffixes=("_ref", "_got"), indicator=True)
+    bad = m["_merge"] != "both"
+    bad |= m["node_type_ref"] != m["node_type_got"]
+    bad |= m["loops_ref"] != m["loops_got"]
+    under_gather = m["query"].isin([q.name for q in CORPUS if "Gather" in " ".join(q.expect)])
+    diff = (m["rows_ref"] - m["rows_got"]).abs()
+    bad |= (diff > 0) & ~under_gather
+    bad |= (diff > 1) & under_gather
+    return m[bad].reset_index(drop=True)
