@@ -56,7 +56,10 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
     from profkit.observers import DEFAULT_METHODS, SLOWDOWN_SHOW, measure_observers
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import check_args, check_count
 
+    check_args(workload, scale=scale, reps=reps, modes=modes)
+    check_count(expensive_reps, "--expensive-reps")
     build = get_build(build_name, progress=_progress)
     with Cluster(build, name=f"observers-{build_name}") as cl:
         res = measure_observers(cl, workload=workload, scale=scale, modes=modes,
@@ -111,7 +114,13 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
 
+    from profkit.pg.workloads import check_args, check_count
+
     wls = _parse_workloads(workloads)
+    for name, sc in (wls or {}).items():
+        check_args(name, scale=sc)
+    check_args(reps=reps)
+    check_count(top, "--top")
     build = get_build(build_name, progress=_progress)
     with Cluster(build, name=f"correction-{build_name}") as cl:
         res = measure_correction(cl, workloads=wls, reps=reps, metric=metric, top=top,
