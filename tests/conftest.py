@@ -54,9 +54,15 @@ def pytest_collection_finish(session):
     missing = [n for n in names if find_build(n) is None]
     say(f"{len(names)} builds needed ({', '.join(names)}); "
         f"{len(missing)} to build{': ' + ', '.join(missing) if missing else ''}")
+    from profkit.errors import ProfkitError
+
     for i, n in enumerate(names, 1):
         t0 = time.monotonic()
-        get_build(n, progress=say)
+        try:
+            get_build(n, progress=say)
+        except ProfkitError as e:  # a build the tests need failed: nothing can pass
+            pytest.exit(f"build {n!r} failed, so the tests that need it cannot run:\n{e}",
+                        returncode=1)
         if n in missing:
             say(f"[{i}/{len(names)}] {n} ready in {time.monotonic() - t0:.0f} s")
 
