@@ -239,6 +239,23 @@ class Cluster:
                 return line.split("LOG:", 1)[-1].strip()
         return ""
 
+    def recovering(self) -> bool:
+        """True while the postmaster restarts after a backend crash: the log's last
+        crash line comes after its last "ready to accept connections" line."""
+        if self.dir is None:
+            return False
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return False
+        for line in reversed(lines):
+            if "ready to accept connections" in line:
+                return False
+            if ("terminated by signal" in line or "was terminated by exception" in line
+                    or "exited with exit code" in line):
+                return True
+        return False
+
     def wait_ready(self, timeout: float = 20.0) -> bool:
         """Wait until the postmaster accepts connections (False if it died or timed out)."""
         deadline = time.monotonic() + timeout
@@ -262,7 +279,9 @@ class Cluster:
         """
         try:
             if self.proc is not None:
-                if self.proc.alive() and self.crash_report():
+                # only a postmaster still recovering from a crash ignores the request;
+                # one that is up again (or never crashed) stops at once
+                if self.proc.alive() and self.recovering():
                     self.wait_ready()
                 self.proc.stop(timeout=60)
         finally:
