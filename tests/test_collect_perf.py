@@ -267,7 +267,7 @@ def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
     """`make demo`'s three SVGs. The demo's builds are vanilla and step3; here vanilla
     twice (the step3 build is the patch library's, built by `make demo`), which checks
     the plumbing: two recordings, two plain graphs, one differential."""
-    from profkit.cli_profile import demo_flamegraphs
+    from profkit.experiments.profile import demo_flamegraphs
 
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path / "profiles"))
     paths = demo_flamegraphs(tmp_path / "fg", scale=0.01, builds=("vanilla", "vanilla"),

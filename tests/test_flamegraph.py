@@ -240,7 +240,7 @@ def test_render_from_stacks_dataframe_and_path(tmp_path: Path) -> None:
 def test_cli_flamegraph(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from profkit.cli_parse import flamegraph_cmd
+    from profkit.cli.parse import flamegraph_cmd
 
     out = tmp_path / "q3.svg"
     r = CliRunner().invoke(flamegraph_cmd, [str(PERF / "pg18-query3.perf-script.txt.gz"),

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from profkit import tables
-from profkit.cli_parse import parse_group
+from profkit.cli.parse import parse_group
 from profkit.errors import ParseError
 from profkit.parse import detect_stack_format, load_stacks
 from profkit.parse.folded import (

@@ -38,6 +38,18 @@ EXPLAIN_PREFIX = {
     "analyze_buffers": "EXPLAIN (ANALYZE TRUE, TIMING FALSE, BUFFERS TRUE) ",
     "analyze_timing_buffers": "EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS TRUE) ",
 }
+
+
+def explain_prefix(mode: str, fmt: str | None = None) -> str:
+    """The statement prefix of *mode* ('' for plain), with ``FORMAT fmt`` when given."""
+    if mode not in EXPLAIN_PREFIX:
+        raise WorkloadError(f"unknown mode {mode!r}; known: {', '.join(EXPLAIN_PREFIX)}")
+    prefix = EXPLAIN_PREFIX[mode]
+    if fmt and prefix:
+        prefix = prefix.replace(")", f", FORMAT {fmt.upper()})")
+    return prefix
+
+
 # the seed's names for the triple
 SEED_QUERY_NAMES = {"plain": "Query-1", "analyze_notiming": "Query-2", "analyze_timing": "Query-3"}
 
@@ -61,12 +73,7 @@ class Workload:
         return {m: self.query(m) for m in MODES}
 
     def query(self, mode: str, fmt: str | None = None) -> str:
-        if mode not in EXPLAIN_PREFIX:
-            raise WorkloadError(f"unknown mode {mode!r}; known: {', '.join(EXPLAIN_PREFIX)}")
-        prefix = EXPLAIN_PREFIX[mode]
-        if fmt and prefix:
-            prefix = prefix.replace(")", f", FORMAT {fmt.upper()})")
-        return prefix + self.select_sql
+        return explain_prefix(mode, fmt) + self.select_sql
 
     def expected_rows(self, scale: float) -> int | None:
         """The value Query-1 must return at this scale (None if not defined)."""

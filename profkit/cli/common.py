@@ -7,12 +7,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-
 from profkit.errors import ProfkitError
+from profkit.progress import err_console, say
 
 F = TypeVar("F", bound=Callable[..., Any])
-err_console = Console(stderr=True)
+__all__ = ["Failed", "err_console", "friendly", "say"]
 
 
 class Failed(click.ClickException):
@@ -43,5 +42,3 @@ def friendly(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def say(msg: str) -> None:
-    err_console.print(f"[cyan]•[/] {msg}", highlight=False)

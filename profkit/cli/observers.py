@@ -9,20 +9,11 @@ Cluster of their own.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
-from profkit.cli_common import friendly as _friendly
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-
-
-def _progress(msg: str) -> None:
-    click.echo(f"  {msg}", err=True)
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import say as _progress
 
 
 def _fmt(v: float) -> str:

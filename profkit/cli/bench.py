@@ -1,7 +1,6 @@
 """CLI: ``profkit bench`` (any builds, any workload) and ``profkit reproduce`` (the demo).
 
-Standalone click commands that :mod:`profkit.cli` attaches to the main group
-(``_attach_optional``). Library errors (ProfkitError) become one line on stderr and
+Registered in :data:`profkit.cli.COMMANDS`. Library errors (ProfkitError) become one line on stderr and
 exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
@@ -9,25 +8,23 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from profkit.errors import ProfkitError
-from profkit.cli_common import friendly as _friendly
-from profkit.cli_common import say as _say
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import err_console
+from profkit.cli.common import say as _say
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 out_console = Console()
 if not out_console.is_terminal:
     # piped or in CI: the seed-style table is wider than rich's default 80 columns
     out_console = Console(width=150)
-err_console = Console(stderr=True)
 
 #: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
 #: ~0.3 s on vanilla and Query-3 ~3.9x that, so one repetition of the 4 builds x 3 modes
@@ -38,8 +35,6 @@ REPRO_BUILDS = "vanilla,step1,step2,step3"
 REPRO_SCALE = 0.07
 REPRO_REPS = 25
 REPRO_INSTR_SCALE = 0.01
-
-
 
 
 def _profiles_root(out: Path | None) -> Path:
@@ -222,7 +217,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
 
     t_flame = 0.0
     if not no_flamegraphs:
-        from profkit.cli_profile import demo_flamegraphs
+        from profkit.experiments.profile import demo_flamegraphs
 
         err_console.rule("flamegraphs")
         t0 = time.monotonic()

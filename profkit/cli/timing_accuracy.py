@@ -1,27 +1,17 @@
 """CLI: ``profkit timing-accuracy`` — per-node accuracy and cost of the clock-source variants.
 
-A standalone click command that :mod:`profkit.cli` attaches to the main group
-(``_attach_optional``).  Library errors (ProfkitError) become one line on stderr and
+Registered in :data:`profkit.cli.COMMANDS`.  Library errors (ProfkitError) become one line on stderr and
 exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from rich.console import Console
 
-from profkit.cli_common import friendly as _friendly
-
-F = TypeVar("F", bound=Callable[..., Any])
-err_console = Console(stderr=True)
-
-
-
-def _say(msg: str) -> None:
-    err_console.print(f"[cyan]•[/] {msg}", highlight=False)
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import say as _say
 
 
 def _print(res: Any) -> None:

@@ -1,25 +1,19 @@
 """CLI: ``profkit parse perf-script|gprof`` and ``profkit flamegraph``.
 
-Standalone click objects (``parse_group``, ``flamegraph_cmd``) that profkit.cli attaches
-to the main group. They read files from any machine: nothing here needs PostgreSQL.
+They read files from any machine: nothing here needs PostgreSQL.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from profkit.cli_common import Failed as _Failed
-from profkit.cli_common import friendly as _friendly
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
+from profkit.cli.common import Failed as _Failed
+from profkit.cli.common import friendly as _friendly
 
 
 def _source(path: str) -> Any:
