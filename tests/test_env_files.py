@@ -5,7 +5,8 @@ conda's channels are not reachable here, so environment.yml is checked for its
 contents only (MACHINE.md): every requirement of pyproject.toml (runtime and every extra)
 is a conda package of the same name and floor. All of them are on conda-forge —
 gprof2dot (noarch, 2024.6.6 and newer) and py-spy included — as conda-forge's package
-pages showed when this was written, so nothing is left to the pip section but profkit. the Vagrantfile is checked with ``ruby -c`` (no
+pages showed when this was written, so nothing is left to the pip section but profkit.
+The Vagrantfile is checked with ``ruby -c`` (no
 VirtualBox/libvirt here to run ``vagrant validate``) plus what it must say.
 """
 from __future__ import annotations
