@@ -397,6 +397,23 @@ def detached_info(name: str) -> ClusterInfo:
     return ClusterInfo(**json.loads(sf.read_text()))
 
 
+def psql_command(name: str, args: tuple[str, ...] | list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """argv and environment that run the build's own psql on detached cluster *name*."""
+    info = detached_info(name)
+    try:
+        build = Build.from_dir(Path(info.build_dir))
+    except (OSError, ValueError, TypeError) as e:
+        raise ClusterError(f"cluster {name!r}: its build at {info.build_dir} is gone or "
+                           f"unreadable ({e}); rebuild it with `profkit build {info.build}`") from None
+    psql = build.bindir / "psql"
+    if not psql.exists():
+        raise ClusterError(f"cluster {name!r}: no psql in its build ({psql}); rebuild it with "
+                           f"`profkit build {info.build}`")
+    argv = [str(psql), "-h", info.socket_dir, "-p", str(info.port), "-U", DB_USER, "postgres",
+            *args]
+    return argv, build.client_env()
+
+
 def _pid_is_postmaster(pid: int, datadir: str) -> bool:
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
