@@ -258,9 +258,9 @@ def test_cli_perf(monkeypatch, tmp_path, vanilla_build) -> None:
     assert "PostgreSQL" in text and "18." in text  # provenance in the subtitle
     runs = list((tmp_path / "profiles").iterdir())
     assert len(runs) == 1 and (runs[0] / "flamegraph.svg").exists()
-    # bad input through the CLI: a clear one-line error, exit status 2
+    # bad input through the CLI: a clear one-line error, exit status 1
     r = CliRunner().invoke(main, ["perf", "no-such-build"])
-    assert r.exit_code == 2 and "unknown build" in r.output
+    assert r.exit_code == 1 and "unknown build" in r.output
 
 
 def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
