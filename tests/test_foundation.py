@@ -197,7 +197,11 @@ def test_one_file_patch_rebuilds_incrementally(vanilla_build):
     out = run(["nm", b.postgres]).stdout
     assert "profkit_first_calls" in out
     if "ccache" in b.timings:  # fresh build: only the touched file is compiled for real
-        assert b.timings["ccache"]["cache_miss"] <= 5, b.timings
+        # measured: 12 misses = execProcnode.c + the 11 objects that miss in any new build
+        # tree (a patch-free step2-like rebuild shows the same 12); 1,298 hits
+        cc = b.timings["ccache"]
+        assert cc["cache_miss"] <= 15, b.timings
+        assert cc["direct_cache_hit"] + cc["preprocessed_cache_hit"] >= 1200, b.timings
         cold = vanilla_build.timings.get("make_s", 0)
         print(f"one-file patch: make {b.timings['make_s']:.0f} s (vanilla cold/first make "
               f"{cold:.0f} s)")

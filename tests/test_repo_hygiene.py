@@ -60,3 +60,31 @@ def test_children_never_see_make_variables(monkeypatch, tmp_path):
     bg.stop()
     env = _child_env_lines(log.read_text())
     assert not set(MAKE_ENV) & set(env) and env["PATH"]
+
+
+def test_interrupted_command_leaves_no_grandchild(tmp_path):
+    """A timeout (like Ctrl-C) kills the command's whole group, not just its leader:
+    an interrupted `make -j2` must not leave compilers running."""
+    import os
+    import time
+
+    from profkit.errors import CommandFailed
+
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"sleep 60 & echo $! > {pidfile}; wait"
+    t0 = time.monotonic()
+    try:
+        runmod.run(["sh", "-c", script], timeout=1.0)
+    except CommandFailed as e:
+        assert "timed out" in str(e)
+    else:
+        raise AssertionError("the command should have timed out")
+    assert time.monotonic() - t0 < 10
+    pid = int(pidfile.read_text())
+    time.sleep(0.3)
+    try:
+        os.kill(pid, 0)
+        alive = open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except ProcessLookupError:
+        alive = False
+    assert not alive, f"grandchild {pid} survived"
