@@ -11,8 +11,8 @@ from profkit.errors import ProfkitError
 from profkit.progress import err_console, say
 
 F = TypeVar("F", bound=Callable[..., Any])
-__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "Failed", "Failure", "emit_json",
-           "err_console", "friendly", "json_option", "records", "say"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "Failed", "Failure", "StdoutFailed",
+           "emit_json", "err_console", "friendly", "json_option", "records", "say"]
 
 
 #: Exit statuses (README "Exit status"): 0 success; 1 the work failed (a ProfkitError —
@@ -43,21 +43,20 @@ class Failure(click.ClickException):
         click.echo(f"profkit: {self.message}", err=True)
 
 
+class StdoutFailed(OSError):
+    """A write to standard output failed (``> /dev/full``, a closed pipe)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+
+
 def _os_error_message(e: OSError) -> str:
     what = e.strerror or str(e)
+    if isinstance(e, StdoutFailed | BrokenPipeError):
+        return f"cannot write to standard output: {what}"
     if e.filename is not None:
         return f"{e.filename}: {what}"
-    if e.errno is not None and _is_stdout_error():
-        return f"cannot write to standard output: {what}"
     return what
-
-
-def _is_stdout_error() -> bool:
-    try:
-        sys.stdout.flush()
-    except OSError:
-        return True
-    return False
 
 
 def _silence_stdout() -> None:
@@ -140,10 +139,9 @@ def friendly(f: F) -> F:
             click.echo("profkit: interrupted; everything profkit started was stopped", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except OSError as e:
-            message = _os_error_message(e)
-            if message.startswith("cannot write to standard output"):
-                _silence_stdout()
-            raise Failure(message) from None
+            if isinstance(e, StdoutFailed | BrokenPipeError) or e.filename is None:
+                _silence_stdout()  # else the flush at exit fails again, with a traceback
+            raise Failure(_os_error_message(e)) from None
         except Exception as e:
             sql = _sql_error(e)
             if sql is None:

@@ -14,7 +14,7 @@ import click
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
-from profkit.cli.common import json_option, records
+from profkit.cli.common import StdoutFailed, json_option, records
 
 
 def _source(path: str) -> Any:
@@ -106,9 +106,12 @@ def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
 def _emit(text: str, output: str | None) -> None:
     if output:
         Path(output).write_text(text, encoding="utf-8")
-    else:
+        return
+    try:
         sys.stdout.write(text)
         sys.stdout.flush()
+    except OSError as e:
+        raise StdoutFailed(e) from None
 
 
 def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
