@@ -5,6 +5,7 @@ imported by it)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,13 @@ def test_pip_install_outside_the_clone(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
-    cp = subprocess.run([str(py), "-m", "pip", "install", "-q", str(ROOT)], capture_output=True,
+    # from a copy of the source: pip builds in the tree it is given (build/, *.egg-info),
+    # and a stale build/lib in the clone could slip old modules into the wheel
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "profiles", "flamegraphs", ".hypothesis",
+        "*_cache", "__pycache__", "gmon.out"))
+    cp = subprocess.run([str(py), "-m", "pip", "install", "-q", str(src)], capture_output=True,
                         text=True, timeout=1200)
     assert cp.returncode == 0, cp.stderr[-3000:]
     site = Path(subprocess.run([str(py), "-c", "import profkit, os; print(os.path.dirname("
