@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures"
@@ -28,15 +29,18 @@ PROFKIT = str(BIN / "profkit")
 
 
 def run(argv: list[str] | str, *, shell: bool = False, timeout: float = 60,
-        cwd: Path | None = None) -> tuple[int | str, str, float]:
+        cwd: Path | None = None, summarize: Any = None) -> tuple[int | str, str, float]:
     t0 = time.perf_counter()
     try:
         cp = subprocess.run(argv, shell=shell, capture_output=True, text=True, timeout=timeout,
                             cwd=cwd, errors="replace")
     except subprocess.TimeoutExpired:
         return "timeout", "", time.perf_counter() - t0
-    out = (cp.stderr.strip() or cp.stdout.strip()).splitlines()
+    out = ((cp.stdout.strip() if cp.returncode == 0 and cp.stdout.strip() else "")
+           or cp.stderr.strip() or cp.stdout.strip()).splitlines()
     first = out[0] if out else ""
+    if summarize is not None and cp.returncode == 0:
+        first = summarize(cp.stdout)
     if first.startswith("Usage:"):  # a usage error: its "Error: ..." line says what
         first = next((ln for ln in out if ln.startswith("Error:")), first)
     if "Traceback" in cp.stderr:
@@ -84,6 +88,19 @@ def main() -> int:
     folded = (FIX / "perf" / "expected_clockloop.folded").read_text()
     deep = ";".join(f"f{i}" for i in range(20000)) + " 1\n"
     psql = (FIX / "perf_stat" / "sleep.perf-stat.csv")
+    def rows(out: str) -> str:
+        return f"{len(out.splitlines()) - 1} rows: " + ", ".join(
+            ln.split(",")[0] for ln in out.splitlines()[1:8])
+
+    def edges(out: str) -> str:
+        return f"{len(out.splitlines()) - 1} edges"
+
+    summaries = {
+        "gprof: blank line in call graph (cycles: 11 edges)": edges,
+        "gprof: blank line in call graph (real: 5163 edges)": edges,
+        "gprof: blank line in flat profile (6 rows)": rows,
+        "latin-1 symbol names (gprof)": rows,
+    }
     cases: list[tuple[str, list[str] | str, bool]] = [
         ("directory as input", [PROFKIT, "parse", "gprof", str(tmp)], False),
         ("/proc/self/mem as input", [PROFKIT, "parse", "gprof", "/proc/self/mem"], False),
@@ -162,19 +179,25 @@ def main() -> int:
     ]
     if args.pg:
         cases += [
-            ("cluster psql NAME", f"{PROFKIT} cluster start vanilla --name cases-psql >/dev/null"
-             f" && echo 'select 42' | {PROFKIT} cluster psql cases-psql -- -At; "
-             f"rc=$?; {PROFKIT} cluster stop cases-psql >/dev/null; exit $rc", True),
-            ("probe --sql on a missing table",
-             [PROFKIT, "probe", "join_sum", "--scale", "0.01", "--sql",
-              "SELECT count(*) FROM missing_table"], False),
+            ("cluster psql NAME (SELECT version())",
+             f"{PROFKIT} cluster start vanilla --name cases-psql >/dev/null 2>&1"
+             f" && {PROFKIT} cluster psql cases-psql -- -At -c 'select version()'; rc=$?; "
+             f"{PROFKIT} probe --cluster cases-psql --sql 'SELECT count(*) FROM missing_table'"
+             f" > {tmp}/probe.out 2>&1; echo $? > {tmp}/probe.rc; "
+             f"{PROFKIT} cluster stop cases-psql >/dev/null; exit $rc", True),
         ]
     print("| case | exit | first line of output | seconds |")
     print("|---|---|---|---|")
     for name, argv, shell in cases:
-        rc, first, secs = run(argv, shell=shell, cwd=tmp)
+        rc, first, secs = run(argv, shell=shell, cwd=tmp, summarize=summaries.get(name))
         first = first.replace("|", "\\|")[:160]
         print(f"| {name} | {rc} | {first} | {secs:.2f} |", flush=True)
+    if args.pg:  # the probe ran on the psql case's cluster
+        text = (tmp / "probe.out").read_text().strip().splitlines()
+        rc = (tmp / "probe.rc").read_text().strip()
+        first = next((ln for ln in text if ln.startswith("profkit:")), text[-1] if text else "")
+        print(f"| probe --sql on a missing table | {rc} | {first.replace('|', chr(92) + '|')[:160]}"
+              f" | |")
     return 0
 
 
