@@ -48,7 +48,7 @@ INSTALL_HINTS: dict[str, tuple[str, str]] = {
     "apt-get": ("apt", "apt"),
     "dpkg-source": ("dpkg-dev", "dpkg-dev"),
     "chromium": ("chromium", "chromium-browser"),
-    "py-spy": ("(pip) py-spy", "(pip) py-spy"),
+    "py-spy": ("(pip) profkit[pyspy]", "(pip) profkit[pyspy]"),
     "git": ("git", "git"),
     "tar": ("tar", "tar"),
 }
@@ -57,7 +57,8 @@ INSTALL_HINTS: dict[str, tuple[str, str]] = {
 def install_hint(tool: str) -> str:
     deb, ubu = INSTALL_HINTS.get(tool, (tool, tool))
     if deb.startswith("(pip)"):
-        return f"install it with: pip install {deb.split()[-1]} (or run `make venv`)"
+        return (f"install it with: pip install '{deb.split()[-1]}' (or run `make venv` in the "
+                f"clone)")
     return (f"install it with: apt-get install {deb} (Debian) / apt-get install {ubu} (Ubuntu), "
             f"or run scripts/setup-system.sh")
 
