@@ -1,4 +1,4 @@
 """``python -m profkit``: the command line."""
 from profkit.cli import main
 
-main()
+main(prog_name="profkit")

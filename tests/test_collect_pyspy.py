@@ -148,7 +148,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
         pyspy.record_command([sys.executable, "-c", "pass"], rate=0, base=tmp_path)
     from profkit.errors import ToolNotFound
 
-    with pytest.raises(ToolNotFound, match="pip install py-spy"):
+    with pytest.raises(ToolNotFound, match=r"pip install .profkit\[pyspy\]."):
         pyspy.pyspy_path("/nonexistent/py-spy")
 
 

@@ -343,8 +343,8 @@ class Browser:
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory):
     if not os.path.exists(CHROMIUM):
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("websocket", reason="pip install websocket-client")
+        pytest.fail("chromium is not installed: run scripts/setup-system.sh")
+    import websocket  # noqa: F401  (dev extra: websocket-client)
     b = Browser(tmp_path_factory.mktemp("chromium-profile"))
     try:
         yield b

@@ -2,9 +2,10 @@
 
 Each command group lives in its own small module here; this file imports every one of
 them plainly, so a module that fails to import fails ``profkit`` loudly (there is no
-"optional" command). Library errors become one-line messages and exit code 2 (see
-:mod:`profkit.cli.common`). Commands hold no library code: they parse arguments, call
-an experiment / collector / parser, and print.
+"optional" command). Library errors become one-line messages and exit status 1, usage
+errors exit 2 (see :mod:`profkit.cli.common` and the README's "Exit status"). Commands
+hold no library code: they parse arguments, call an experiment / collector / parser,
+and print.
 """
 from __future__ import annotations
 
@@ -12,11 +13,18 @@ import logging
 
 import click
 
+from profkit import __version__
 
-@click.group()
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="profkit",
+                      message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command.")
 def main(verbose: bool) -> None:
-    """profkit: profile PostgreSQL's executor instrumentation (EXPLAIN ANALYZE overhead)."""
+    """profkit: profile PostgreSQL's executor instrumentation (EXPLAIN ANALYZE overhead).
+
+    Exit status: 0 success, 1 the work failed (the message says why and what to do),
+    2 usage error, 130 interrupted. Shell completion: see the README."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
 

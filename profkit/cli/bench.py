@@ -15,7 +15,7 @@ from rich.console import Console
 
 from profkit.errors import ProfkitError
 from profkit.cli.common import friendly as _friendly
-from profkit.cli.common import err_console
+from profkit.cli.common import emit_json, err_console, json_option
 from profkit.cli.common import say as _say
 
 
@@ -100,10 +100,12 @@ def _mode_list(modes: str) -> list[str]:
 @click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]), default=None,
               help="Time the report's overheads use (default: cpu_ms, the backend's on-CPU "
                    "time, where recorded; else server_ms).")
+@json_option
 @_friendly
 def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
-              instr_scale: float | None, order_seed: int | None, metric: str | None) -> None:
+              instr_scale: float | None, order_seed: int | None, metric: str | None,
+              as_json: bool) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
@@ -121,20 +123,31 @@ def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, 
         raise
     files = write_report(res, metric=metric)
     _warn_instructions(res.provenance)
+    if as_json:
+        emit_json({"run_dir": str(res.out_dir), "run_id": res.run_id,
+                   "report": str(files.report_md), "summary_csv": str(files.summary_csv),
+                   "summary": files.summary,
+                   "comparisons": files.comparisons if files.comparisons is not None else []})
+        return
     _print_results(files)
     out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
 
 
 @click.command("reproduce")
-@click.option("--builds", default=REPRO_BUILDS, show_default=True)
-@click.option("--scale", type=float, default=REPRO_SCALE, show_default=True)
-@click.option("--reps", type=int, default=REPRO_REPS, show_default=True)
-@click.option("--warmup", type=int, default=1, show_default=True)
+@click.option("--builds", default=REPRO_BUILDS, show_default=True,
+              help="Comma-separated builds (presets), built when missing.")
+@click.option("--scale", type=float, default=REPRO_SCALE, show_default=True,
+              help="nested_loop scale factor.")
+@click.option("--reps", type=int, default=REPRO_REPS, show_default=True,
+              help="Interleaved repetitions per build and mode.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Unrecorded executions before the measured ones.")
 @click.option("--instr-scale", type=float, default=REPRO_INSTR_SCALE, show_default=True,
               help="Scale at which callgrind counts one execution per build and mode.")
 @click.option("--no-callgrind", is_flag=True, help="Skip the instruction counts.")
 @click.option("--no-flamegraphs", is_flag=True, help="Skip the flamegraph demo at the end.")
-@click.option("--seed", "order_seed", type=int, default=None)
+@click.option("--seed", "order_seed", type=int, default=None,
+              help="Order seed (default: random, recorded).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Profiles folder (default: ./profiles).")
 @_friendly

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -16,10 +17,13 @@ def cluster() -> None:
 @cluster.command("start")
 @click.argument("build_name")
 @click.option("--name", default=None, help="Cluster name (default: the build's name).")
-@click.option("--port", type=int, default=None)
+@click.option("--port", type=int, default=None,
+              help="Port number (default: a free one); with a private socket directory.")
 @click.option("--tcp", is_flag=True, help="Also listen on 127.0.0.1.")
 @friendly
 def cluster_start(build_name: str, name: str | None, port: int | None, tcp: bool) -> None:
+    """Start a throwaway cluster of BUILD_NAME (built if needed) that outlives this
+    command; its socket and port are printed. Stop it with `profkit cluster stop`."""
     from profkit.pg.build import get_build
     from profkit.pg.cluster import start_detached
 
@@ -34,6 +38,7 @@ def cluster_start(build_name: str, name: str | None, port: int | None, tcp: bool
 @click.option("--keep", is_flag=True, help="Keep the data directory.")
 @friendly
 def cluster_stop(name: str, keep: bool) -> None:
+    """Stop cluster NAME (started with `profkit cluster start`) and remove its data."""
     from profkit.pg.cluster import stop_detached
 
     stop_detached(name, remove=not keep)
@@ -45,19 +50,20 @@ def cluster_stop(name: str, keep: bool) -> None:
 @click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
 @friendly
 def cluster_psql(name: str, psql_args: tuple[str, ...]) -> None:
-    from profkit.pg.cluster import DB_USER, detached_info
+    """Open the build's own psql on cluster NAME; PSQL_ARGS go to psql (after `--`)."""
+    from profkit.pg.cluster import psql_command
 
-    info = detached_info(name)
-    psql = os.path.join(info.build_dir, "install", "bin", "psql")
-    os.execv(psql, [psql, "-h", info.socket_dir, "-p", str(info.port), "-U", DB_USER,
-                    "postgres", *psql_args])
+    argv, env = psql_command(name, psql_args)
+    sys.stdout.flush()
+    os.execve(argv[0], argv, env)
 
 
 @click.command("load")
 @click.argument("workload")
 @click.option("--cluster", "cluster_name", required=True, help="A cluster started with "
               "`profkit cluster start`.")
-@click.option("--scale", type=float, default=1.0, show_default=True)
+@click.option("--scale", type=float, default=1.0, show_default=True,
+              help="Workload scale factor (table sizes; see the workload's description).")
 @friendly
 def load(workload: str, cluster_name: str, scale: float) -> None:
     """Load a seed workload (nested_loop, join_sum, count_star) into a running cluster."""

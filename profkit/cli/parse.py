@@ -14,6 +14,7 @@ import click
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import StdoutFailed, json_option, records
 
 
 def _source(path: str) -> Any:
@@ -69,24 +70,48 @@ def perf_script_cmd(file: str, vdso: str | None, event: str | None, period: bool
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--call-graph", is_flag=True,
               help="Print the call graph's edges (caller,callee,calls) instead.")
-@click.option("--no-strict", is_flag=True, help="Accept a report trimmed by hand.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None)
+@click.option("--no-strict", is_flag=True,
+              help="Accept a report trimmed by hand or `gprof -b -p` output (a flat profile "
+                   "that ends at its last row).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
+@json_option
 @_friendly
-def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None) -> None:
+def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
+              as_json: bool) -> None:
     """Print gprof's flat profile as CSV (name,calls,self_seconds,cumulative_seconds,
-    percent_time; calls empty where gprof shows none), or with --call-graph its edges."""
+    percent_time; calls empty where gprof shows none), or with --call-graph its edges.
+    FILE may be `-` (stdin) or gzip-compressed."""
+    import pandas as pd
+
     from profkit.parse.gprof import parse_gprof
 
     prof = parse_gprof(_source(file), strict=not no_strict)
-    _emit(prof.edges_csv() if call_graph else prof.flat_csv(), output)
+    text = prof.edges_csv() if call_graph else prof.flat_csv()
+    if as_json:
+        # the same columns as the CSV, with integer calls (null where gprof shows none)
+        if call_graph:
+            df = prof.call_edges[["caller", "callee", "calls"]]
+        else:
+            flat = prof.functions[prof.functions["in_flat"]]
+            df = pd.DataFrame({"name": flat["function"], "calls": flat["calls"],
+                               "self_seconds": flat["self_seconds"],
+                               "cumulative_seconds": flat["cumulative_seconds"],
+                               "percent_time": flat["percent_time"]})
+        doc = {"file": file, "call_edges" if call_graph else "flat_profile": records(df)}
+        text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    _emit(text, output)
 
 
 def _emit(text: str, output: str | None) -> None:
     if output:
         Path(output).write_text(text, encoding="utf-8")
-    else:
+        return
+    try:
         sys.stdout.write(text)
         sys.stdout.flush()
+    except OSError as e:
+        raise StdoutFailed(e) from None
 
 
 def _meta(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -27,15 +27,19 @@ def _fmt_table(df: pd.DataFrame) -> str:
 
 @click.command("perf")
 @click.argument("build")
-@click.option("--workload", default="nested_loop", show_default=True)
-@click.option("--scale", type=float, default=0.05, show_default=True)
-@click.option("--mode", type=click.Choice(MODES), default="analyze_timing", show_default=True)
+@click.option("--workload", default="nested_loop", show_default=True,
+              help="Seed workload (nested_loop, join_sum, count_star).")
+@click.option("--scale", type=float, default=0.05, show_default=True,
+              help="Workload scale factor.")
+@click.option("--mode", type=click.Choice(MODES), default="analyze_timing", show_default=True,
+              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
 @click.option("--freq", type=int, default=999, show_default=True, help="Samples per second.")
 @click.option("--dwarf", is_flag=True, help="--call-graph dwarf instead of frame pointers.")
 @click.option("--reps", type=int, default=1, show_default=True,
               help="Run the query this many times while recording.")
 @click.option("--no-stat", is_flag=True, help="Skip perf stat.")
-@click.option("--top", "top_n", type=int, default=10, show_default=True)
+@click.option("--top", "top_n", type=int, default=10, show_default=True,
+              help="Functions printed (by self share).")
 @click.option("--out", default=None, help="Flamegraph directory (default: flamegraphs/).")
 @_friendly
 def perf_cmd(build: str, workload: str, scale: float, mode: str, freq: int, dwarf: bool,
@@ -70,12 +74,17 @@ def perf_cmd(build: str, workload: str, scale: float, mode: str, freq: int, dwar
 
 @click.command("gprof")
 @click.argument("build")
-@click.option("--workload", default="nested_loop", show_default=True)
-@click.option("--scale", type=float, default=0.05, show_default=True)
+@click.option("--workload", default="nested_loop", show_default=True,
+              help="Seed workload (nested_loop, join_sum, count_star).")
+@click.option("--scale", type=float, default=0.05, show_default=True,
+              help="Workload scale factor.")
 @click.option("--mode", type=click.Choice(MODES), default="analyze_notiming",
-              show_default=True)
-@click.option("--reps", type=int, default=1, show_default=True)
-@click.option("--top", "top_n", type=int, default=15, show_default=True)
+              show_default=True,
+              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
+@click.option("--reps", type=int, default=1, show_default=True,
+              help="Executions of the query in the profiled backend.")
+@click.option("--top", "top_n", type=int, default=15, show_default=True,
+              help="Functions printed (by self time).")
 @_friendly
 def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
               top_n: int) -> None:
@@ -104,12 +113,14 @@ def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
 @click.option("--pid", type=int, default=None, help="Python process to sample.")
 @click.option("--duration", type=float, default=10.0, show_default=True,
               help="Seconds to sample a --pid.")
-@click.option("--rate", type=int, default=100, show_default=True)
+@click.option("--rate", type=int, default=100, show_default=True,
+              help="Samples per second.")
 @click.option("--native", is_flag=True, help="Include C frames (--native).")
 @click.option("--idle", is_flag=True, help="Keep idle samples.")
 @click.option("--label", default=None, help="Name of the run and flamegraph.")
 @click.option("--out", default=None, help="Flamegraph directory (default: flamegraphs/).")
-@click.option("--top", "top_n", type=int, default=10, show_default=True)
+@click.option("--top", "top_n", type=int, default=10, show_default=True,
+              help="Functions printed (by self share).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_friendly
 def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: bool,

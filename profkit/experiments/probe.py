@@ -62,9 +62,34 @@ def select_sql(workload: str | None, sql: str | None) -> tuple[str, str]:
     return workload, get_workload(workload).select_sql
 
 
+def _sql_failed(e: Exception, sql: str) -> ProbeError:
+    diag = getattr(e, "diag", None)
+    primary = getattr(diag, "message_primary", None) or str(e).strip().splitlines()[0]
+    short = " ".join(sql.split())
+    short = short if len(short) <= 100 else short[:97] + "..."
+    return ProbeError(f"the query failed: {primary} (SQL: {short}); check it with "
+                      f"`profkit cluster psql NAME`")
+
+
+def check_query(conn: Any, select_sql: str) -> None:
+    """Plan *select_sql* (EXPLAIN, not run) so a typo or a missing table is one clear
+    error before anything is probed or written."""
+    import psycopg
+
+    try:
+        conn.execute("EXPLAIN " + select_sql).fetchall()
+    except psycopg.Error as e:
+        raise _sql_failed(e, select_sql) from None
+
+
 def _baseline(conn: Any, select_sql: str) -> tuple[Any, float]:
     """EXPLAIN (ANALYZE, TIMING OFF) once: rows and loops for predictions, time for the guard."""
-    plan = conn.execute(EXPLAIN["analyze_notiming"] + select_sql).fetchone()[0]
+    import psycopg
+
+    try:
+        plan = conn.execute(EXPLAIN["analyze_notiming"] + select_sql).fetchone()[0]
+    except psycopg.Error as e:
+        raise _sql_failed(e, select_sql) from None
     return plan, float(plan[0].get("Execution Time") or 0.0)
 
 

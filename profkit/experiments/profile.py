@@ -155,12 +155,12 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
     from profkit.collect.perf import fold_run, perf_path, record_query, run_query
     from profkit.pg.build import Build, get_build
     from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
 
+    wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
     perf_path(perf)
     b = build if isinstance(build, Build) else get_build(build, progress=say)
-    wl = get_workload(workload)
     sql = wl.query(mode)
     qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
     with Cluster(b, name=f"perf-{b.name}") as cl, cl.connect() as conn:
@@ -234,13 +234,13 @@ def gprof_profile_with_prediction(
     from profkit.pg.build import Build as _Build
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
 
+    wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
     gprof_path()
     b = build if isinstance(build, _Build) else get_build(profiling_build_name(build),
                                                           progress=say)
-    wl = get_workload(workload)
     sql = wl.query(mode)
     qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
     pred = None

@@ -11,13 +11,13 @@ beyond reading the given file.
 """
 from __future__ import annotations
 
-import gzip
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 from profkit.errors import ParseError
+from profkit.parse._io import open_text
 from profkit.parse.folded import (
     INSTRUMENTATION_FUNCTIONS,
     diff_folded,
@@ -48,12 +48,18 @@ _FOLDED_LINE = re.compile(rb"^\S.*\s\d+(?:\.\d+)?\s*$")
 def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf-script"]:
     """``"perf-script"`` or ``"folded"``, from the first non-blank lines of *path*."""
     p = Path(path)
-    opener: Any = gzip.open if p.suffix == ".gz" else open
+    head: list[bytes] = []
+    # through the shared reader: a directory, a broken .gz or an endless line (/dev/zero)
+    # is one ParseError, not an OSError, EOFError or unbounded memory
+    lines = open_text(p)
     try:
-        with opener(p, "rb") as f:
-            head = [ln for ln in (f.readline() for _ in range(50)) if ln.strip()][:10]
-    except OSError as e:
-        raise ParseError(f"cannot read {p}: {e.strerror}") from None
+        for lineno, line in lines:
+            if line.strip():
+                head.append(line.encode("utf-8", "replace"))
+            if len(head) >= 10 or lineno >= 50:
+                break
+    finally:
+        lines.close()
     if not head:
         return "folded"  # empty: either parser gives an empty profile
     if head[0].startswith(b"PERFILE"):

@@ -17,7 +17,8 @@ ANALYZE; random data is seeded so every build sees the same tables.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -96,12 +97,39 @@ class Workload:
 
 
 def check_scale(scale: float) -> None:
+    """A scale is a finite number > 0 (NaN and infinity are refused too)."""
     try:
-        ok = float(scale) > 0
+        ok = math.isfinite(float(scale)) and float(scale) > 0
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise WorkloadError(f"scale must be a number > 0, got {scale!r}")
+        raise WorkloadError(f"scale must be a number > 0 and finite, got {scale!r}")
+
+
+def check_count(value: int, name: str = "reps", minimum: int = 1) -> None:
+    """A repetition count (or any count option) is an integer >= *minimum*."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise WorkloadError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_args(workload: str | None = None, *, scale: float | None = None,
+               reps: int | None = None, mode: str | None = None,
+               modes: Sequence[str] = ()) -> Workload | None:
+    """Validate a run's arguments before anything expensive (a build, a download).
+
+    Every front door (CLI, magics, library entry points) calls this first, so a bad
+    workload, scale, repetition count or mode fails in milliseconds, not after a
+    PostgreSQL build.  Returns the workload when one is named.
+    """
+    wl = get_workload(workload) if workload is not None else None
+    if scale is not None:
+        check_scale(scale)
+    if reps is not None:
+        check_count(reps)
+    for m in ([mode] if mode is not None else []) + list(modes):
+        if m not in EXPLAIN_PREFIX:
+            raise WorkloadError(f"unknown mode {m!r}; known: {', '.join(EXPLAIN_PREFIX)}")
+    return wl
 
 
 def _nested_loop_sizes(s: float) -> dict[str, int]:
