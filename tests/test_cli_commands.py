@@ -318,7 +318,7 @@ def test_observers(tmp_path: Path) -> None:
 def test_correction(tmp_path: Path) -> None:
     cp = profkit("correction", "--workload", f"join_sum={SCALE}", "--reps", "2", "--top", "1",
                  "--out", str(tmp_path))
-    assert "join_sum" in cp.stdout and list(tmp_path.glob("correction-*"))
+    assert "join_sum" in cp.stdout and list(tmp_path.glob("*-correction-vanilla"))
     assert "reps must be >= 2" in message(
         profkit("correction", "--workload", f"join_sum={SCALE}", "--reps", "1", "--out",
                 str(tmp_path), code=1))

@@ -274,13 +274,15 @@ def first_value(rows: Sequence[tuple[Any, ...]]) -> Any:
 # --------------------------------------------------------------------------- order
 
 def interleave(items: Sequence[Any], reps: int, seed: int | str,
+               include: Callable[[int, Any], bool] | None = None,
                ) -> Iterator[tuple[int, int, Any]]:
     """(rep, slot, item) for *reps* repetitions of every item, each repetition's order
     shuffled by a generator seeded with *seed*: slow drift of a shared machine falls on
-    every item alike instead of on whichever ran last."""
+    every item alike instead of on whichever ran last. *include(rep, item)*: whether the
+    item runs in that repetition (expensive observers run fewer times)."""
     rng = random.Random(seed)
     for rep in range(1, reps + 1):
-        seq = list(items)
+        seq = [it for it in items if include is None or include(rep, it)]
         rng.shuffle(seq)
         for slot, item in enumerate(seq):
             yield rep, slot, item

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -358,24 +357,21 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
                 harness.timed_execute(conn, r.sql(mode), pid=r.pid)
         predicted = r.estimate(force, max_probe_s * 1000)
         rd.update(predicted=predicted)
-        rng = random.Random(seed)
         live = [s for s in specs if s[0] != "callgrind"]
 
         def reps_for(method: str, variant: str, mode: str) -> int:
             est = r.guard.get((method, variant, mode), (None, 0.0))[1]
             return expensive_reps if est > expensive_ms else reps
 
-        for rep in range(1, reps + 1):
-            for mode in modes:
-                todo = [s for s in live if rep <= reps_for(*s, mode)]
-                rng.shuffle(todo)
-                for method, variant in todo:
-                    base_row = r.execute(mode, rep, A.UNOBSERVED, "", None, None)
-                    row = r.execute(mode, rep, method, variant,
-                                    r.observer(method, variant, mode, rep), base_row["order"])
-                    r.say(f"rep {rep} {mode}: unobserved {base_row['client_ms']:.1f} ms, "
-                          f"{method} {variant} {row['client_ms']:.1f} ms "
-                          f"(hits {row['hits']})")
+        # every observed execution follows an unobserved one of the same query
+        cells = [(mode, spec) for mode in modes for spec in live]
+        for rep, _slot, (mode, (method, variant)) in harness.interleave(
+                cells, reps, seed, include=lambda rep, c: rep <= reps_for(*c[1], c[0])):
+            base_row = r.execute(mode, rep, A.UNOBSERVED, "", None, None)
+            row = r.execute(mode, rep, method, variant,
+                            r.observer(method, variant, mode, rep), base_row["order"])
+            r.say(f"rep {rep} {mode}: unobserved {base_row['client_ms']:.1f} ms, "
+                  f"{method} {variant} {row['client_ms']:.1f} ms (hits {row['hits']})")
         if ("callgrind", "single execution") in specs:
             r.say("callgrind (the postmaster is stopped meanwhile)")
             conn.close()
