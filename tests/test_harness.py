@@ -1,0 +1,97 @@
+"""The experiment engine: one timed execution, the seeded interleaving, server logs."""
+from __future__ import annotations
+
+import ast
+import contextlib
+import math
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import profkit
+from profkit.experiments import harness
+
+
+def test_interleave_is_seeded_complete_and_filtered():
+    items = ["a", "b", "c", "d"]
+    one = list(harness.interleave(items, 3, seed=5))
+    assert one == list(harness.interleave(items, 3, seed=5))
+    assert one != list(harness.interleave(items, 3, seed=6))
+    for rep in (1, 2, 3):
+        got = [it for r, _s, it in one if r == rep]
+        assert sorted(got) == items
+        assert [s for r, s, _ in one if r == rep] == [0, 1, 2, 3]
+    orders = {tuple(it for r, _s, it in one if r == rep) for rep in (1, 2, 3)}
+    assert len(orders) > 1, "each repetition is shuffled anew"
+    few = list(harness.interleave(items, 3, seed=5, include=lambda rep, it: it != "d" or rep == 1))
+    assert Counter(it for _r, _s, it in few) == {"a": 3, "b": 3, "c": 3, "d": 1}
+
+
+def test_experiments_time_only_through_the_harness():
+    """perf_counter and schedstat appear in experiments/ only inside harness.py: a
+    repetition is timed in exactly one function (timed_execute)."""
+    exp = Path(profkit.__file__).parent / "experiments"
+    users = {}
+    for p in exp.glob("*.py"):
+        names = {n.attr if isinstance(n, ast.Attribute) else n.id
+                 for n in ast.walk(ast.parse(p.read_text()))
+                 if isinstance(n, (ast.Attribute, ast.Name))}
+        hits = names & {"perf_counter", "perf_counter_ns", "schedstat"}
+        if hits:
+            users[p.name] = sorted(hits)
+    assert users == {"harness.py": ["perf_counter_ns", "schedstat"]}
+    tree = ast.parse((exp / "harness.py").read_text())
+    timing_fns = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                  and any(isinstance(n, ast.Attribute) and n.attr == "perf_counter_ns"
+                          for n in ast.walk(f))]
+    assert timing_fns == ["timed_execute", "go"]  # go is timed_execute's inner execution
+
+
+@pytest.mark.pg
+def test_timed_execute_pgss_stamps_and_observer(pg_cluster, tmp_path):
+    conn, pid = harness.connect(pg_cluster)
+    try:
+        pgss = harness.Pgss(conn)
+        sql = "SELECT count(*) FROM generate_series(1, 200000) g"
+        first = harness.timed_execute(conn, sql, pid=pid, pgss=pgss, key="q")
+        assert harness.first_value(first.rows) == 200000
+        assert first.pgss_calls == 1 and math.isnan(first.server_ms)  # found, not a delta
+        assert "q" in pgss.qids
+        again = harness.timed_execute(conn, sql, pid=pid, pgss=pgss, key="q")
+        assert again.pgss_calls == 1
+        assert 0 < again.server_ms <= again.client_ms
+        assert 0 < again.cpu_ms <= again.client_ms + 1.0
+        assert again.runq_ms >= 0 and again.t_start > 0
+        st = harness.timed_execute(conn, sql, pid=pid, stamps=True)
+        assert harness.first_value(st.rows) == 200000
+        assert 0 < st.server_ms <= st.client_ms and st.pgss_calls is None
+        seen = []
+
+        def observe(go):
+            seen.append("before")
+            rows = go()
+            seen.append("after")
+            return ("observed", len(rows))
+
+        ob = harness.timed_execute(conn, sql, pid=pid, observe=observe)
+        assert seen == ["before", "after"] and ob.observed == ("observed", 1)
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            harness.timed_execute(conn, "SELECT * FROM no_such_table", pid=pid)
+        assert harness.failure_detail(pg_cluster, conn, wait_s=0.1) == (False, "")
+    finally:
+        harness.close(conn)
+
+
+@pytest.mark.pg
+def test_clusters_keep_the_server_log(vanilla_build, tmp_path):
+    with contextlib.ExitStack() as stack:
+        clusters = harness.Clusters(stack, tmp_path / "logs")
+        cl = clusters.start(vanilla_build, "harness-log-test", {"work_mem": "8MB"},
+                            log_name="v")
+        conn, _pid = harness.connect(cl, pgss=False)
+        assert conn.execute("SHOW work_mem").fetchone()[0] == "8MB"
+        harness.close(conn)
+    log = tmp_path / "logs" / "postgres-v.log"
+    assert log.exists() and "database system is ready" in log.read_text()
