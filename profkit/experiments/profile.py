@@ -13,13 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import ProfkitError
+from profkit.progress import say as _say
 from profkit.rundir import load_run
-
-
-def _say(msg: str) -> None:
-    from profkit.progress import say
-
-    say(msg)
 
 
 def flamegraph_dir(out: str | Path | None = None) -> Path:
