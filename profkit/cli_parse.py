@@ -34,24 +34,36 @@ def parse_group() -> None:
 
 @parse_group.command("perf-script")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--pid", is_flag=True, help="Include PID with process names (COMM-PID).")
+@click.option("--tid", is_flag=True, help="Include TID and PID with process names.")
+@click.option("--kernel", is_flag=True, help="Annotate kernel functions with a _[k].")
+@click.option("--jit", is_flag=True, help="Annotate jit functions with a _[j].")
+@click.option("--all", "all_", is_flag=True, help="All annotations (--kernel --jit).")
+@click.option("--addrs", is_flag=True, help="Include raw addresses where symbols can't be found.")
+@click.option("--event-filter", default=None, metavar="EVENT",
+              help="Count this event's samples (default: the first event seen).")
+@click.option("--inline", is_flag=True,
+              help="Un-inline using addr2line (one addr2line per module; slow on big profiles, "
+                   "needs the recorded binaries).")
+@click.option("--context", is_flag=True, help="Add source context to --inline.")
+@click.option("--samples", is_flag=True,
+              help="profkit: count 1 per sample instead of its period.")
 @click.option("--vdso", "vdso", default=None, metavar="IMAGE|self",
-              help="vDSO image to name '[unknown] ([vdso])' frames; 'self' = this kernel's.")
-@click.option("--event", default=None, help="Count only samples of this event (cpu-clock).")
-@click.option("--period", is_flag=True, help="Weight samples by their period, not 1.")
-@click.option("--include-pid", is_flag=True, help="Root frame COMM-PID.")
-@click.option("--include-tid", is_flag=True, help="Root frame COMM-PID/TID (with --include-pid).")
+              help="profkit: vDSO image to name '[unknown] ([vdso])' frames; 'self' = this "
+                   "kernel's.")
+@click.option("--strict", is_flag=True,
+              help="profkit: refuse truncated or garbled input (the Perl script skips it).")
 @click.option("--functions", "functions", is_flag=True,
-              help="Print the functions table (self/total samples) as CSV instead.")
-@click.option("--no-strict", is_flag=True,
-              help="Drop an incomplete last sample instead of failing on truncated input.")
+              help="Print the functions table (self/total) as CSV instead.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write here instead of stdout.")
 @_friendly
-def perf_script_cmd(file: str, vdso: str | None, event: str | None, period: bool,
-                    include_pid: bool, include_tid: bool, functions: bool, no_strict: bool,
+def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, all_: bool,
+                    addrs: bool, event_filter: str | None, inline: bool, context: bool,
+                    samples: bool, vdso: str | None, strict: bool, functions: bool,
                     output: str | None) -> None:
-    """Fold `perf script` text into stackcollapse-perf.pl's format: the process name as
-    root frame, `frame;frame;leaf count`, one line per distinct stack. FILE may be `-`."""
+    """Fold `perf script` text exactly as FlameGraph's stackcollapse-perf.pl does (same
+    options, same output); the profkit options change that on request. FILE may be `-`."""
     from profkit.parse.perf_script import VdsoSymbols, fold_perf_script
 
     vsyms = None
@@ -59,16 +71,30 @@ def perf_script_cmd(file: str, vdso: str | None, event: str | None, period: bool
         vsyms = VdsoSymbols.from_running_kernel()
     elif vdso:
         vsyms = VdsoSymbols.from_image(vdso)
-    fold = fold_perf_script(_source(file), vdso=vsyms, event=event,
-                            weight="period" if period else "samples",
-                            include_pid=include_pid, include_tid=include_tid,
-                            strict=not no_strict)
+    fold = fold_perf_script(_source(file), pid=pid, tid=tid, kernel=kernel, jit=jit, all=all_,
+                            addrs=addrs, event_filter=event_filter, inline=inline,
+                            context=context, weight="samples" if samples else "period",
+                            vdso=vsyms, strict=strict,
+                            warn=lambda m: click.echo(m, err=True))
     if functions:
         df = fold.functions_df()
-        text = df.drop(columns=["run_id", "build"]).to_csv(index=False, lineterminator="\n")
+        data = df.drop(columns=["run_id", "build"]).to_csv(index=False, lineterminator="\n")
+        _emit(data, output)
     else:
-        text = fold.folded_text()
-    _emit(text, output)
+        _emit_bytes(fold.folded_bytes(), output)
+
+
+def _emit_bytes(data: bytes, output: str | None) -> None:
+    if output:
+        Path(output).write_bytes(data)
+    else:
+        sys.stdout.flush()
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:  # a text-only stream (tests): names of non-UTF-8 bytes escaped
+            sys.stdout.write(data.decode("utf-8", "surrogateescape"))
+        else:
+            out.write(data)
+            out.flush()
 
 
 @parse_group.command("gprof")

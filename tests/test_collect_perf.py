@@ -128,8 +128,11 @@ def test_vdso_named_without_perfs_cache(query3, tmp_path) -> None:
     out = subprocess.run(["perf", "--buildid-dir", str(empty), "script", "-i", rec.perf_data],
                          capture_output=True, check=True).stdout
     assert b"[unknown] ([vdso])" in out
-    bare = fold_perf_script(iter(out.splitlines(keepends=True)))
-    named = fold_perf_script(iter(out.splitlines(keepends=True)), vdso=rec.vdso_image)
+    # profkit's reading (the collector's): vDSO frames named, 1 per sample
+    bare = fold_perf_script(iter(out.splitlines(keepends=True)), vdso_names=True,
+                            weight="samples")
+    named = fold_perf_script(iter(out.splitlines(keepends=True)), vdso=rec.vdso_image,
+                             weight="samples")
     assert "[vdso]" in {s.rsplit(";", 1)[-1] for s in bare.counts}
     leaves = {s.rsplit(";", 1)[-1] for s in named.counts}
     assert VDSO_CLOCK in leaves and "[vdso]" not in leaves

@@ -30,6 +30,7 @@ from profkit.render.flamegraph import (
 )
 
 PERF = Path(__file__).parent / "fixtures" / "perf"
+PK: dict = {"weight": "samples", "vdso_names": True}   # profkit's reading: 1 per sample
 ARTIFACTS = Path(__file__).parent / "artifacts"
 SVGNS = "{http://www.w3.org/2000/svg}"
 
@@ -217,7 +218,7 @@ def test_min_width_prunes_tiny_frames() -> None:
 
 
 def test_iframe_and_notebook_repr() -> None:
-    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
+    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz", **PK)
     fg = FlameGraph(fold, title="Query-3")
     html_snippet = fg._repr_html_()
     assert html_snippet.startswith('<iframe srcdoc="&lt;!DOCTYPE html&gt;')
@@ -226,12 +227,12 @@ def test_iframe_and_notebook_repr() -> None:
     assert to_iframe_html(fg.svg) == html_snippet
     r = repr(fg)
     assert r.startswith("<flamegraph 'Query-3': 608 samples") and "__vdso_clock_gettime 71.9%" in r
-    d = FlameGraph(fold, diff_against=fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz"))
+    d = FlameGraph(fold, diff_against=fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz", **PK))
     assert repr(d).startswith("<differential flamegraph")
 
 
 def test_render_from_stacks_dataframe_and_path(tmp_path: Path) -> None:
-    fold = fold_perf_script(PERF / "clockloop.perf-script.txt")
+    fold = fold_perf_script(PERF / "clockloop.perf-script.txt", **PK)
     a = _frames(render(fold.stacks_df(), id_prefix="fgx"))
     b = _frames(render(PERF / "expected_clockloop.folded", id_prefix="fgx"))
     assert a == b
@@ -361,7 +362,7 @@ def _center(b: Browser, elem_js: str) -> tuple[float, float]:
 
 @pytest.mark.browser
 def test_zoom_search_in_chromium(browser: Browser) -> None:
-    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
+    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz", **PK)
     prov = {"build": "warmup (PostgreSQL 18.6, -O2 -fno-omit-frame-pointer)",
             "query": "Query-3 (EXPLAIN ANALYZE, TIMING on), scale 0.05",
             "tool": "perf record -F 999 -g", "samples": fold.samples}
@@ -425,8 +426,8 @@ def test_zoom_search_in_chromium(browser: Browser) -> None:
 
 @pytest.mark.browser
 def test_two_graphs_in_one_page_do_not_interfere(browser: Browser) -> None:
-    q3 = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
-    q2 = fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz")
+    q3 = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz", **PK)
+    q2 = fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz", **PK)
     a = render(q3, title="Query-3")
     b = render(q2, title="Query-3 → Query-2 (differential)", diff_against=q3)
     pa = re.search(r'data-profkit-flamegraph="([^"]+)"', a)[1]
