@@ -382,3 +382,41 @@ def test_mutated_folded_files_read_or_raise_parseerror(which: int, muts: list[tu
     finally:
         assert time.perf_counter() - t < 1.0 + len(data) * 20e-6
     assert all(v >= 0 for v in counts.values())
+
+
+# ---------------------------------------------------------------- --inline (addr2line)
+
+INLINE_C = r"""
+#include <stdio.h>
+static inline __attribute__((always_inline)) double leaf(double x)
+{ for (int i = 0; i < 200; i++) x = x * 1.0000001 + 0.5; return x; }
+static inline __attribute__((always_inline)) double mid(double x)
+{ return leaf(x) + leaf(x * 2); }
+__attribute__((noinline)) double outer(double x) { return mid(x) * 0.5; }
+int main(void) { double s = 0; for (long i = 0; i < 1500000; i++) s += outer(i);
+  printf("%f\n", s); return 0; }
+"""
+
+
+def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
+    """A program with inlined functions, compiled with -g and recorded by perf here:
+    --inline (and --context) un-inline through addr2line exactly as the Perl script."""
+    _need_oracle()
+    for tool in ("gcc", "perf", "addr2line"):
+        assert shutil.which(tool), f"{tool} is installed by scripts/setup-system.sh"
+    src, exe, data = tmp_path / "inl.c", tmp_path / "inl", tmp_path / "inl.data"
+    src.write_text(INLINE_C)
+    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(src)],
+                   check=True)
+    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), str(exe)],
+                   check=True, capture_output=True, timeout=120)
+    text = subprocess.run(["perf", "script", "-i", str(data)], check=True,
+                          capture_output=True, timeout=120).stdout
+    txt = tmp_path / "inl.txt"
+    txt.write_bytes(text)
+    ours = fold_perf_script(txt, inline=True).folded_bytes()
+    assert ours == _perl(text, "--inline")
+    assert b";outer;mid;leaf " in ours                  # the inlined frames appear
+    ctx = fold_perf_script(io.BytesIO(text), inline=True, context=True).folded_bytes()
+    assert ctx == _perl(text, "--inline", "--context")
+    assert b"outer:inl.c:" in ctx

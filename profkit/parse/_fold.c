@@ -87,6 +87,10 @@ typedef struct {
     int in_sample, last_newline;
     long long sample_line;
     int finished, partial;
+    /* frame-line cache: a line seen before (same java flag) gives the same names */
+    struct centry { uint64_t h; Py_ssize_t line_off, line_len, names_off, names_len; int nnames; } *cache;
+    Py_ssize_t cache_cap, cache_len;
+    buf_t cache_bytes;
 } Folder;
 
 static void Folder_dealloc(Folder *f) {
@@ -97,6 +101,7 @@ static void Folder_dealloc(Folder *f) {
     PyMem_Free(f->carry.p); PyMem_Free(f->pname.p); PyMem_Free(f->names.p);
     PyMem_Free(f->key.p); PyMem_Free(f->last_event.p); PyMem_Free(f->event_filter.p);
     PyMem_Free(f->entries.p); PyMem_Free(f->groups.p);
+    PyMem_Free(f->cache); PyMem_Free(f->cache_bytes.p);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
@@ -345,6 +350,87 @@ static int emit_name(Folder *f, const unsigned char *func, Py_ssize_t fn,
     return 0;
 }
 
+#define CACHE_MAX_BYTES (64 << 20)
+
+static inline uint64_t line_hash(const unsigned char *s, Py_ssize_t n, int java) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n ^ ((uint64_t)java << 63);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s + i, (size_t)(n - i));
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 29;
+    return h | 1;
+}
+
+/* a cached line: append its names as one group; 1 if found */
+static int cache_get(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h) {
+    if (!f->cache_cap) return 0;
+    Py_ssize_t mask = f->cache_cap - 1, j = (Py_ssize_t)(h & mask);
+    while (f->cache[j].h) {
+        struct centry *e = &f->cache[j];
+        if (e->h == h && e->line_len == n && !memcmp(f->cache_bytes.p + e->line_off, s, n)) {
+            if (e->nnames < 0) return 1;          /* a frame the Perl script skips */
+            Py_ssize_t first = f->entries.len;
+            const char *src = f->cache_bytes.p + e->names_off;
+            Py_ssize_t pos = 0;
+            for (int k = 0; k < e->nnames; k++) {
+                Py_ssize_t len;
+                memcpy(&len, src + pos, sizeof len);
+                pos += sizeof len;
+                Py_ssize_t off = f->names.len;
+                if (buf_add(&f->names, src + pos, len) < 0) return -1;
+                if (spans_add(&f->entries, off, len) < 0) return -1;
+                pos += len;
+            }
+            if (spans_add(&f->groups, first, f->entries.len - first) < 0) return -1;
+            return 1;
+        }
+        j = (j + 1) & mask;
+    }
+    return 0;
+}
+
+static int cache_put(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h, int skipped,
+                     Py_ssize_t first_entry) {
+    if (f->cache_bytes.len > CACHE_MAX_BYTES) return 0;   /* memory stays bounded */
+    if ((f->cache_len + 1) * 2 > f->cache_cap) {
+        Py_ssize_t cap = f->cache_cap ? f->cache_cap * 2 : 4096;
+        struct centry *t = PyMem_Calloc(cap, sizeof(struct centry));
+        if (!t) { PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t i = 0; i < f->cache_cap; i++) {
+            if (!f->cache[i].h) continue;
+            Py_ssize_t j = (Py_ssize_t)(f->cache[i].h & (cap - 1));
+            while (t[j].h) j = (j + 1) & (cap - 1);
+            t[j] = f->cache[i];
+        }
+        PyMem_Free(f->cache); f->cache = t; f->cache_cap = cap;
+    }
+    struct centry e;
+    e.h = h; e.line_off = f->cache_bytes.len; e.line_len = n;
+    if (buf_add(&f->cache_bytes, (const char *)s, n) < 0) return -1;
+    e.names_off = f->cache_bytes.len;
+    e.nnames = skipped ? -1 : (int)(f->entries.len - first_entry);
+    if (!skipped) {
+        for (Py_ssize_t k = first_entry; k < f->entries.len; k++) {
+            Py_ssize_t len = f->entries.p[k].len;
+            if (buf_add(&f->cache_bytes, (const char *)&len, sizeof len) < 0) return -1;
+            if (buf_add(&f->cache_bytes, f->names.p + f->entries.p[k].off, len) < 0) return -1;
+        }
+    }
+    e.names_len = f->cache_bytes.len - e.names_off;
+    Py_ssize_t j = (Py_ssize_t)(h & (f->cache_cap - 1));
+    while (f->cache[j].h) j = (j + 1) & (f->cache_cap - 1);
+    f->cache[j] = e;
+    f->cache_len++;
+    return 0;
+}
+
 static int do_frame(Folder *f, const unsigned char *s, Py_ssize_t n) {
     Py_ssize_t pa, pb, fa, fb, ma, mb, j, close;
     if (!frame_parts(s, n, &pa, &pb, &fa, &fb, &ma, &mb, &j, &close)) return 0;
@@ -508,6 +594,22 @@ static int do_line(Folder *f, const unsigned char *s, Py_ssize_t n) {
         f->have_pname = 0;
         return 0;
     }
+    /* a frame line seen before in a sample: its names from the cache (a line starting
+     * with whitespace is never a header) */
+    uint64_t h = 0;
+    if (is_ws(s[0]) && f->have_pname) {
+        int java = f->pname.len >= 4 && !memcmp(f->pname.p, "java", 4);
+        h = line_hash(s, n, java);
+        int c = cache_get(f, s, n, h);
+        if (c < 0) return -1;
+        if (c) return 0;
+        Py_ssize_t first_entry = f->entries.len, groups_before = f->groups.len;
+        int r = do_frame(f, s, n);
+        if (r < 0) return -1;
+        if (r == 1)
+            return cache_put(f, s, n, h, f->groups.len == groups_before, first_entry);
+        goto unrecognized;
+    }
     Py_ssize_t ce, pa, pb, ta, tb;
     if (header(s, n, &ce, &pa, &pb, &ta, &tb)) {
         if (f->o_strict) {
@@ -579,6 +681,7 @@ static int do_line(Folder *f, const unsigned char *s, Py_ssize_t n) {
     int r = do_frame(f, s, n);
     if (r < 0) return -1;
     if (r == 1) return 0;
+unrecognized:
     if (f->o_strict) { fold_error("unrecognized", f->lineno, (const char *)s, n); return -1; }
     f->unrecognized++;
     if (!f->first_unrec_text) {
