@@ -276,7 +276,11 @@ def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
     paths = demo_flamegraphs(tmp_path / "fg", scale=0.01, builds=("vanilla", "vanilla"),
                              reps=1, progress=lambda _m: None)
     assert [p.name for p in paths] == ["query2-vanilla.svg", "query2-vanilla.svg",
-                                       "query2-vanilla-vs-vanilla.svg"]
+                                       "query2-vanilla-vs-vanilla.svg",
+                                       "query2-vanilla-icicle.svg", "query2-merged.svg"]
+    assert "(icicle)" in paths[3].read_text()
+    merged = paths[4].read_text()
+    assert "merged runs: vanilla (" in merged and "each run scaled to the mean total" in merged
     diff = paths[2].read_text()
     assert 'data-diff="1"' in diff and "before (A)" in diff
     plain = paths[0].read_text()

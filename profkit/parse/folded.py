@@ -131,6 +131,8 @@ def source_name(source: object, what: str) -> str:
 def _is_count(b: bytes) -> bool:
     """``123``, ``1.5``, ``1.84467440737096e+19`` (what folded writers print), nothing else
     (no ``nan``, ``inf``, ``1_000``, signs or spaces that float() would take)."""
+    if b.isdigit():          # the common case, in C
+        return True
     n = len(b)
     i = 0
     while i < n and 48 <= b[i] <= 57:

@@ -66,7 +66,10 @@ class RenderError(ProfkitError):
 
 def _counts_of(stacks: StacksLike) -> dict[str, float]:
     counts = getattr(stacks, "counts", None)  # PerfFolding and similar
-    if isinstance(counts, Mapping):
+    if type(stacks) is dict and all(type(k) is str and type(v) is float
+                                    for k, v in stacks.items()):
+        out = stacks          # read_folded's own result: no copy (a million stacks)
+    elif isinstance(counts, Mapping):
         out = {str(k): float(v) for k, v in counts.items()}
     else:
         try:
@@ -136,77 +139,99 @@ def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0,
     open path: memory is linear in the frames drawn, time in the frames read.
     With *diff_against*, each frame also gets A's value on *diff_basis* normalised to
     this profile's total (``a_norm``) and the difference (``delta``)."""
-    items = [(k, v) for k, v in counts.items() if v > 0]
-    total = math.fsum(v for _, v in items)
+    keys = sorted((k for k, v in counts.items() if v > 0), key=_sort_key)
+    total = math.fsum(counts[k] for k in keys)
     if total <= 0:
         return []
-    items.sort(key=lambda kv: _sort_key(kv[0]))
     limit = min_fraction * total
     a_root = _trie(diff_against) if diff_against is not None else None
     scale = (total / a_root[0]) if a_root is not None and a_root[0] > 0 else 0.0
     out: list[Frame] = []
+    append = out.append
     names: list[str] = []            # the open path (depth 1..)
-    starts: list[float] = []
-    selfs: list[float] = []
-    anodes: list[list | None] = []
-    # runs[d]: the narrow frames at depth d under the open frame at depth d-1 [start, w, n]
-    runs: list[list[float]] = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    # per open frame: [start, self, A node, children's narrow run: start, width, count]
+    recs: list[list] = []
+    root_rec: list = [0.0, 0.0, a_root, 0.0, 0.0, 0]
 
-    def flush(depth: int) -> None:
-        r = runs[depth]
-        if r[2]:
-            if r[1] >= limit and r[1] > 0:
-                n = int(r[2])
-                out.append(Frame(f"[{n} narrow frame{'s' if n > 1 else ''}]", depth, r[0],
-                                 r[1], 0.0, None, None, merged=n))
-            r[0] = r[1] = r[2] = 0.0
+    def merged_box(depth: int, r: list) -> None:
+        if r[4] >= limit and r[4] > 0:
+            n = r[5]
+            append(Frame(f"[{n} narrow frame{'s' if n > 1 else ''}]", depth, r[3], r[4],
+                         0.0, None, None, merged=n))
+        r[3] = r[4] = 0.0
+        r[5] = 0
 
-    def close(x: float) -> None:
-        depth = len(names)
-        name, start, slf, an = names.pop(), starts.pop(), selfs.pop(), anodes.pop()
-        flush(depth + 1)                                 # the children's last run
-        runs.pop()
-        w = x - start
-        r = runs[depth]
-        if w < limit:
-            if not r[2]:
-                r[0] = start
-            r[1] += w
-            r[2] += 1
-            return
-        flush(depth)
-        if a_root is not None:
-            at, aself = (an[0], an[1]) if an is not None else (0.0, 0.0)
-            a_norm = (aself if diff_basis == "self" else at) * scale
-            bv = slf if diff_basis == "self" else w
-            out.append(Frame(name, depth, start, w, slf, a_norm, bv - a_norm))
-        else:
-            out.append(Frame(name, depth, start, w, slf))
-
+    diff = a_root is not None
+    self_basis = diff_basis == "self"
     x = 0.0
-    for stack, w in items:
+    for stack in keys:
+        w = counts[stack]
         frames = stack.split(";")
         n, m = 0, min(len(frames), len(names))
         while n < m and frames[n] == names[n]:
             n += 1
-        while len(names) > n:
-            close(x)
-        for name in frames[n:]:
-            parent = anodes[-1] if anodes else a_root
-            node = parent[2].get(name) if parent is not None else None
-            if node is not None:
-                node[3] = True
+        while len(names) > n:                      # close the frames left behind
+            depth = len(names)
+            name = names.pop()
+            e = recs.pop()
+            if e[5]:
+                merged_box(depth + 1, e)
+            width = x - e[0]
+            parent = recs[-1] if recs else root_rec
+            if width < limit:                       # narrow: joins its siblings' run
+                if not parent[5]:
+                    parent[3] = e[0]
+                parent[4] += width
+                parent[5] += 1
+                continue
+            if parent[5]:
+                merged_box(depth, parent)
+            if diff:
+                an = e[2]
+                at, aself = (an[0], an[1]) if an is not None else (0.0, 0.0)
+                a_norm = (aself if self_basis else at) * scale
+                append(Frame(name, depth, e[0], width, e[1], a_norm,
+                             (e[1] if self_basis else width) - a_norm))
+            else:
+                append(Frame(name, depth, e[0], width, e[1]))
+        for name in frames[n:]:                    # open the new ones
+            node = None
+            if diff:
+                pn = recs[-1][2] if recs else a_root
+                node = pn[2].get(name) if pn is not None else None
+                if node is not None:
+                    node[3] = True
             names.append(name)
-            starts.append(x)
-            selfs.append(0.0)
-            anodes.append(node)
-            runs.append([0.0, 0.0, 0.0])
-        if selfs:
-            selfs[-1] += w
+            recs.append([x, 0.0, node, 0.0, 0.0, 0])
+        if recs:
+            recs[-1][1] += w
         x += w
     while names:
-        close(x)
-    flush(1)
+        depth = len(names)
+        name = names.pop()
+        e = recs.pop()
+        if e[5]:
+            merged_box(depth + 1, e)
+        width = x - e[0]
+        parent = recs[-1] if recs else root_rec
+        if width < limit:
+            if not parent[5]:
+                parent[3] = e[0]
+            parent[4] += width
+            parent[5] += 1
+            continue
+        if parent[5]:
+            merged_box(depth, parent)
+        if diff:
+            an = e[2]
+            at, aself = (an[0], an[1]) if an is not None else (0.0, 0.0)
+            a_norm = (aself if self_basis else at) * scale
+            append(Frame(name, depth, e[0], width, e[1], a_norm,
+                         (e[1] if self_basis else width) - a_norm))
+        else:
+            append(Frame(name, depth, e[0], width, e[1]))
+    if root_rec[5]:
+        merged_box(1, root_rec)
     root_self = 0.0  # every sample has at least one frame below "all"
     if a_root is not None:
         root = Frame(ROOT_NAME, 0, 0.0, total, root_self, a_root[0] * scale, 0.0)
@@ -668,6 +693,30 @@ _JS = r"""
                        prefix: P, zoomed: function () { return zoomed ? zoomed.n : null; }};
 })();
 """
+
+
+def demo_views(runs: Sequence[tuple[str, StacksLike]], out_dir: str | os.PathLike[str], *,
+               slug: str, what: str, provenance: Mapping[str, Any] | None = None
+               ) -> list[Path]:
+    """`make demo`'s icicle and merged graphs: an icicle of the first run
+    (``<slug>-<name>-icicle.svg``) and every run merged into one graph, each normalised to
+    the same total and drawn under its own root frame (``<slug>-merged.svg``)."""
+    out = Path(out_dir)
+    facts = dict(provenance or {})
+    name0, first = runs[0]
+    paths = [render_to_file(first, out / f"{slug}-{name0}-icicle.svg", inverted=True,
+                            title=f"{name0}: {what} (icicle)",
+                            provenance={**facts, "view": "icicle: callers above callees"})]
+    names = [n for n, _ in runs]
+    counts = [_counts_of(c) for _, c in runs]
+    merged = merge_profiles(counts, names=names, by_run=True)
+    paths.append(render_to_file(
+        merged, out / f"{slug}-merged.svg", title=f"{' + '.join(names)}: {what} (merged)",
+        count_name="samples (normalised)",
+        provenance={**facts, "merged runs": ", ".join(
+            f"{n} ({sum(c.values()):,.0f} samples)" for n, c in zip(names, counts, strict=True)),
+            "normalised": "each run scaled to the mean total"}))
+    return paths
 
 
 def write_svg(svg: str, path: str | os.PathLike[str]) -> Path:
