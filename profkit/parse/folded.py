@@ -13,6 +13,7 @@ helpers here read and write it, diff two of them, and turn one into the
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import math
@@ -66,14 +67,16 @@ INSTRUMENTATION_FUNCTIONS: frozenset[str] = frozenset({
 # Longest names first so that the alternation prefers the most specific entry; a name
 # matches when it *starts with* an entry: "clock_gettime@@GLIBC_2.17", "__clock_gettime64",
 # "InstrStopNode.part.0" (gcc clone suffixes) and "pg_get_ticks_fast" all belong.
-_INSTR_RE = re.compile(
-    "|".join(re.escape(n) for n in sorted(INSTRUMENTATION_FUNCTIONS, key=len, reverse=True))
-)
+# Compiled on first use: folding from the command line never needs it.
+@functools.cache
+def _instr_re() -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(n) for n in sorted(INSTRUMENTATION_FUNCTIONS,
+                                                               key=len, reverse=True)))
 
 
 def is_instrumentation(function: str) -> bool:
     """True if *function* belongs to the instrumentation family (prefix match)."""
-    return _INSTR_RE.match(function) is not None
+    return _instr_re().match(function) is not None
 
 
 # --------------------------------------------------------------------------- reading

@@ -69,10 +69,7 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -712,6 +709,8 @@ class _Addr2Line:
     (collected in a first pass), not one per frame."""
 
     def __init__(self, context: bool) -> None:
+        import shutil
+
         if shutil.which("addr2line") is None:
             raise ParseError("inline=True needs addr2line (binutils): apt-get install binutils")
         self.context = context
@@ -724,6 +723,8 @@ class _Addr2Line:
 
     def _run(self, mod: bytes, pcs: list[bytes]) -> dict[bytes, list[bytes]]:
         """addr2line's output lines after the address line, per pc."""
+        import subprocess
+
         path = os.fsdecode(mod)
         try:
             cp = subprocess.run(["addr2line", "-a", "-e", path, "-i", "-f", "-s", "-C"],
@@ -794,6 +795,8 @@ class _Addr2Line:
 
     def _nm(self, mod: bytes) -> dict[bytes, int]:
         if mod not in self.nm:
+            import subprocess
+
             table: dict[bytes, int] = {}
             try:
                 cp = subprocess.run(["nm", os.fsdecode(mod)], capture_output=True,
@@ -962,6 +965,8 @@ def fold_perf_script(
         if inline:
             # two passes: collect every (address, module), resolve them per module, fold
             if f is None or not getattr(f, "seekable", lambda: False)():
+                import tempfile
+
                 spool = tempfile.TemporaryFile()
                 for ln in _lines_of(f, it):
                     spool.write(ln)
