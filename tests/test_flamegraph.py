@@ -498,7 +498,9 @@ _frame_name = st.text(alphabet=st.characters(blacklist_characters=";\x00",
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.dictionaries(st.lists(_frame_name, min_size=1, max_size=6).map(";".join),
+@given(st.dictionaries(st.lists(_frame_name, min_size=1, max_size=6).map(";".join)
+                       # a line starting with "#" is a comment in folded files
+                       .filter(lambda s: not s.startswith("#")),
                        st.integers(1, 1000), min_size=1, max_size=25))
 def test_round_trip_folded_render_parse_back(counts: dict[str, int]) -> None:
     """folded → write → read → render → parse the SVG back: the same counts."""
@@ -602,3 +604,31 @@ def test_cli_stdin_merge_icicle_and_bad_width(tmp_path: Path) -> None:
                       (["--merge", str(q3)], "at least two")):
         r = CliRunner().invoke(flamegraph_cmd, args)
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.lists(st.sampled_from(["a", "b", "ab", "a-b", "c"]), min_size=1,
+                                max_size=5).map(";".join),
+                       st.integers(1, 50), min_size=1, max_size=40),
+       st.sampled_from([0.0, 0.01, 0.05, 0.2]))
+def test_layout_against_brute_force(counts: dict[str, int], min_fraction: float) -> None:
+    """Every drawn frame's width is the sum of the stacks under its path; frames are at
+    least the minimum wide; children (drawn and merged) fit inside their parent."""
+    fc = {k: float(v) for k, v in counts.items()}
+    frames = layout(fc, min_fraction=min_fraction)
+    total = sum(fc.values())
+    limit = min_fraction * total
+    assert frames[0].w == total
+    for i, f in enumerate(frames[1:], 1):
+        assert f.w >= limit
+        if f.merged:
+            continue
+        path = frame_path(frames, i)
+        assert len(path) == f.depth
+        under = sum(c for s, c in fc.items() if tuple(s.split(";")[:f.depth]) == path)
+        assert f.w == pytest.approx(under)
+        assert f.self == fc.get(";".join(path), 0.0)
+        kids = [g for g in frames if g.depth == f.depth + 1 and f.x <= g.x < f.x + f.w]
+        assert sum(g.w for g in kids) + f.self <= f.w + 1e-9
+        if min_fraction == 0:
+            assert sum(g.w for g in kids) + f.self == pytest.approx(f.w)

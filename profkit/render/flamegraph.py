@@ -40,7 +40,8 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -133,112 +134,92 @@ def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0,
     """Frames of the merged stack tree: the root first, then by depth and offset;
     children side by side in name order. Consecutive sibling frames narrower than
     *min_fraction* of the total are merged into one box (``merged`` = how many), drawn
-    if the merged box itself is wide enough; their descendants are not drawn.
+    if the merged box itself is wide enough; their descendants are not visited.
 
-    One pass over the stacks in sorted order (as flamegraph.pl does), keeping only the
-    open path: memory is linear in the frames drawn, time in the frames read.
-    With *diff_against*, each frame also gets A's value on *diff_basis* normalised to
-    this profile's total (``a_norm``) and the difference (``delta``)."""
-    keys = sorted((k for k, v in counts.items() if v > 0), key=_sort_key)
-    total = math.fsum(counts[k] for k in keys)
+    The stacks are sorted once in tree order (a separator below every character), so
+    every subtree is a contiguous range of them and its width a difference of prefix
+    sums: the walk visits only the frames it draws and their direct children (a
+    binary search skips each child's range), not every frame of every stack. Memory is
+    the sorted stacks plus what is drawn, never a path per frame (which grows with the
+    square of the depth). With *diff_against*, each frame also gets A's value on
+    *diff_basis* normalised to this profile's total (``a_norm``) and the difference
+    (``delta``)."""
+    sk = sorted(_sort_key(k) for k, v in counts.items() if v > 0)
+    if not sk:
+        return []
+    weights = [counts[k.replace("\x00", ";")] for k in sk]
+    cum = [0.0, *itertools.accumulate(weights)]
+    total = cum[-1]
     if total <= 0:
         return []
     limit = min_fraction * total
     a_root = _trie(diff_against) if diff_against is not None else None
     scale = (total / a_root[0]) if a_root is not None and a_root[0] > 0 else 0.0
+    self_basis = diff_basis == "self"
     out: list[Frame] = []
     append = out.append
-    names: list[str] = []            # the open path (depth 1..)
-    # per open frame: [start, self, A node, children's narrow run: start, width, count]
-    recs: list[list] = []
-    root_rec: list = [0.0, 0.0, a_root, 0.0, 0.0, 0]
-
-    def merged_box(depth: int, r: list) -> None:
-        if r[4] >= limit and r[4] > 0:
-            n = r[5]
-            append(Frame(f"[{n} narrow frame{'s' if n > 1 else ''}]", depth, r[3], r[4],
-                         0.0, None, None, merged=n))
-        r[3] = r[4] = 0.0
-        r[5] = 0
-
-    diff = a_root is not None
-    self_basis = diff_basis == "self"
-    x = 0.0
-    for stack in keys:
-        w = counts[stack]
-        frames = stack.split(";")
-        n, m = 0, min(len(frames), len(names))
-        while n < m and frames[n] == names[n]:
-            n += 1
-        while len(names) > n:                      # close the frames left behind
-            depth = len(names)
-            name = names.pop()
-            e = recs.pop()
-            if e[5]:
-                merged_box(depth + 1, e)
-            width = x - e[0]
-            parent = recs[-1] if recs else root_rec
-            if width < limit:                       # narrow: joins its siblings' run
-                if not parent[5]:
-                    parent[3] = e[0]
-                parent[4] += width
-                parent[5] += 1
-                continue
-            if parent[5]:
-                merged_box(depth, parent)
-            if diff:
-                an = e[2]
-                at, aself = (an[0], an[1]) if an is not None else (0.0, 0.0)
-                a_norm = (aself if self_basis else at) * scale
-                append(Frame(name, depth, e[0], width, e[1], a_norm,
-                             (e[1] if self_basis else width) - a_norm))
+    n_keys = len(sk)
+    # work: (range start, range end, prefix length in the sort key, depth, A node)
+    todo: list[tuple[int, int, int, int, list | None]] = [(0, n_keys, -1, 0, a_root)]
+    while todo:
+        i, j, plen, depth, anode = todo.pop()
+        pos = i
+        if plen >= 0 and len(sk[pos]) == plen:   # the stack that ends at this frame
+            pos += 1
+        start = plen + 1                          # where a child's name begins
+        run_n, run_x, run_w = 0, 0.0, 0.0
+        while pos < j:
+            key = sk[pos]
+            stop = key.find("\x00", start)
+            if stop < 0:
+                stop = len(key)
+            name = key[start:stop]
+            last = sk[j - 1]
+            if last.startswith(name, start) and (len(last) == stop or last[stop] == "\x00"):
+                end = j                           # the last child (or the only one)
             else:
-                append(Frame(name, depth, e[0], width, e[1]))
-        for name in frames[n:]:                    # open the new ones
-            node = None
-            if diff:
-                pn = recs[-1][2] if recs else a_root
-                node = pn[2].get(name) if pn is not None else None
-                if node is not None:
-                    node[3] = True
-            names.append(name)
-            recs.append([x, 0.0, node, 0.0, 0.0, 0])
-        if recs:
-            recs[-1][1] += w
-        x += w
-    while names:
-        depth = len(names)
-        name = names.pop()
-        e = recs.pop()
-        if e[5]:
-            merged_box(depth + 1, e)
-        width = x - e[0]
-        parent = recs[-1] if recs else root_rec
-        if width < limit:
-            if not parent[5]:
-                parent[3] = e[0]
-            parent[4] += width
-            parent[5] += 1
-            continue
-        if parent[5]:
-            merged_box(depth, parent)
-        if diff:
-            an = e[2]
-            at, aself = (an[0], an[1]) if an is not None else (0.0, 0.0)
-            a_norm = (aself if self_basis else at) * scale
-            append(Frame(name, depth, e[0], width, e[1], a_norm,
-                         (e[1] if self_basis else width) - a_norm))
-        else:
-            append(Frame(name, depth, e[0], width, e[1]))
-    if root_rec[5]:
-        merged_box(1, root_rec)
-    root_self = 0.0  # every sample has at least one frame below "all"
+                end = bisect_left(sk, key[:stop] + "\x01", pos + 1, j)
+            x, width = cum[pos], cum[end] - cum[pos]
+            if width < limit:                     # narrow: joins its siblings' run
+                if not run_n:
+                    run_x = x
+                run_n += 1
+                run_w += width
+                pos = end
+                continue
+            if run_n:
+                _merged_box(append, depth + 1, run_n, run_x, run_w, limit)
+                run_n, run_w = 0, 0.0
+            slf = weights[pos] if len(key) == stop else 0.0
+            child = None
+            if anode is not None:
+                child = anode[2].get(name)
+                if child is not None:
+                    child[3] = True
+            if a_root is not None:
+                at, aself = (child[0], child[1]) if child is not None else (0.0, 0.0)
+                a_norm = (aself if self_basis else at) * scale
+                append(Frame(name, depth + 1, x, width, slf, a_norm,
+                             (slf if self_basis else width) - a_norm))
+            else:
+                append(Frame(name, depth + 1, x, width, slf))
+            todo.append((pos, end, stop, depth + 1, child))
+            pos = end
+        if run_n:
+            _merged_box(append, depth + 1, run_n, run_x, run_w, limit)
     if a_root is not None:
-        root = Frame(ROOT_NAME, 0, 0.0, total, root_self, a_root[0] * scale, 0.0)
+        root = Frame(ROOT_NAME, 0, 0.0, total, 0.0, a_root[0] * scale, 0.0)
     else:
-        root = Frame(ROOT_NAME, 0, 0.0, total, root_self)
+        root = Frame(ROOT_NAME, 0, 0.0, total, 0.0)
     out.sort(key=lambda f: (f.depth, f.x))
     return [root, *out]
+
+
+def _merged_box(append: Callable[[Frame], None], depth: int, n: int, x: float, w: float,
+                limit: float) -> None:
+    if w >= limit and w > 0:
+        append(Frame(f"[{n} narrow frame{'s' if n > 1 else ''}]", depth, x, w, 0.0, None,
+                     None, merged=n))
 
 
 def only_in_a(diff_against: Mapping[str, float], counts: Mapping[str, float]) -> float:
