@@ -938,8 +938,7 @@ def fold_perf_script(
     if implementation not in ("auto", "c", "python"):
         raise ParseError(f"implementation must be 'auto', 'c' or 'python', not "
                          f"{implementation!r}")
-    if context and not inline:
-        raise ParseError("context=True (--context) adds source lines to inline=True (--inline)")
+    context = context and inline   # as in the Perl script, --context only adds to --inline
     vsyms: VdsoSymbols | None
     if vdso is None or isinstance(vdso, VdsoSymbols):
         vsyms = vdso
@@ -1110,8 +1109,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="profkit: refuse truncated or garbled input instead of skipping it")
     ap.add_argument("files", nargs="*", metavar="FILE")
     a = ap.parse_args(argv)
-    if a.context and not a.inline:
-        a.context = False  # the Perl script ignores --context without --inline
     files = a.files or ["-"]
     out = sys.stdout.buffer
     total: dict[str, int | float] = {}
