@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,19 +102,23 @@ def _record_pg(out: Path, seconds: float, freq: int, dsn: str | None, stack: Exi
     return meta
 
 
-def _run(argv: list[str], stdout_path: Path | None, stdin_path: Path | None = None
-         ) -> tuple[float, float]:
-    """(wall seconds, peak RSS MB) of one child, start-up included."""
-    t0 = time.perf_counter()
-    with open(stdout_path or os.devnull, "wb") as out, \
-            open(stdin_path or os.devnull, "rb") as inp:
-        p = subprocess.Popen(argv, stdout=out, stdin=inp, stderr=subprocess.DEVNULL)
-        _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed with status {p.returncode}")
-    return wall, ru.ru_maxrss / 1024
+def _run(argv: list[str], stdout_path: Path | None) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds user+system, peak RSS MB) of one child, start-up
+    included. GNU time measures CPU and RSS (this process's own RSS would otherwise be
+    inherited into the child's maximum across fork+exec)."""
+    gnu_time = shutil.which("time") or "/usr/bin/time"
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf, \
+            open(stdout_path or os.devnull, "wb") as out:
+        t0 = time.perf_counter()
+        cp = subprocess.run([gnu_time, "-f", "%U %S %M", "-o", tf.name, *argv], stdout=out,
+                            stderr=subprocess.PIPE)
+        wall = time.perf_counter() - t0
+        fields = Path(tf.name).read_text().split()[-3:]
+    if cp.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed with status {cp.returncode}: "
+                         f"{cp.stderr.decode(errors='replace')[-500:]}")
+    user, system, rss = float(fields[0]), float(fields[1]), int(fields[2]) / 1024
+    return wall, user + system, rss
 
 
 def _pipeline(producer: list[str], consumer: list[str], out: Path) -> tuple[float, float]:
@@ -127,7 +132,7 @@ def _pipeline(producer: list[str], consumer: list[str], out: Path) -> tuple[floa
         b.wait()
         a.wait()
     both = time.perf_counter() - t0
-    alone, _ = _run(producer, None)
+    alone, _, _ = _run(producer, None)
     return both, alone
 
 
@@ -181,49 +186,53 @@ def main() -> int:
             text = work / "perf-script.txt"
             _run([perf, "script", "-i", str(data)], text)
         mb = text.stat().st_size / 1e6
+        load0 = os.getloadavg()
 
-        rows: list[tuple[str, float, float, bool | None]] = []
+        rows: list[tuple[str, float, float, float, bool | None]] = []
         perl_out = work / "perl.folded"
-        t_perl, rss_perl = _run(["perl", str(perl_script), str(text)], perl_out)
-        rows.append(("stackcollapse-perf.pl", t_perl, rss_perl, None))
+        t_perl, c_perl, rss_perl = _run(["perl", str(perl_script), str(text)], perl_out)
+        rows.append(("stackcollapse-perf.pl", t_perl, c_perl, rss_perl, None))
         ref = perl_out.read_bytes()
         for label, argv in (("profkit-stackcollapse-perf", [str(dropin), str(text)]),
                             ("profkit parse perf-script", [str(cli), "parse", "perf-script",
                                                            str(text)])):
             out = work / "profkit.folded"
-            t, rss = _run(argv, out)
-            rows.append((label, t, rss, out.read_bytes() == ref))
+            t, c, rss = _run(argv, out)
+            rows.append((label, t, c, rss, out.read_bytes() == ref))
         if args.python:
             out = work / "python.folded"
             code = ("import sys; from profkit.parse.perf_script import fold_perf_script as f; "
                     "sys.stdout.buffer.write(f(sys.argv[1], implementation='python')"
                     ".folded_bytes())")
-            t, rss = _run([sys.executable, "-c", code, str(text)], out)
-            rows.append(("profkit Python reference", t, rss, out.read_bytes() == ref))
+            t, c, rss = _run([sys.executable, "-c", code, str(text)], out)
+            rows.append(("profkit Python reference", t, c, rss, out.read_bytes() == ref))
         if data is not None:
-            t, rss = _run([perf, "script", "report", "stackcollapse", "-i", str(data)],
-                          work / "perf-stackcollapse.folded")
-            rows.append(("perf script report stackcollapse", t, rss, None))
+            t, c, rss = _run([perf, "script", "report", "stackcollapse", "-i", str(data)],
+                             work / "perf-stackcollapse.folded")
+            rows.append(("perf script report stackcollapse", t, c, rss, None))
 
         print(f"input     : {meta.get('source', '')}")
         if "recorded" in meta:
             print(f"recorded  : {meta['recorded']}")
         nstacks = ref.count(b"\n")
         print(f"text      : {mb:.1f} MB of perf script, {nstacks:,} folded stacks")
-        print(f"{'folder':34s} {'wall s':>8s} {'MB/s':>8s} {'x Perl':>8s} {'peak RSS MB':>12s}  "
-              "same bytes as Perl")
-        for label, t, rss, same in rows:
+        print(f"load average before: {load0}")
+        print(f"{'folder':34s} {'wall s':>7s} {'MB/s':>7s} {'x Perl':>7s} {'CPU s':>7s} "
+              f"{'x Perl':>7s} {'peak RSS MB':>11s}  same bytes as Perl")
+        for label, t, c, rss, same in rows:
             note = "" if same is None else ("yes" if same else "NO")
             if label.startswith("perf script report"):
                 note = "(reads perf.data; its own naming)"
-            print(f"{label:34s} {t:8.2f} {mb / t:8.1f} {t_perl / t:8.1f} {rss:12.1f}  {note}")
+            print(f"{label:34s} {t:7.2f} {mb / t:7.1f} {t_perl / t:7.1f} {c:7.2f} "
+                  f"{c_perl / max(c, 1e-3):7.1f} {rss:11.1f}  {note}")
+        print(f"load average after: {os.getloadavg()} (wall times on a busy machine include "
+              "waiting for a CPU; CPU seconds do not)")
 
         if data is not None:
             dmb = data.stat().st_size / 1e6
             print(f"\nend to end: perf.data ({dmb:.1f} MB) -> folded, perf script piped into "
                   "profkit-stackcollapse-perf")
-            fold_alone = next(t for label, t, _, _ in rows
-                              if label == "profkit-stackcollapse-perf")
+            fold_alone = next(t for label, t, *_ in rows if label == "profkit-stackcollapse-perf")
             for label, extra in (("perf script (default fields)", []),
                                  ("perf script --no-inline", ["--no-inline"]),
                                  ("perf script " + " ".join(SCRIPT_ARGS) + " (collector)",

@@ -88,9 +88,20 @@ typedef struct {
     long long sample_line;
     int finished, partial;
     /* frame-line cache: a line seen before (same java flag) gives the same names */
-    struct centry { uint64_t h; Py_ssize_t line_off, line_len, names_off, names_len; int nnames; } *cache;
+    struct centry { uint64_t h; Py_ssize_t line_off, line_len, id; } *cache;
     Py_ssize_t cache_cap, cache_len;
     buf_t cache_bytes;
+    /* per cached line, by id: its names in cache_bytes ([length][bytes] each); -1: skipped */
+    struct lmeta { Py_ssize_t names_off; Py_ssize_t nnames; } *lm;
+    Py_ssize_t lm_len, lm_cap;
+    /* the current sample, leaf first: ids of cached lines (>= 0), -(group + 1) otherwise */
+    Py_ssize_t *items; Py_ssize_t items_len, items_cap;
+    int sample_slow;
+    /* samples made of cached lines only: (pname, ids) -> weight, folded into `collapsed`
+     * (as byte strings) at the end or when the table grows large */
+    struct sentry { uint64_t h; Py_ssize_t off; uint64_t u; double d; int nv; } *st;
+    Py_ssize_t st_cap, st_len;
+    buf_t st_bytes;
 } Folder;
 
 static void Folder_dealloc(Folder *f) {
@@ -102,6 +113,7 @@ static void Folder_dealloc(Folder *f) {
     PyMem_Free(f->key.p); PyMem_Free(f->last_event.p); PyMem_Free(f->event_filter.p);
     PyMem_Free(f->entries.p); PyMem_Free(f->groups.p);
     PyMem_Free(f->cache); PyMem_Free(f->cache_bytes.p);
+    PyMem_Free(f->lm); PyMem_Free(f->items); PyMem_Free(f->st); PyMem_Free(f->st_bytes.p);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
@@ -352,43 +364,53 @@ static int emit_name(Folder *f, const unsigned char *func, Py_ssize_t fn,
 
 #define CACHE_MAX_BYTES (64 << 20)
 
+static inline uint64_t mix(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 32);
+}
+
+/* The first 40 and last 16 bytes and the length: a frame line's address and symbol are
+ * at its start, its module at its end; lines alike there are told apart by memcmp. */
 static inline uint64_t line_hash(const unsigned char *s, Py_ssize_t n, int java) {
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n ^ ((uint64_t)java << 63);
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdULL;
-        h ^= h >> 32;
+    uint64_t w;
+    if (n >= 56) {
+        for (int i = 0; i < 40; i += 8) { memcpy(&w, s + i, 8); h = mix(h, w); }
+        memcpy(&w, s + n - 16, 8); h = mix(h, w);
+        memcpy(&w, s + n - 8, 8); h = mix(h, w);
+    } else {
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) { memcpy(&w, s + i, 8); h = mix(h, w); }
+        w = 0;
+        memcpy(&w, s + i, (size_t)(n - i));
+        h = mix(h, w);
     }
-    uint64_t w = 0;
-    memcpy(&w, s + i, (size_t)(n - i));
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    h *= 0xc4ceb9fe1a85ec53ULL;
     h ^= h >> 29;
     return h | 1;
 }
 
-/* a cached line: append its names as one group; 1 if found */
-static int cache_get(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h) {
+static int items_push(Folder *f, Py_ssize_t v) {
+    if (f->items_len == f->items_cap) {
+        Py_ssize_t cap = f->items_cap ? f->items_cap * 2 : 256;
+        Py_ssize_t *p = PyMem_Realloc(f->items, cap * sizeof(Py_ssize_t));
+        if (!p) { PyErr_NoMemory(); return -1; }
+        f->items = p; f->items_cap = cap;
+    }
+    f->items[f->items_len++] = v;
+    if (v < 0) f->sample_slow = 1;
+    return 0;
+}
+
+/* a cached line: 1 with its id (-1: a frame the Perl script skips), 0 if absent */
+static int cache_get(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h,
+                     Py_ssize_t *id) {
     if (!f->cache_cap) return 0;
     Py_ssize_t mask = f->cache_cap - 1, j = (Py_ssize_t)(h & mask);
     while (f->cache[j].h) {
         struct centry *e = &f->cache[j];
         if (e->h == h && e->line_len == n && !memcmp(f->cache_bytes.p + e->line_off, s, n)) {
-            if (e->nnames < 0) return 1;          /* a frame the Perl script skips */
-            Py_ssize_t first = f->entries.len;
-            const char *src = f->cache_bytes.p + e->names_off;
-            Py_ssize_t pos = 0;
-            for (int k = 0; k < e->nnames; k++) {
-                Py_ssize_t len;
-                memcpy(&len, src + pos, sizeof len);
-                pos += sizeof len;
-                Py_ssize_t off = f->names.len;
-                if (buf_add(&f->names, src + pos, len) < 0) return -1;
-                if (spans_add(&f->entries, off, len) < 0) return -1;
-                pos += len;
-            }
-            if (spans_add(&f->groups, first, f->entries.len - first) < 0) return -1;
+            *id = e->id;
             return 1;
         }
         j = (j + 1) & mask;
@@ -397,7 +419,8 @@ static int cache_get(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h
 }
 
 static int cache_put(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h, int skipped,
-                     Py_ssize_t first_entry) {
+                     Py_ssize_t first_entry, Py_ssize_t *id_out) {
+    *id_out = -2;                                          /* not cached */
     if (f->cache_bytes.len > CACHE_MAX_BYTES) return 0;   /* memory stays bounded */
     if ((f->cache_len + 1) * 2 > f->cache_cap) {
         Py_ssize_t cap = f->cache_cap ? f->cache_cap * 2 : 4096;
@@ -414,20 +437,29 @@ static int cache_put(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h
     struct centry e;
     e.h = h; e.line_off = f->cache_bytes.len; e.line_len = n;
     if (buf_add(&f->cache_bytes, (const char *)s, n) < 0) return -1;
-    e.names_off = f->cache_bytes.len;
-    e.nnames = skipped ? -1 : (int)(f->entries.len - first_entry);
-    if (!skipped) {
+    if (skipped) e.id = -1;
+    else {
+        if (f->lm_len == f->lm_cap) {
+            Py_ssize_t cap = f->lm_cap ? f->lm_cap * 2 : 1024;
+            struct lmeta *p = PyMem_Realloc(f->lm, cap * sizeof(struct lmeta));
+            if (!p) { PyErr_NoMemory(); return -1; }
+            f->lm = p; f->lm_cap = cap;
+        }
+        e.id = f->lm_len;
+        f->lm[f->lm_len].names_off = f->cache_bytes.len;
+        f->lm[f->lm_len].nnames = f->entries.len - first_entry;
+        f->lm_len++;
         for (Py_ssize_t k = first_entry; k < f->entries.len; k++) {
             Py_ssize_t len = f->entries.p[k].len;
             if (buf_add(&f->cache_bytes, (const char *)&len, sizeof len) < 0) return -1;
             if (buf_add(&f->cache_bytes, f->names.p + f->entries.p[k].off, len) < 0) return -1;
         }
     }
-    e.names_len = f->cache_bytes.len - e.names_off;
     Py_ssize_t j = (Py_ssize_t)(h & (f->cache_cap - 1));
     while (f->cache[j].h) j = (j + 1) & (f->cache_cap - 1);
     f->cache[j] = e;
     f->cache_len++;
+    *id_out = e.id;
     return 0;
 }
 
@@ -479,6 +511,7 @@ static int do_frame(Folder *f, const unsigned char *s, Py_ssize_t n) {
         }
     }
     if (spans_add(&f->groups, first_entry, f->entries.len - first_entry) < 0) return -1;
+    if (items_push(f, -f->groups.len) < 0) return -1;   /* -(group index + 1) */
     return 1;
 }
 
@@ -528,52 +561,156 @@ bad:
     return -1;
 }
 
-static int set_count(Folder *f) {
-    /* key = pname ; groups reversed, names of a group in order */
-    buf_t *k = &f->key;
+/* the folded stack: pname, then the lines' names from the root (the last line) down */
+static int build_key(Folder *f, const char *pname, Py_ssize_t plen, const Py_ssize_t *items,
+                     Py_ssize_t n, buf_t *k) {
     k->len = 0;
-    if (buf_add(k, f->pname.p, f->pname.len) < 0) return -1;
-    for (Py_ssize_t g = f->groups.len - 1; g >= 0; g--) {
-        Py_ssize_t a = f->groups.p[g].off, c = f->groups.p[g].len;
-        for (Py_ssize_t i = a; i < a + c; i++) {
-            span_t sp = f->entries.p[i];
-            if (buf_reserve(k, sp.len + 1) < 0) return -1;
-            k->p[k->len++] = ';';
-            memcpy(k->p + k->len, f->names.p + sp.off, sp.len);
-            k->len += sp.len;
+    if (buf_add(k, pname, plen) < 0) return -1;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        Py_ssize_t it = items[i];
+        if (it >= 0) {
+            const char *src = f->cache_bytes.p + f->lm[it].names_off;
+            Py_ssize_t pos = 0;
+            for (Py_ssize_t q = 0; q < f->lm[it].nnames; q++) {
+                Py_ssize_t len;
+                memcpy(&len, src + pos, sizeof len);
+                pos += sizeof len;
+                if (buf_reserve(k, len + 1) < 0) return -1;
+                k->p[k->len++] = ';';
+                memcpy(k->p + k->len, src + pos, len);
+                k->len += len;
+                pos += len;
+            }
+        } else {
+            span_t g = f->groups.p[-it - 1];
+            for (Py_ssize_t q = g.off; q < g.off + g.len; q++) {
+                span_t sp = f->entries.p[q];
+                if (buf_reserve(k, sp.len + 1) < 0) return -1;
+                k->p[k->len++] = ';';
+                memcpy(k->p + k->len, f->names.p + sp.off, sp.len);
+                k->len += sp.len;
+            }
         }
     }
-    PyObject *key = PyBytes_FromStringAndSize(k->p, k->len);
+    return 0;
+}
+
+/* collapsed[key] += weight, as Perl adds: unsigned integers while the sum fits */
+static int dict_add(Folder *f, const char *key_p, Py_ssize_t key_n, uint64_t u, double d, int nv) {
+    PyObject *key = PyBytes_FromStringAndSize(key_p, key_n);
     if (!key) return -1;
-    PyObject *w;
-    if (f->o_samples) w = PyLong_FromLong(1);
-    else if (f->period_nv) w = PyFloat_FromDouble(f->period_d);
-    else w = PyLong_FromUnsignedLongLong(f->period_u);
+    PyObject *w = nv ? PyFloat_FromDouble(d) : PyLong_FromUnsignedLongLong(u);
     if (!w) { Py_DECREF(key); return -1; }
     PyObject *old = PyDict_GetItemWithError(f->collapsed, key);
-    PyObject *nv = NULL;
+    PyObject *sum = NULL;
     if (!old) {
         if (PyErr_Occurred()) goto fail;
-        nv = w; Py_INCREF(nv);
-    } else if (PyLong_CheckExact(old) && PyLong_CheckExact(w)) {
-        int ovf = 0;
+        sum = w; Py_INCREF(sum);
+    } else if (PyLong_CheckExact(old) && !nv) {
         unsigned long long a = PyLong_AsUnsignedLongLong(old);
-        if (a == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); ovf = 1; }
-        unsigned long long bb = PyLong_AsUnsignedLongLong(w);
-        if (!ovf && a <= UV_MAX_U64 - bb) nv = PyLong_FromUnsignedLongLong(a + bb);
-        else nv = PyFloat_FromDouble((double)a + (double)bb);
+        if (a == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+        if (a <= UV_MAX_U64 - u) sum = PyLong_FromUnsignedLongLong(a + u);
+        else sum = PyFloat_FromDouble((double)a + (double)u);
     } else {
         double a = PyFloat_Check(old) ? PyFloat_AS_DOUBLE(old) : PyLong_AsDouble(old);
-        double bb = PyFloat_Check(w) ? PyFloat_AS_DOUBLE(w) : PyLong_AsDouble(w);
-        nv = PyFloat_FromDouble(a + bb);
+        sum = PyFloat_FromDouble(a + (nv ? d : (double)u));
     }
-    if (!nv) goto fail;
-    if (PyDict_SetItem(f->collapsed, key, nv) < 0) { Py_DECREF(nv); goto fail; }
-    Py_DECREF(nv); Py_DECREF(key); Py_DECREF(w);
+    if (!sum) goto fail;
+    if (PyDict_SetItem(f->collapsed, key, sum) < 0) { Py_DECREF(sum); goto fail; }
+    Py_DECREF(sum); Py_DECREF(key); Py_DECREF(w);
     return 0;
 fail:
     Py_DECREF(key); Py_DECREF(w);
     return -1;
+}
+
+#define ST_MAX_BYTES (128 << 20)
+
+static int st_flush(Folder *f) {
+    for (Py_ssize_t i = 0; i < f->st_cap; i++) {
+        struct sentry *e = &f->st[i];
+        if (!e->h) continue;
+        const char *rec = f->st_bytes.p + e->off;
+        Py_ssize_t plen, n;
+        memcpy(&plen, rec, sizeof plen);
+        memcpy(&n, rec + sizeof plen, sizeof n);
+        const char *pname = rec + 2 * sizeof(Py_ssize_t);
+        Py_ssize_t *ids = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
+        if (!ids) { PyErr_NoMemory(); return -1; }
+        memcpy(ids, pname + plen, n * sizeof(Py_ssize_t));
+        int rc = build_key(f, pname, plen, ids, n, &f->key);
+        PyMem_Free(ids);
+        if (rc < 0 || dict_add(f, f->key.p, f->key.len, e->u, e->d, e->nv) < 0) return -1;
+        e->h = 0;
+    }
+    f->st_len = 0;
+    f->st_bytes.len = 0;
+    return 0;
+}
+
+/* a sample made of cached lines only: counted by (pname, ids) without building its text */
+static int st_add(Folder *f, uint64_t wu, double wd, int wnv) {
+    const char *pn = f->pname.p;
+    Py_ssize_t plen = f->pname.len, n = f->items_len;
+    uint64_t h = 0x2545F4914F6CDD1DULL ^ (uint64_t)plen;
+    Py_ssize_t i = 0;
+    uint64_t w;
+    for (; i + 8 <= plen; i += 8) { memcpy(&w, pn + i, 8); h = mix(h, w); }
+    w = 0; memcpy(&w, pn + i, (size_t)(plen - i)); h = mix(h, w);
+    for (Py_ssize_t q = 0; q < n; q++) h = mix(h, (uint64_t)f->items[q]);
+    h = mix(h, (uint64_t)n) | 1;
+    if ((f->st_len + 1) * 2 > f->st_cap) {
+        Py_ssize_t cap = f->st_cap ? f->st_cap * 2 : 1024;
+        struct sentry *t = PyMem_Calloc(cap, sizeof(struct sentry));
+        if (!t) { PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t a = 0; a < f->st_cap; a++) {
+            if (!f->st[a].h) continue;
+            Py_ssize_t j = (Py_ssize_t)(f->st[a].h & (cap - 1));
+            while (t[j].h) j = (j + 1) & (cap - 1);
+            t[j] = f->st[a];
+        }
+        PyMem_Free(f->st); f->st = t; f->st_cap = cap;
+    }
+    Py_ssize_t mask = f->st_cap - 1, j = (Py_ssize_t)(h & mask);
+    while (f->st[j].h) {
+        struct sentry *e = &f->st[j];
+        if (e->h == h) {
+            const char *rec = f->st_bytes.p + e->off;
+            Py_ssize_t rp, rn;
+            memcpy(&rp, rec, sizeof rp);
+            memcpy(&rn, rec + sizeof rp, sizeof rn);
+            const char *body = rec + 2 * sizeof(Py_ssize_t);
+            if (rp == plen && rn == n && !memcmp(body, pn, plen) &&
+                !memcmp(body + plen, f->items, n * sizeof(Py_ssize_t))) {
+                if (!e->nv && !wnv && e->u <= UV_MAX_U64 - wu) e->u += wu;
+                else {
+                    double a = e->nv ? e->d : (double)e->u;
+                    e->d = a + (wnv ? wd : (double)wu);
+                    e->nv = 1;
+                }
+                return 0;
+            }
+        }
+        j = (j + 1) & mask;
+    }
+    struct sentry e;
+    e.h = h; e.off = f->st_bytes.len; e.u = wnv ? 0 : wu; e.d = wd; e.nv = wnv;
+    if (buf_add(&f->st_bytes, (const char *)&plen, sizeof plen) < 0 ||
+        buf_add(&f->st_bytes, (const char *)&n, sizeof n) < 0 ||
+        buf_add(&f->st_bytes, pn, plen) < 0 ||
+        buf_add(&f->st_bytes, (const char *)f->items, n * sizeof(Py_ssize_t)) < 0) return -1;
+    f->st[j] = e;
+    f->st_len++;
+    if (f->st_bytes.len > ST_MAX_BYTES) return st_flush(f);   /* memory stays bounded */
+    return 0;
+}
+
+static int set_count(Folder *f) {
+    uint64_t wu = 1; double wd = 0; int wnv = 0;
+    if (!f->o_samples) { wu = f->period_u; wd = f->period_d; wnv = f->period_nv; }
+    if (!f->sample_slow) return st_add(f, wu, wd, wnv);
+    if (build_key(f, f->pname.p, f->pname.len, f->items, f->items_len, &f->key) < 0) return -1;
+    return dict_add(f, f->key.p, f->key.len, wu, wd, wnv);
 }
 
 static int do_line(Folder *f, const unsigned char *s, Py_ssize_t n) {
@@ -591,6 +728,7 @@ static int do_line(Folder *f, const unsigned char *s, Py_ssize_t n) {
         if (set_count(f) < 0) return -1;
         f->samples++;
         f->names.len = 0; f->entries.len = 0; f->groups.len = 0;
+        f->items_len = 0; f->sample_slow = 0;
         f->have_pname = 0;
         return 0;
     }
@@ -600,15 +738,24 @@ static int do_line(Folder *f, const unsigned char *s, Py_ssize_t n) {
     if (is_ws(s[0]) && f->have_pname) {
         int java = f->pname.len >= 4 && !memcmp(f->pname.p, "java", 4);
         h = line_hash(s, n, java);
-        int c = cache_get(f, s, n, h);
-        if (c < 0) return -1;
-        if (c) return 0;
+        Py_ssize_t id;
+        if (cache_get(f, s, n, h, &id)) return id >= 0 ? items_push(f, id) : 0;
         Py_ssize_t first_entry = f->entries.len, groups_before = f->groups.len;
+        Py_ssize_t names_before = f->names.len, items_before = f->items_len;
+        int slow_before = f->sample_slow;
         int r = do_frame(f, s, n);
         if (r < 0) return -1;
-        if (r == 1)
-            return cache_put(f, s, n, h, f->groups.len == groups_before, first_entry);
-        goto unrecognized;
+        if (r != 1) goto unrecognized;
+        int skipped = f->groups.len == groups_before;
+        if (cache_put(f, s, n, h, skipped, first_entry, &id) < 0) return -1;
+        if (!skipped && id >= 0) {
+            /* cached: the sample refers to the line by id, its names live in the cache */
+            f->groups.len = groups_before; f->entries.len = first_entry;
+            f->names.len = names_before; f->items_len = items_before;
+            f->sample_slow = slow_before;
+            return items_push(f, id);
+        }
+        return 0;
     }
     Py_ssize_t ce, pa, pb, ta, tb;
     if (header(s, n, &ce, &pa, &pb, &ta, &tb)) {
@@ -757,6 +904,7 @@ static PyObject *Folder_finish(Folder *f, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *Folder_result(Folder *f, PyObject *Py_UNUSED(ignored)) {
+    if (st_flush(f) < 0) return NULL;
     PyObject *events = PyDict_Keys(f->events);
     if (!events) return NULL;
     PyObject *first = Py_None;
