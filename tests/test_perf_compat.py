@@ -420,3 +420,20 @@ def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
     ctx = fold_perf_script(io.BytesIO(text), inline=True, context=True).folded_bytes()
     assert ctx == _perl(text, "--inline", "--context")
     assert b"outer:inl.c:" in ctx
+
+
+@pytest.mark.parametrize("cache_max,table_max", [(0, 1 << 30), (4096, 0), (20_000, 3000)])
+def test_c_core_limits_keep_the_output(cache_max: int, table_max: int) -> None:
+    """Past its line cache's size the core folds without it, and its table of samples is
+    flushed into the result when it grows: the same stacks either way."""
+    from profkit.parse import _fold
+
+    data = _read(FIX / "pg18-query3.perf-script.txt.gz")
+    ref = fold_perf_script(io.BytesIO(data), implementation="python")
+    f = _fold.Folder(cache_max=cache_max, table_max=table_max)
+    for i in range(0, len(data), 65536):
+        f.feed(data[i:i + 65536])
+    f.finish()
+    collapsed, modules, stats = f.result()
+    assert {k.decode(): v for k, v in collapsed.items()} == ref.counts
+    assert stats["samples"] == ref.samples

@@ -102,6 +102,7 @@ typedef struct {
     struct sentry { uint64_t h; Py_ssize_t off; uint64_t u; double d; int nv; } *st;
     Py_ssize_t st_cap, st_len;
     buf_t st_bytes;
+    Py_ssize_t cache_max, table_max;   /* bytes; past them: no caching / a flush */
 } Folder;
 
 static void Folder_dealloc(Folder *f) {
@@ -119,13 +120,17 @@ static void Folder_dealloc(Folder *f) {
 
 static int Folder_init(Folder *f, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"pid", "tid", "kernel", "jit", "addrs", "event_filter", "samples",
-                             "vdso_names", "vdso_lookup", "strict", "max_line", NULL};
+                             "vdso_names", "vdso_lookup", "strict", "max_line", "cache_max",
+                             "table_max", NULL};
     Py_buffer ef = {0};
     PyObject *lookup = Py_None;
     f->max_line = 1 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|pppppy*ppOpn", kwlist, &f->o_pid, &f->o_tid,
+    f->cache_max = 64 << 20;
+    f->table_max = 128 << 20;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|pppppy*ppOpnnn", kwlist, &f->o_pid, &f->o_tid,
                                      &f->o_kernel, &f->o_jit, &f->o_addrs, &ef, &f->o_samples,
-                                     &f->o_vdso_names, &lookup, &f->o_strict, &f->max_line))
+                                     &f->o_vdso_names, &lookup, &f->o_strict, &f->max_line,
+                                     &f->cache_max, &f->table_max))
         return -1;
     if (ef.buf) {
         if (ef.len && buf_add(&f->event_filter, ef.buf, ef.len) < 0) { PyBuffer_Release(&ef); return -1; }
@@ -362,7 +367,6 @@ static int emit_name(Folder *f, const unsigned char *func, Py_ssize_t fn,
     return 0;
 }
 
-#define CACHE_MAX_BYTES (64 << 20)
 
 static inline uint64_t mix(uint64_t h, uint64_t w) {
     h = (h ^ w) * 0xff51afd7ed558ccdULL;
@@ -421,7 +425,7 @@ static int cache_get(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h
 static int cache_put(Folder *f, const unsigned char *s, Py_ssize_t n, uint64_t h, int skipped,
                      Py_ssize_t first_entry, Py_ssize_t *id_out) {
     *id_out = -2;                                          /* not cached */
-    if (f->cache_bytes.len > CACHE_MAX_BYTES) return 0;   /* memory stays bounded */
+    if (f->cache_bytes.len > f->cache_max) return 0;   /* memory stays bounded */
     if ((f->cache_len + 1) * 2 > f->cache_cap) {
         Py_ssize_t cap = f->cache_cap ? f->cache_cap * 2 : 4096;
         struct centry *t = PyMem_Calloc(cap, sizeof(struct centry));
@@ -624,7 +628,6 @@ fail:
     return -1;
 }
 
-#define ST_MAX_BYTES (128 << 20)
 
 static int st_flush(Folder *f) {
     for (Py_ssize_t i = 0; i < f->st_cap; i++) {
@@ -701,7 +704,7 @@ static int st_add(Folder *f, uint64_t wu, double wd, int wnv) {
         buf_add(&f->st_bytes, (const char *)f->items, n * sizeof(Py_ssize_t)) < 0) return -1;
     f->st[j] = e;
     f->st_len++;
-    if (f->st_bytes.len > ST_MAX_BYTES) return st_flush(f);   /* memory stays bounded */
+    if (f->st_bytes.len > f->table_max) return st_flush(f);   /* memory stays bounded */
     return 0;
 }
 
