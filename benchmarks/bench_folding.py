@@ -36,6 +36,7 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,19 +122,25 @@ def _run(argv: list[str], stdout_path: Path | None) -> tuple[float, float, float
     return wall, user + system, rss
 
 
-def _pipeline(producer: list[str], consumer: list[str], out: Path) -> tuple[float, float]:
-    """Wall time of `producer | consumer > out`, and the producer's alone (its own run)."""
-    t0 = time.perf_counter()
-    with open(out, "wb") as f:
-        a = subprocess.Popen(producer, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        b = subprocess.Popen(consumer, stdin=a.stdout, stdout=f, stderr=subprocess.DEVNULL)
-        assert a.stdout is not None
-        a.stdout.close()
-        b.wait()
-        a.wait()
-    both = time.perf_counter() - t0
-    alone, _, _ = _run(producer, None)
-    return both, alone
+def _pipeline(producer: list[str], consumer: list[str], out: Path, repeat: int
+              ) -> tuple[float, float, float]:
+    """Medians over *repeat* runs: wall time of `producer | consumer > out`, and the
+    producer's own wall and CPU seconds (run alone, output discarded)."""
+    both, alone, cpu = [], [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with open(out, "wb") as f:
+            a = subprocess.Popen(producer, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            b = subprocess.Popen(consumer, stdin=a.stdout, stdout=f, stderr=subprocess.DEVNULL)
+            assert a.stdout is not None
+            a.stdout.close()
+            b.wait()
+            a.wait()
+        both.append(time.perf_counter() - t0)
+        w, c, _ = _run(producer, None)
+        alone.append(w)
+        cpu.append(c)
+    return statistics.median(both), statistics.median(alone), statistics.median(cpu)
 
 
 def main() -> int:
@@ -147,6 +154,8 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.05, help="nested_loop scale (default run)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep files here")
     ap.add_argument("--python", action="store_true", help="also time the Python reference")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="end to end: median of this many runs per perf script variant")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -232,17 +241,20 @@ def main() -> int:
             dmb = data.stat().st_size / 1e6
             print(f"\nend to end: perf.data ({dmb:.1f} MB) -> folded, perf script piped into "
                   "profkit-stackcollapse-perf")
-            fold_alone = next(t for label, t, *_ in rows if label == "profkit-stackcollapse-perf")
+            fold_row = next(r for r in rows if r[0] == "profkit-stackcollapse-perf")
+            fold_wall, fold_cpu = fold_row[1], fold_row[2]
+            print(f"  folding alone (profkit-stackcollapse-perf on the text file): "
+                  f"{fold_wall:.2f} s wall, {fold_cpu:.2f} s CPU")
             for label, extra in (("perf script (default fields)", []),
                                  ("perf script --no-inline", ["--no-inline"]),
                                  ("perf script " + " ".join(SCRIPT_ARGS) + " (collector)",
                                   list(SCRIPT_ARGS))):
-                both, alone = _pipeline([perf, "script", "-i", str(data), *extra],
-                                        [str(dropin)], work / "e2e.folded")
-                print(f"  {label}: {both:.2f} s for {dmb:.1f} MB of perf.data "
-                      f"({dmb / both:.1f} MB/s); perf script alone {alone:.2f} s "
-                      f"({alone / both:.0%} of the pipeline), folding alone (from the text "
-                      f"file) {fold_alone:.2f} s")
+                both, alone, cpu = _pipeline([perf, "script", "-i", str(data), *extra],
+                                             [str(dropin)], work / "e2e.folded", args.repeat)
+                print(f"  {label}:\n    perf.data -> folded {both:.2f} s ({dmb / both:.1f} MB of "
+                      f"perf.data/s); perf script alone {alone:.2f} s wall, {cpu:.2f} s CPU: "
+                      f"{cpu / (cpu + fold_cpu):.0%} of the CPU is perf script's "
+                      f"(medians of {args.repeat})")
         if args.workdir:
             print(f"files kept in {work}")
         ok = all(same is not False for *_, same in rows)
