@@ -2,6 +2,6 @@
 pyproject.toml."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("profkit.parse._fold", ["profkit/parse/_fold.c"],
+setup(ext_modules=[Extension("profkit._fold", ["profkit/_fold.c"],
                              extra_compile_args=["-O2", "-std=c99", "-D_GNU_SOURCE"],
                              optional=False)])

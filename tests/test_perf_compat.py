@@ -89,7 +89,7 @@ def _ours(data: bytes | Path, impl: str, **kw: object) -> bytes:
 @pytest.fixture(scope="module", autouse=True)
 def _c_core_built() -> None:
     # the compiled core is part of the install: a test run without it is a failure
-    assert ps._fold is not None, "profkit.parse._fold is not built: pip install -e ."
+    assert ps._fold is not None, "profkit._fold is not built: pip install -e ."
 
 
 # ---------------------------------------------------------------- FlameGraph's test.sh
@@ -182,6 +182,19 @@ def test_drop_in_command_matches_perl(tmp_path: Path) -> None:
     assert cp.stdout == _perl(data)
     two = subprocess.run([str(exe), str(f), str(f)], capture_output=True, check=True)
     assert two.stdout == _perl(data + data)                        # files concatenated
+    cut = tmp_path / "cut.txt"                 # a file whose last line has no newline
+    cut.write_bytes(data[:data.rindex(b"\n\n") + 1] + HEADER[:-1])
+    argv = [str(cut), str(f)]
+    cp = subprocess.run([str(exe), *argv], capture_output=True, check=True)
+    assert cp.stdout == subprocess.run([PERL, str(SUITE / "stackcollapse-perf.pl"), *argv],
+                                       capture_output=True, check=True).stdout
+    cp = subprocess.run([str(exe), "--event-filter", "cpu-clock:ppp", "--tid", str(f)],
+                        capture_output=True, check=True)
+    assert cp.stdout == _perl(data, "--event-filter=cpu-clock:ppp", "--tid")
+    bad = subprocess.run([str(exe), "--strict", str(cut)], capture_output=True)
+    assert bad.returncode == 2 and b"expected a newline at the end" in bad.stderr
+    assert b"--event-filter" in subprocess.run([str(exe), "--help"], capture_output=True,
+                                               check=True).stdout
 
 
 # ---------------------------------------------------------------- C core == reference
@@ -426,7 +439,7 @@ def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
 def test_c_core_limits_keep_the_output(cache_max: int, table_max: int) -> None:
     """Past its line cache's size the core folds without it, and its table of samples is
     flushed into the result when it grows: the same stacks either way."""
-    from profkit.parse import _fold
+    from profkit import _fold
 
     data = _read(FIX / "pg18-query3.perf-script.txt.gz")
     ref = fold_perf_script(io.BytesIO(data), implementation="python")

@@ -56,8 +56,11 @@ ones).
 Whatever the options, a line longer than 1 MB, or a perf.data file given instead of its
 text, raises :class:`~profkit.errors.ParseError` (the Perl script would print garbage).
 
-**Speed.** The folding runs in a C extension (``profkit/parse/_fold.c``, built by pip from
-source), streaming 1 MB chunks: no Python object per line, one per sample. This module's
+**Speed.** The folding runs in a C extension (``profkit/_fold.c``, built by pip from
+source), streaming 1 MB chunks: a frame line seen before is looked up, not parsed again,
+and a sample made of such lines is counted by their ids, so no Python object is made per
+line or per sample, only per distinct stack at the end. ``profkit-stackcollapse-perf``
+(:mod:`profkit.stackcollapse`) drives it without importing this module. This module's
 pure-Python :class:`_PyFolder` is the reference implementation (no regular expressions:
 the Perl patterns are emulated with linear scans, including their backtracking's
 choices), tested to agree with the C core byte for byte (tests/test_perf_compat.py).
@@ -89,7 +92,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 try:  # the compiled core (see _fold.c); the pure-Python reference below is the fallback
-    from profkit.parse import _fold  # type: ignore[attr-defined]
+    from profkit import _fold  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - a checkout without `pip install -e .`
     _fold = None
 
@@ -951,7 +954,7 @@ def fold_perf_script(
     use_c = implementation == "c" or (implementation == "auto" and _fold is not None
                                        and not inline)
     if use_c and _fold is None:
-        raise ParseError("the compiled folding core (profkit.parse._fold) is not built: "
+        raise ParseError("the compiled folding core (profkit._fold) is not built: "
                          "reinstall profkit with `pip install -e .` (needs a C compiler and "
                          "python3-dev), or pass implementation='python'")
     if use_c and inline:
@@ -1139,10 +1142,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _concat(files: list[str]) -> Iterable[bytes]:
-    """Perl's ``<>`` over several files: one stream."""
+    """Perl's ``<>`` over several files: one stream, where a file's last line ends at
+    its end even without a newline."""
+    last = b"\n"
     for name in files:
+        if last[-1:] != b"\n":
+            yield b"\n"
         if name == "-":
-            yield from sys.stdin.buffer
+            for last in sys.stdin.buffer:
+                yield last
             continue
         f, _ = _open(name)
         with f:
@@ -1150,6 +1158,7 @@ def _concat(files: list[str]) -> Iterable[bytes]:
                 b = f.read(CHUNK)
                 if not b:
                     break
+                last = b
                 yield b
 
 

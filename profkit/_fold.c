@@ -1,5 +1,6 @@
 /*
- * profkit.parse._fold: the compiled core of profkit.parse.perf_script.
+ * profkit._fold: the compiled core of profkit.parse.perf_script (at the package top, so
+ * that importing it costs nothing more: see profkit/stackcollapse.py).
  *
  * Folds `perf script` text exactly as stackcollapse-perf.pl does (and as the pure-Python
  * reference _PyFolder in perf_script.py does: keep the two in step, the tests compare
@@ -940,7 +941,7 @@ static PyMethodDef Folder_methods[] = {
 
 static PyTypeObject FolderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "profkit.parse._fold.Folder",
+    .tp_name = "profkit._fold.Folder",
     .tp_basicsize = sizeof(Folder),
     .tp_dealloc = (destructor)Folder_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -951,7 +952,7 @@ static PyTypeObject FolderType = {
 };
 
 static struct PyModuleDef fold_module = {
-    PyModuleDef_HEAD_INIT, "profkit.parse._fold",
+    PyModuleDef_HEAD_INIT, "profkit._fold",
     "Compiled core of profkit.parse.perf_script (see that module).", -1, NULL,
     NULL, NULL, NULL, NULL
 };
@@ -960,7 +961,7 @@ PyMODINIT_FUNC PyInit__fold(void) {
     if (PyType_Ready(&FolderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&fold_module);
     if (!m) return NULL;
-    FoldError = PyErr_NewException("profkit.parse._fold.FoldError", NULL, NULL);
+    FoldError = PyErr_NewException("profkit._fold.FoldError", NULL, NULL);
     if (!FoldError || PyModule_AddObject(m, "FoldError", FoldError) < 0) return NULL;
     Py_INCREF(FoldError);
     Py_INCREF(&FolderType);
