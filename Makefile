@@ -29,9 +29,10 @@ $(STAMP): pyproject.toml
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# Without PostgreSQL builds (parsers, renderers, statistics).
+# Without PostgreSQL builds or its source (parsers, renderers, statistics): builds
+# nothing and downloads nothing.
 test-fast: setup
-	$(BIN)/pytest -m "not pg and not slow and not browser" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not pg and not slow and not browser and not source and not cold" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/profkit reproduce

@@ -274,15 +274,21 @@ def run_cell(line: str, cell: str, registry: ClusterRegistry | None = None,
     The return value is a DataFrame (query rows, or a table of counts), or a
     :class:`~profkit.render.flamegraph.FlameGraph` for ``--collector perf``.
     """
+    from profkit.pg.build import resolve_spec
+    from profkit.pg.workloads import check_args
+
     opts = parse_options(line)
     reg = registry if registry is not None else REGISTRY
     note = say or (lambda m: None)
+    # everything that can be checked is checked before a build or a cluster start
+    check_args(opts.workload, scale=opts.scale, reps=opts.reps, mode=opts.mode)
+    resolve_spec(opts.build)
     if opts.collector == "gprof":
         _require_profiling_build(opts.build)
+    sql = statement(cell, opts)
     s = reg.get(opts.build, progress=note)
     if opts.workload is not None and reg.ensure_workload(s, opts.workload, opts.scale):
         note(f"loaded {opts.workload} at scale {opts.scale:g} into {opts.build}")
-    sql = statement(cell, opts)
     return COLLECTOR_FUNCS[opts.collector](s, sql, opts, note)
 
 

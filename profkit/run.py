@@ -158,11 +158,9 @@ def run(
             stdout = subprocess.PIPE
             stderr = subprocess.STDOUT if merge_stderr else subprocess.PIPE
         try:
-            cp = subprocess.run(
-                argv, cwd=cwd, env=full_env, stdout=stdout, stderr=stderr,
-                input=input.encode() if isinstance(input, str) else input,
-                timeout=timeout, **kwargs,
-            )
+            cp = _run_group(argv, cwd=cwd, env=full_env, stdout=stdout, stderr=stderr,
+                            input=input.encode() if isinstance(input, str) else input,
+                            timeout=timeout, **kwargs)
         except FileNotFoundError as e:
             if e.filename in (argv[0], None) or not cwd or Path(cwd).exists():
                 raise ToolNotFound(
@@ -187,6 +185,22 @@ def run(
             f"{what} failed with exit code {cp.returncode}: {format_argv(argv)}\n{tail}",
             argv, cp.returncode, tail)
     return res
+
+
+def _run_group(argv: list[str], *, timeout: float | None, input: bytes | None,
+               **popen_kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run, but the child leads a process group of its own, and on a
+    timeout, an error or Ctrl-C the whole group is killed: a `make -j2` interrupted
+    half-way leaves no compiler behind (subprocess.run would kill make alone)."""
+    with subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                          start_new_session=True, **popen_kwargs) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except BaseException:
+            _kill_group_quietly(proc.pid)
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _decode(b: bytes | str | None) -> str:

@@ -11,7 +11,7 @@ pkgs=(
   build-essential bison flex libreadline-dev zlib1g-dev libicu-dev pkg-config
   ccache binutils valgrind ltrace bpftrace bpfcc-tools python3-bpfcc
   libelf-dev dpkg-dev xz-utils bzip2 curl ca-certificates git
-  python3-venv python3-dev chromium ruby
+  python3-venv python3-dev chromium ruby gdb perl postgresql
 )
 case "$ID" in
   debian) pkgs+=(linux-perf) ;;

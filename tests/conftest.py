@@ -6,9 +6,65 @@ run on a machine compiles PostgreSQL.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
+# Every build the suite uses, in the order they are made: vanilla first, then the
+# variants that share most of its objects (ccache hits), the -pg build (all misses) last.
+BUILD_ORDER = ("vanilla", "step1", "step2", "step3", "coarse_clock", "tsc_clock",
+               "sampled_timing", "gprof", "step3+gprof")
+# Session/module fixtures that stand for a build.
+FIXTURE_BUILDS = {"vanilla_build": "vanilla", "gprof_cluster": "gprof"}
+
+
+def needed_builds(items) -> list[str]:
+    """The builds the selected tests need: ``@pytest.mark.builds(...)`` plus vanilla for
+    any test that (transitively) uses the ``vanilla_build`` fixture."""
+    names: set[str] = set()
+    for item in items:
+        for m in item.iter_markers("builds"):
+            names.update(m.args)
+        for fixture, build in FIXTURE_BUILDS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                names.add(build)
+    unknown = names - set(BUILD_ORDER)
+    if unknown:
+        raise pytest.UsageError(f"tests ask for builds not in conftest.BUILD_ORDER: {sorted(unknown)}")
+    return [n for n in BUILD_ORDER if n in names]
+
+
+def pytest_collection_finish(session):
+    """Build what the selected tests need before the first test runs, in dependency
+    order, with progress on the terminal: a test never skips because a build is missing,
+    and a cold cache shows what it is doing instead of a silent half hour."""
+    if session.config.option.collectonly:
+        return
+    names = needed_builds(session.items)
+    if not names:
+        return
+    from profkit.pg.build import find_build, get_build
+
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(msg: str) -> None:
+        if tr is not None:
+            tr.write_line(f"[builds] {msg}")
+
+    missing = [n for n in names if find_build(n) is None]
+    say(f"{len(names)} builds needed ({', '.join(names)}); "
+        f"{len(missing)} to build{': ' + ', '.join(missing) if missing else ''}")
+    from profkit.errors import ProfkitError
+
+    for i, n in enumerate(names, 1):
+        t0 = time.monotonic()
+        try:
+            get_build(n, progress=say)
+        except ProfkitError as e:  # a build the tests need failed: nothing can pass
+            pytest.exit(f"build {n!r} failed, so the tests that need it cannot run:\n{e}",
+                        returncode=1)
+        if n in missing:
+            say(f"[{i}/{len(names)}] {n} ready in {time.monotonic() - t0:.0f} s")
 
 
 def pytest_configure(config):

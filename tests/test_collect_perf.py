@@ -261,16 +261,16 @@ def test_cli_perf(monkeypatch, tmp_path, vanilla_build) -> None:
     assert "PostgreSQL" in text and "18." in text  # provenance in the subtitle
     runs = list((tmp_path / "profiles").iterdir())
     assert len(runs) == 1 and (runs[0] / "flamegraph.svg").exists()
-    # bad input through the CLI: a clear one-line error, exit status 2
+    # bad input through the CLI: a clear one-line error, exit status 1
     r = CliRunner().invoke(main, ["perf", "no-such-build"])
-    assert r.exit_code == 2 and "unknown build" in r.output
+    assert r.exit_code == 1 and "unknown build" in r.output
 
 
 def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
     """`make demo`'s three SVGs. The demo's builds are vanilla and step3; here vanilla
     twice (the step3 build is the patch library's, built by `make demo`), which checks
     the plumbing: two recordings, two plain graphs, one differential."""
-    from profkit.cli_profile import demo_flamegraphs
+    from profkit.experiments.profile import demo_flamegraphs
 
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path / "profiles"))
     paths = demo_flamegraphs(tmp_path / "fg", scale=0.01, builds=("vanilla", "vanilla"),
@@ -291,10 +291,10 @@ def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
 @pytest.mark.browser
 def test_flamegraph_screenshot(query3, tmp_path_factory) -> None:
     """The vanilla Query-3 flamegraph of a real recording, rendered, searched, photographed."""
-    pytest.importorskip("websocket", reason="pip install websocket-client")
+    import websocket  # noqa: F401  (dev extra: websocket-client)
+
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    if not os.path.exists(chromium):
-        pytest.skip("chromium is not installed (apt-get install chromium)")
+    assert os.path.exists(chromium), "chromium is not installed: run scripts/setup-system.sh"
     from test_flamegraph import Browser  # the parser helper's DevTools driver
 
     from profkit.render.flamegraph import render, write_svg

@@ -2,7 +2,11 @@
 the Vagrantfile's syntax and settings, and scripts/setup-system.sh on this machine.
 
 conda's channels are not reachable here, so environment.yml is checked for its
-contents only (MACHINE.md); the Vagrantfile is checked with ``ruby -c`` (no
+contents only (MACHINE.md): every requirement of pyproject.toml (runtime and every extra)
+is a conda package of the same name and floor. All of them are on conda-forge —
+gprof2dot (noarch, 2024.6.6 and newer) and py-spy included — as conda-forge's package
+pages showed when this was written, so nothing is left to the pip section but profkit.
+The Vagrantfile is checked with ``ruby -c`` (no
 VirtualBox/libvirt here to run ``vagrant validate``) plus what it must say.
 """
 from __future__ import annotations
@@ -31,11 +35,18 @@ def normalise(requirement: str) -> str:
     return PIP_TO_CONDA.get(name, name)
 
 
-def pyproject_names() -> set[str]:
+def pyproject_requirements() -> list[str]:
+    """Runtime requirements and every extra's, without the self-reference
+    (``profkit[jupyter,pyspy]`` in dev)."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     reqs = list(data["project"]["dependencies"])
-    reqs += data["project"].get("optional-dependencies", {}).get("dev", [])
-    return {normalise(r) for r in reqs}
+    for extra in data["project"].get("optional-dependencies", {}).values():
+        reqs += extra
+    return [r for r in reqs if normalise(r) != data["project"]["name"]]
+
+
+def pyproject_names() -> set[str]:
+    return {normalise(r) for r in pyproject_requirements()}
 
 
 def read_environment_yml(text: str) -> tuple[list[str], list[str]]:
@@ -104,15 +115,15 @@ def test_environment_yml_matches_pyproject():
     assert not missing, f"environment.yml lacks {sorted(missing)} (in pyproject.toml)"
     assert not extra, f"environment.yml has {sorted(extra)} that pyproject.toml does not"
     assert not conda_names & pip_names, "a package is listed both for conda and pip"
-    # the gprof2dot case: on PyPI only
-    assert "gprof2dot" in pip_names
-    assert "psycopg" in conda_names
+    # everything is on conda-forge (gprof2dot and py-spy too): pip installs profkit only
+    assert not pip_names
+    assert {"gprof2dot", "psycopg", "py-spy", "hypothesis"} <= conda_names
 
 
 def test_environment_yml_minimum_versions_match():
     """The lower bounds agree too (a newer floor in one file is a silent drift)."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    reqs = list(data["project"]["dependencies"]) + data["project"]["optional-dependencies"]["dev"]
+    reqs = pyproject_requirements()
 
     def floors(items: list[str]) -> dict[str, str]:
         out = {}
@@ -131,7 +142,7 @@ def test_environment_yml_minimum_versions_match():
 
 
 def test_simple_yaml_reader_agrees_with_pyyaml():
-    yaml = pytest.importorskip("yaml")
+    import yaml  # pyyaml: a dependency of jupyter (dev extra)
     text = (ROOT / "environment.yml").read_text()
     doc = yaml.safe_load(text)
     conda = [d for d in doc["dependencies"] if isinstance(d, str)]

@@ -249,7 +249,7 @@ def test_render_from_stacks_dataframe_and_path(tmp_path: Path) -> None:
 def test_cli_flamegraph(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from profkit.cli_parse import flamegraph_cmd
+    from profkit.cli.parse import flamegraph_cmd
 
     out = tmp_path / "q3.svg"
     r = CliRunner().invoke(flamegraph_cmd, [str(PERF / "pg18-query3.perf-script.txt.gz"),
@@ -352,8 +352,8 @@ class Browser:
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory):
     if not os.path.exists(CHROMIUM):
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("websocket", reason="pip install websocket-client")
+        pytest.fail("chromium is not installed: run scripts/setup-system.sh")
+    import websocket  # noqa: F401  (dev extra: websocket-client)
     b = Browser(tmp_path_factory.mktemp("chromium-profile"))
     try:
         yield b
@@ -584,7 +584,7 @@ def test_non_utf8_names_render_as_valid_xml(tmp_path: Path) -> None:
 
 
 def test_cli_stdin_merge_icicle_and_bad_width(tmp_path: Path) -> None:
-    from profkit.cli_parse import flamegraph_cmd
+    from profkit.cli.parse import flamegraph_cmd
 
     q3 = PERF / "expected_pg18-query3.folded"
     q2 = PERF / "expected_pg18-query2.folded"

@@ -122,8 +122,12 @@ def test_no_process_left_after_ctrl_c(vanilla_build, tmp_path):
     # auxiliary processes must be alive
     pids = [p for p in listed if alive(p)]
     assert pids[0] == listed[0] and len(pids) >= 3
+    t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     proc.wait(90)
+    # a fast shutdown of an idle cluster takes about a second: a stop that waited for a
+    # crash recovery that never happened (or for the 60 s stop timeout) would show here
+    assert time.monotonic() - t0 < 30
     time.sleep(0.3)
     assert [p for p in pids if alive(p)] == []
 
@@ -193,7 +197,26 @@ def test_one_file_patch_rebuilds_incrementally(vanilla_build):
     out = run(["nm", b.postgres]).stdout
     assert "profkit_first_calls" in out
     if "ccache" in b.timings:  # fresh build: only the touched file is compiled for real
-        assert b.timings["ccache"]["cache_miss"] <= 5, b.timings
+        # measured here: 12 misses and 1,298 hits (step2, a patch to execProcnode.c and
+        # no header, showed the same 12): the touched file plus a few objects that miss in
+        # every new build tree; a header change would miss hundreds
+        cc = b.timings["ccache"]
+        assert cc["cache_miss"] <= 15, b.timings
+        assert cc["direct_cache_hit"] + cc["preprocessed_cache_hit"] >= 1200, b.timings
         cold = vanilla_build.timings.get("make_s", 0)
         print(f"one-file patch: make {b.timings['make_s']:.0f} s (vanilla cold/first make "
               f"{cold:.0f} s)")
+
+
+def test_recovering_reads_the_log_in_order(vanilla_build, tmp_path):
+    """Stop waits for recovery only while the postmaster is really recovering."""
+    cl = Cluster(vanilla_build, name="log-only")
+    cl.dir = tmp_path
+    assert not cl.recovering()  # no log yet
+    ready = "LOG:  database system is ready to accept connections"
+    crash = "LOG:  client backend (PID 42) was terminated by signal 9: Killed"
+    for lines, want in (([ready], False), ([ready, crash], True), ([ready, crash, ready], False),
+                        ([crash], True)):
+        (tmp_path / "postgres.log").write_text("\n".join(lines) + "\n")
+        assert cl.recovering() is want, lines
+    assert "terminated by signal 9" in cl.crash_report()  # the report still finds it

@@ -167,12 +167,9 @@ def test_bpf_collector_counts_per_plan_node(ip, capsys, vanilla_build, tmp_path,
 
 
 @pytest.mark.pg
+@pytest.mark.builds("gprof")
 def test_gprof_collector_counts_calls_exactly(ip, capsys, tmp_path, monkeypatch):
-    """Needs the -pg build; skipped (not built here) when it is not cached."""
-    from profkit.pg.build import find_build
-
-    if find_build("gprof") is None:
-        pytest.skip("the gprof build is not cached (`profkit build gprof`)")
+    """Needs the -pg build (conftest builds it before the session)."""
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path))
     fn = ip.run_cell_magic("profkit", "--build gprof --workload join_sum --scale 0.002 "
                            "--collector gprof --mode analyze_notiming --top 400",

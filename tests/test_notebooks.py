@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-jupytext = pytest.importorskip("jupytext")
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+import jupytext
+import nbclient
+import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
@@ -38,6 +38,17 @@ PARAMS: dict[str, dict[str, object]] = {
     "04_clock_calls_per_node.py": {"SCALE": 0.02, "REPS": 5},
     "05_clock_sources.py": {"SCALE": 0.02, "REPS": 5, "CLOCK_LOOPS": 2_000_000},
 }
+# The builds each notebook compares at those parameters (conftest builds them first);
+# the test asserts the notebook used exactly these and skipped none.
+NB_BUILDS: dict[str, list[str]] = {
+    "01_overhead.py": ["vanilla", "step3"],
+    "02_flamegraphs.py": ["vanilla", "step3"],
+    "03_instrumentation_calls.py": ["vanilla", "step3"],
+    "04_clock_calls_per_node.py": ["vanilla"],
+    "05_clock_sources.py": ["vanilla", "coarse_clock", "tsc_clock"],
+}
+# builds used besides the compared ones (03's gprof counts on the -pg twins)
+NB_EXTRA_BUILDS: dict[str, list[str]] = {"03_instrumentation_calls.py": ["gprof", "step3+gprof"]}
 TIMEOUT_S: dict[str, int] = {"01_overhead.py": 600, "03_instrumentation_calls.py": 600}
 DEFAULT_TIMEOUT_S = 300
 
@@ -113,7 +124,9 @@ def test_ipynb_is_paired_with_py(name):
 
 
 @pytest.mark.pg
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.builds(*NB_BUILDS.get(n, []), *NB_EXTRA_BUILDS.get(n, [])))
+    for n in NOTEBOOKS])
 def test_notebook_runs_and_asserts(name, profiles):
     nb = load(name)
     inject_parameters(nb, PARAMS[name])
@@ -126,6 +139,9 @@ def test_notebook_runs_and_asserts(name, profiles):
     print(f"{name}: {seconds:.1f} s")
     text = outputs_text(nb)
     assert "Traceback" not in text
+    # it compared the builds it was given and skipped none (conftest built them)
+    assert f"using builds: {', '.join(NB_BUILDS[name])}" in text, text[-3000:]
+    assert "SKIPPED" not in text, [ln for ln in text.splitlines() if "SKIPPED" in ln]
     if name == "01_overhead.py":
         assert "collected a fresh run" in text
         # a second execution finds that run in profiles/ and does not collect again

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from profkit import tables
-from profkit.cli_parse import parse_group
+from profkit.cli.parse import parse_group
 from profkit.errors import ParseError
 from profkit.parse import detect_stack_format, load_stacks
 from profkit.parse.folded import (
@@ -417,10 +417,10 @@ def test_cli_parse_perf_script_functions_csv() -> None:
     assert head[1].startswith("perf,__vdso_clock_gettime,[vdso],,167.0,168.0,")
 
 
-def test_cli_parse_perf_script_bad_input_exit_2() -> None:
+def test_cli_parse_perf_script_bad_input_exit_1() -> None:
     r = CliRunner().invoke(parse_group, ["perf-script", "--strict",
                                          str(FIX / "garbled-frame.perf-script.txt")])
-    assert r.exit_code == 2
+    assert r.exit_code == 1  # a ParseError is a failure (1); usage errors are 2
     assert "line 15" in r.output
 
 

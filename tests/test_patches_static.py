@@ -26,8 +26,8 @@ def _source() -> Path:
 
         src = get_source().path
     path = Path(src)
-    if not (path / "configure").is_file() or not (path / "src" / "include").is_dir():
-        pytest.skip(f"PROFKIT_PG_SRC={src} is not a PostgreSQL source tree")
+    assert (path / "configure").is_file() and (path / "src" / "include").is_dir(), \
+        f"PROFKIT_PG_SRC={src} is not a PostgreSQL source tree"
     return path
 
 
@@ -95,12 +95,14 @@ def test_unknown_names_give_clear_errors(tmp_path):
         patches.check_applies(tmp_path, ["step1"])
 
 
+@pytest.mark.source
 @pytest.mark.parametrize("preset", [p for p in patches.PRESETS if patches.PRESETS[p]])
 def test_presets_apply_in_order(preset):
     src = _source()
     patches.check_applies(src, patches.PRESETS[preset])
 
 
+@pytest.mark.source
 def test_patch_dry_run_applies_to_fresh_copy(tmp_path):
     """The cumulative chain applies with plain `patch -p1` (what the build does)."""
     src = _source()
@@ -119,6 +121,7 @@ def test_patch_dry_run_applies_to_fresh_copy(tmp_path):
     assert "PostExecProcNodeInstr" in helper
 
 
+@pytest.mark.source
 def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
     """A patch whose context no longer matches is reported with its @@ line."""
     src = _source()

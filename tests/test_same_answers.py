@@ -67,6 +67,7 @@ def test_corpus_covers_the_node_types(vanilla_rows):
     assert seq["rows"].iloc[0] == sum(1 for i in range(1, 10001) if ((i * 7919) % 1000) % 7 == 0)
 
 
+@pytest.mark.builds(*VARIANTS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_reports_vanilla_rows_and_loops(variant, vanilla_rows):
     b = get_build(variant, progress=print)

@@ -378,16 +378,11 @@ VARIANTS = ("coarse_clock", "tsc_clock", "sampled_timing")
 
 @pytest.fixture(scope="module")
 def variant_run(vanilla_build, tmp_path_factory):
-    from profkit.pg.build import find_build, get_build
     from profkit.timing_variants import run_timing_accuracy
 
-    cached = [v for v in VARIANTS if find_build(v) is not None]
-    if not cached:  # at least one variant must run: build the one with most to check
-        get_build("tsc_clock", progress=print)
-        cached = ["tsc_clock"]
-    arms = ["vanilla", *cached]
-    if "sampled_timing" in cached:
-        arms.append("sampled_timing_n1=sampled_timing:explain_timing_sample_rate=1")
+    # every variant runs: conftest builds them before the session (builds marker)
+    cached = list(VARIANTS)
+    arms = ["vanilla", *cached, "sampled_timing_n1=sampled_timing:explain_timing_sample_rate=1"]
     out = tmp_path_factory.mktemp("timing_accuracy") / "run"
     res = run_timing_accuracy(arms, {"join_sum": 0.1}, reps=3, warmup=1, out_dir=out,
                               seed=1, clock_cost=False)
@@ -395,6 +390,7 @@ def variant_run(vanilla_build, tmp_path_factory):
 
 
 @pytest.mark.pg
+@pytest.mark.builds(*VARIANTS)
 def test_real_run_same_rows_and_files(variant_run):
     cached, res = variant_run
     assert res.mismatches.empty, res.mismatches.head()
@@ -425,10 +421,10 @@ def test_real_run_same_rows_and_files(variant_run):
 
 
 @pytest.mark.pg
+@pytest.mark.builds(*VARIANTS)
 def test_real_tsc_clock_agrees_with_vanilla(variant_run):
     cached, res = variant_run
-    if "tsc_clock" not in cached:
-        pytest.skip("tsc_clock is not cached (coarse_clock/sampled_timing ran instead)")
+    assert "tsc_clock" in cached
     shown = res.provenance["arm_settings_shown"]["tsc_clock"]["instr_clock_source"]
     assert shown.startswith("auto")  # "auto (rdtsc)" on an invariant TSC
     acc = res.accuracy
@@ -443,10 +439,10 @@ def test_real_tsc_clock_agrees_with_vanilla(variant_run):
 
 
 @pytest.mark.pg
+@pytest.mark.builds(*VARIANTS)
 def test_real_coarse_clock_is_tick_quantised(variant_run):
     cached, res = variant_run
-    if "coarse_clock" not in cached:
-        pytest.skip("coarse_clock is not cached")
+    assert "coarse_clock" in cached
     tick_ms = time.clock_getres(CLOCK_MONOTONIC_COARSE) * 1000.0
     assert res.provenance["tick_arms"]["coarse_clock"] == pytest.approx(tick_ms)
     n = res.nodes
@@ -466,10 +462,10 @@ def test_real_coarse_clock_is_tick_quantised(variant_run):
 
 
 @pytest.mark.pg
+@pytest.mark.builds(*VARIANTS)
 def test_real_sampled_timing_at_rate_1_is_vanilla(variant_run):
     cached, res = variant_run
-    if "sampled_timing" not in cached:
-        pytest.skip("sampled_timing is not cached")
+    assert "sampled_timing" in cached
     shown = res.provenance["arm_settings_shown"]
     assert shown["sampled_timing"]["explain_timing_sample_rate"] == "100"
     assert shown["sampled_timing_n1"]["explain_timing_sample_rate"] == "1"

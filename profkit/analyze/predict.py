@@ -125,6 +125,7 @@ of the nodes; profkit's clusters set max_parallel_workers_per_gather = 0.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -247,20 +248,68 @@ def query_constants(ctx: PredictContext) -> list[Constant]:
 
 
 def _load(explain: Any) -> dict[str, Any]:
-    if isinstance(explain, (str, bytes)):
+    if isinstance(explain, (str, bytes, bytearray)):
         try:
             explain = json.loads(explain)
-        except ValueError as e:
-            raise ParseError(f"EXPLAIN output is not JSON ({e}); use FORMAT JSON") from None
+        except json.JSONDecodeError as e:
+            raise ParseError(f"EXPLAIN output, line {e.lineno} column {e.colno}: not JSON "
+                             f"({e.msg}); use EXPLAIN (FORMAT JSON)") from None
+        except ValueError as e:  # bytes that are not UTF-8/16/32
+            raise ParseError(f"EXPLAIN output is not JSON text ({e}); use EXPLAIN "
+                             "(FORMAT JSON)") from None
+        except RecursionError:
+            raise ParseError("EXPLAIN output: JSON nested too deeply to be a plan") from None
     if isinstance(explain, (list, tuple)):
         if not explain:
             raise ParseError("empty EXPLAIN result")
         explain = explain[0]
-        if isinstance(explain, (list, tuple)):  # a row: (json,)
+        if isinstance(explain, (list, tuple, str, bytes)):  # a row: (json,)
             return _load(explain)
     if not isinstance(explain, Mapping) or "Plan" not in explain:
         raise ParseError("not an EXPLAIN (FORMAT JSON) result: expected [{'Plan': ...}]")
+    _check_plan(explain["Plan"])
     return dict(explain)
+
+
+_NUMERIC_KEYS = ("Actual Rows", "Actual Loops", "Plan Rows", "Startup Cost", "Total Cost")
+_TEXT_KEYS = ("Node Type", "Parent Relationship", "Subplan Name", "Relation Name", "Join Type")
+#: deeper than this is not a plan PostgreSQL made (and would overflow Python's stack)
+MAX_PLAN_DEPTH = 400
+
+
+def _check_plan(plan: Any) -> None:
+    """Reject a plan tree whose shape or values are not EXPLAIN's, naming the node.
+
+    Iterative, so a hostile nesting depth is an error, not a RecursionError."""
+    stack: list[tuple[Any, str, int]] = [(plan, "Plan", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if not isinstance(node, Mapping):
+            raise ParseError(f"EXPLAIN JSON, {where}: expected a plan node object, got "
+                             f"{type(node).__name__}")
+        if depth > MAX_PLAN_DEPTH:
+            raise ParseError(f"EXPLAIN JSON: the plan is nested deeper than {MAX_PLAN_DEPTH} "
+                             "nodes; not a plan PostgreSQL made")
+        for k in _NUMERIC_KEYS:
+            v = node.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < 0:
+                raise ParseError(f"EXPLAIN JSON, {where}: {k!r} should be a finite number >= 0, "
+                                 f"got {v!r}"[:300])
+        for k in _TEXT_KEYS:
+            v = node.get(k)
+            if v is not None and not isinstance(v, str):
+                raise ParseError(f"EXPLAIN JSON, {where}: {k!r} should be text, got {v!r}"[:300])
+        children = node.get("Plans")
+        if children is None:
+            continue
+        if not isinstance(children, (list, tuple)):
+            raise ParseError(f"EXPLAIN JSON, {where}: 'Plans' should be a list of nodes, got "
+                             f"{type(children).__name__}")
+        for i in range(len(children) - 1, -1, -1):
+            stack.append((children[i], f"{where} > Plans[{i}]", depth + 1))
 
 
 _SUBPLAN_NUM = re.compile(r"^(InitPlan|SubPlan)\s+(\d+)")
@@ -294,6 +343,9 @@ def flatten_plan(explain: Any) -> pd.DataFrame:
         per_loop = node.get("Actual Rows")
         analyzed = loops is not None
         total = float(per_loop) * float(loops) if analyzed and per_loop is not None else None
+        if total is not None and not math.isfinite(total):
+            raise ParseError(f"EXPLAIN JSON: node {nid} ({ntype}): Actual Rows x Actual Loops "
+                             "is not a finite number")
         rows.append({
             "node_id": nid, "node_type": ntype, "parent_id": parent, "relationship": rel,
             "subplan_name": sub_name, "depth": depth, "plan_tree": tree,
@@ -342,9 +394,13 @@ def flatten_plan(explain: Any) -> pd.DataFrame:
 
 
 def _explain_order(plan: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    out = [plan]
-    for c in plan.get("Plans", []) or []:
-        out += _explain_order(c)
+    """Nodes in EXPLAIN's print order (pre-order), without recursion."""
+    out: list[Mapping[str, Any]] = []
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(node.get("Plans", []) or []))
     return out
 
 

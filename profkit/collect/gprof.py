@@ -482,13 +482,13 @@ def profile_workload_with_prediction(
     from profkit.pg.build import Build as _Build
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
 
+    wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
     gprof_path()
     b = build if isinstance(build, _Build) else get_build(profiling_build_name(build),
                                                           progress=say)
-    wl = get_workload(workload)
     sql = wl.query(mode)
     qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
     pred = None

@@ -42,6 +42,7 @@ from typing import Any
 from profkit.collect.bpf import PartialProbe, backend_info, sigterm_raises
 from profkit.errors import ProbeError
 from profkit.run import Background, format_argv, which
+from profkit.parse._io import read_text
 
 QueryRunner = Callable[[], Any]
 
@@ -183,7 +184,7 @@ def count_calls(conn: Any, sql: str | None = None, *, pid: int | None = None,
         rc = _traced(bg, pid, runner, t_attach, attach_timeout, settle_s, err)
     query_error, attach_s, t0, t1 = rc.query_error, rc.attach_s, rc.t0, rc.t1
     run = LtraceRun(pid=pid, argv=tuple(argv), summary_path=summary,
-                    summary_text=summary.read_text(errors="replace"),
+                    summary_text=read_text(summary),
                     query_ms=(t1 - t0) * 1000, attach_s=attach_s, returncode=rc.returncode,
                     stderr=err.read_text(errors="replace"))
     if query_error is not None:

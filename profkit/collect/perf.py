@@ -658,12 +658,12 @@ def profile_workload(build: Any, workload: str = "nested_loop", *, scale: float 
     """
     from profkit.pg.build import Build, get_build
     from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
 
+    wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
     perf_path(perf)
     b = build if isinstance(build, Build) else get_build(build, progress=say)
-    wl = get_workload(workload)
     sql = wl.query(mode)
     qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
     with Cluster(b, name=f"perf-{b.name}") as cl, cl.connect() as conn:

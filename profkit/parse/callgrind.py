@@ -33,10 +33,12 @@ functions. ``calls`` counts every call into it, nested ones included (as gprof d
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +46,7 @@ import pandas as pd
 
 from profkit import tables
 from profkit.errors import ParseError
+from profkit.parse._io import open_text
 
 TOOL = "callgrind"
 UNIT = "instructions"
@@ -123,20 +126,40 @@ def parse_callgrind(
     disk full) raises :class:`ParseError`; with ``strict=False`` what was written is
     returned and ``totals`` is the sum of the self costs read.
     """
-    if not text.strip():
+    return _parse(enumerate(text.splitlines(), 1), "<callgrind output>", run_id=run_id,
+                  build=build, event=event, strict=strict)
+
+
+def _parse(numbered: Iterable[tuple[int, str]], where: str, *, run_id: str = "",
+           build: str = "", event: str = "Ir", strict: bool = True) -> CallgrindProfile:
+    it = iter(numbered)
+    head = list(itertools.islice(it, 200))
+    first = next((ln for _, ln in head if ln.strip()), None)
+    if first is None and not any(True for _ in itertools.islice(it, 1)):
         raise ParseError(
-            "callgrind output is empty: valgrind did not write a profile (killed before the "
-            "program exited?). Re-run the collection; the valgrind log says why it stopped."
+            f"{where}: callgrind output is empty: valgrind did not write a profile (killed "
+            "before the program exited?). Re-run the collection; the valgrind log says why "
+            "it stopped."
         )
-    lines = text.splitlines()
-    if not lines[0].startswith("# callgrind format") and not any(
-        ln.startswith("events:") for ln in lines[:200]
+    if not (head and head[0][1].startswith("# callgrind format")) and not any(
+        ln.startswith("events:") for _, ln in head
     ):
         raise ParseError(
-            "not a callgrind output file (no '# callgrind format' / 'events:' header): pass "
-            "the file written by valgrind --tool=callgrind --callgrind-out-file=FILE"
+            f"{where}: not a callgrind output file (no '# callgrind format' / 'events:' "
+            "header): pass the file written by valgrind --tool=callgrind "
+            "--callgrind-out-file=FILE"
         )
+    lines = itertools.chain(head, it)
+    try:
+        return _body(lines, run_id=run_id, build=build, event=event, strict=strict)
+    except ParseError as e:
+        if str(e).startswith(where):
+            raise
+        raise ParseError(f"{where}: {e}") from None
 
+
+def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: str,
+          strict: bool) -> CallgrindProfile:
     fn_names, ob_names, fl_names = _Names("fn"), _Names("ob"), _Names("file")
     header: dict[str, str] = {}
     events: tuple[str, ...] = ()
@@ -164,7 +187,7 @@ def parse_callgrind(
             return _int(vals[ev_idx], lineno)
         return 0
 
-    for lineno, raw in enumerate(lines, start=1):
+    for lineno, raw in lines:
         line = raw.rstrip()
         if not line or line.startswith("#"):
             continue
@@ -313,28 +336,21 @@ def _functions_table(
 
 
 def parse_callgrind_file(path: str | Path, **kwargs: object) -> CallgrindProfile:
-    """:func:`parse_callgrind` on a file; ``*.gz`` files are decompressed.
+    """:func:`parse_callgrind` on a file; gzip-compressed files (``*.gz``) are read too.
 
-    callgrind writes ASCII; undecodable bytes (odd symbol names) are replaced, not fatal.
+    The file streams through :func:`profkit.parse._io.open_text`: a directory, an
+    unreadable file, a broken gzip stream or an endless line is one :class:`ParseError`.
+    callgrind writes ASCII; bytes that are not UTF-8 (odd symbol names) are read as
+    Latin-1, so distinct names stay distinct.
     """
     p = Path(path)
-    try:
-        if p.suffix == ".gz":
-            import gzip
-
-            try:
-                text = gzip.decompress(p.read_bytes()).decode(errors="replace")
-            except (gzip.BadGzipFile, EOFError) as e:
-                raise ParseError(f"{p} is not a complete gzip file ({e}); re-compress the "
-                                 "callgrind output or pass the uncompressed file") from None
-        else:
-            text = p.read_text(errors="replace")
-    except FileNotFoundError:
+    if not p.exists():
         raise ParseError(
             f"callgrind output {p} does not exist: did valgrind run, and could its user write "
             "to that directory?"
-        ) from None
-    return parse_callgrind(text, **kwargs)  # type: ignore[arg-type]
+        )
+    lines = ((n, ln.rstrip("\r\n")) for n, ln in open_text(p))
+    return _parse(lines, str(p), **kwargs)  # type: ignore[arg-type]
 
 
 #: function whose inclusive cost is the executor-only count (all modes call it once)

@@ -27,53 +27,52 @@ What is kept:
 - Functions that appear only in the call graph (``main`` when it has no samples) are
   added with NA calls unless the call graph shows a count.
 
-A report with no flat-profile or call-graph header raises :class:`ParseError`; so does a
-report that stops in the middle of a call-graph entry or mid-line (truncated). An
-empty text gives empty tables.
+Strictness (gprof's text is read, never guessed at): a report with no flat-profile or
+call-graph header raises :class:`ParseError`; so does a report that stops mid-line, in
+the middle of a call-graph entry, after the call graph without its index, or right
+after the flat profile's last row (``strict=False`` accepts the last two: ``gprof -b
+-p`` output and trimmed excerpts). Blank lines separate nothing: inside the flat
+profile or the call graph they are skipped, not taken as the section's end. A row or
+line whose name starts with a digit, holds a tab or a bare number column is rejected
+(a garbled number or two lines run together), naming the line. Every input error is
+one ``ParseError`` naming the file and line (see :mod:`profkit.parse._io`). An empty
+text gives empty tables. Lines are tokenised with linear scans, not backtracking
+patterns, so parsing is linear in the input.
 """
 from __future__ import annotations
 
 import math
 import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from profkit import tables
-from profkit.errors import ParseError
-from profkit.parse.folded import Source, open_lines
+from profkit.parse._io import Source, describe, open_text, parse_error
 
 TOOL = "gprof"
 
-_FLOAT = r"\d+(?:\.\d+)?"
-_FLAT_COLS = re.compile(r"^\s*time\s+seconds\s+seconds\s+(?:calls\s+)?(?P<unit>\S+)/call\s+"
-                        r"(?P<unit2>\S+)/call\s+name\s*$|^\s*time\s+seconds\s+seconds\s+"
-                        r"(?:calls\s+)?name\s*$")
-_FLAT_ROW = re.compile(
-    rf"^\s*(?P<pct>{_FLOAT})\s+(?P<cum>{_FLOAT})\s+(?P<self>{_FLOAT})\s+"
-    rf"(?:(?P<calls>\d+)\s+(?P<spc>{_FLOAT})\s+(?P<tpc>{_FLOAT})\s+)?(?P<name>\S.*?)\s*$"
-)
-_CG_COLS = re.compile(r"^\s*index\s+%\s*time\s+self\s+children\s+called\s+name\s*$")
+_FLOAT_TOK = re.compile(r"\d{1,15}(?:\.\d{1,15})?")
+_INT_TOK = re.compile(r"\d{1,19}")
+_CALLED_TOK = re.compile(r"(?P<called>\d{1,19})(?:\+(?P<recursive>\d{1,19}))?")
+# "4000/8040" (calls/total), "4000" (inside a recursion or cycle), "9+7" (a caller of a
+# cycle member: calls from outside + inside the cycle)
+_CALLED_TOTAL_TOK = re.compile(r"(?P<called>\d{1,19})(?:/(?P<total>\d{1,19})|\+\d{1,19})?")
+_TOKEN = re.compile(r"\s*(\S+)")
+_FLAT_COLS = re.compile(r"time\s+seconds\s+seconds\s+(?:calls\s+)?(?P<unit>[^\s/]+)/call\s+"
+                        r"(?P<unit2>[^\s/]+)/call\s+name|time\s+seconds\s+seconds\s+"
+                        r"(?:calls\s+)?name")
+_CG_COLS = re.compile(r"index\s+%\s*time\s+self\s+children\s+called\s+name")
 # gprof prints the leading "[N]" in a 6-character field, so from index 10000 on the
 # closing bracket is cut ("[13794   0.0 ...") and from 100000 on a digit too; the
 # trailing "[N]" is always whole, so it is the index and the leading one only a prefix.
-_CG_PRIMARY = re.compile(
-    rf"^\[(?P<lead>\d+)\]?\s+(?P<pct>{_FLOAT})\s+(?P<self>{_FLOAT})\s+(?P<children>{_FLOAT})"
-    rf"\s+(?:(?P<called>\d+)(?:\+(?P<recursive>\d+))?\s+)?(?P<name>\S.*?)"
-    rf"\s+\[(?P<index>(?P=lead)\d*)\]\s*$"
-)
-_CG_LINE = re.compile(
-    rf"^\s+(?:(?P<self>{_FLOAT})\s+(?P<children>{_FLOAT})\s+)?"
-    rf"(?:(?P<called>\d+)(?:/(?P<total>\d+))?\s+)?(?P<name>\S.*?)\s+\[(?P<index>\d+)\]\s*$"
-)
-_SPONTANEOUS = re.compile(r"^\s+<spontaneous>\s*$")
-_CYCLE_SUFFIX = re.compile(r"^(?P<name>.*?)\s+<cycle (?P<cycle>\d+)>$")
-_CYCLE_WHOLE = re.compile(r"^<cycle (?P<cycle>\d+) as a whole>$")
-_DASHES = re.compile(r"^-{20,}\s*$")
-_SAMPLE = re.compile(r"Each sample counts as (?P<s>[\d.]+) (?P<unit>\S+)")
+_CG_LEAD = re.compile(r"\[(?P<lead>\d{1,19})\]?")
+_CYCLE_SUFFIX = re.compile(r"<cycle (?P<cycle>\d{1,9})>")
+_CYCLE_WHOLE = re.compile(r"<cycle (?P<cycle>\d{1,9}) as a whole>")
+_SAMPLE = re.compile(r"Each sample counts as (?P<s>\d{1,15}(?:\.\d{1,15})?) (?P<unit>\S+)")
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "Ks": 1e3, "Ts": math.nan}
+_FORM_FEED = "\f"
 
 SPONTANEOUS = "<spontaneous>"
 
@@ -112,25 +111,175 @@ def flat_csv(functions: pd.DataFrame) -> str:
 
 
 def _split_cycle(name: str) -> tuple[str, int | None]:
-    m = _CYCLE_SUFFIX.match(name)
-    if m:
-        return m["name"], int(m["cycle"])
+    """``ping <cycle 1>`` -> ``("ping", 1)``; ``leaf`` -> ``("leaf", None)``."""
+    if name.endswith(">"):
+        i = name.rfind(" <cycle ")
+        if i > 0:
+            m = _CYCLE_SUFFIX.fullmatch(name, i + 1)
+            if m:
+                return name[:i].rstrip(), int(m["cycle"])
     return name, None
 
 
-def _unit(u: str | None, lineno: int) -> float:
+def _unit(u: str | None, where: object, lineno: int) -> float:
     if u is None:
         return math.nan
     try:
         return _UNIT_S[u]
     except KeyError:
-        raise ParseError(f"gprof report, line {lineno}: unknown per-call unit {u!r}/call "
-                         f"(expected one of {', '.join(_UNIT_S)})") from None
+        raise parse_error(where, lineno, f"unknown per-call unit {u!r}/call (expected one of "
+                          f"{', '.join(_UNIT_S)})") from None
 
 
-def _decoded(lines: Iterable[bytes | str]) -> Iterable[str]:
-    for raw in lines:
-        yield raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+def _token(s: str, pos: int) -> tuple[str, int] | None:
+    """The next whitespace-separated token of *s* from *pos* and where it ends (linear)."""
+    m = _TOKEN.match(s, pos)
+    return (m.group(1), m.end()) if m else None
+
+
+def _name_problem(name: str) -> str | None:
+    """Why *name* cannot be a function name, or None.
+
+    gprof prints C and C++ names: they never start with a digit, never hold a tab and
+    never hold a bare number column; a name that does is two lines run together or a
+    garbled number ("40   250.38   25O.38  fib"), and is rejected rather than invented.
+    """
+    if not name:
+        return "no function name"
+    base, _ = _split_cycle(name)
+    if _CYCLE_WHOLE.fullmatch(name):
+        return None
+    if "\t" in name:
+        return "a tab inside the function name"
+    if base[:1].isdigit():
+        return "the name starts with a digit (a garbled number column?)"
+    if any(_FLOAT_TOK.fullmatch(t) for t in base.split()):
+        return "a number column inside the function name (two lines run together?)"
+    return None
+
+
+def _flat_row(text: str) -> tuple[float, float, float, int | None, float, float, str] | str:
+    """A flat profile row's fields, or (a str) why the line is not one."""
+    nums: list[str] = []
+    pos = 0
+    for _ in range(3):
+        t = _token(text, pos)
+        if t is None or not _FLOAT_TOK.fullmatch(t[0]):
+            return "not a row"
+        nums.append(t[0])
+        pos = t[1]
+    rest_at = pos
+    more: list[str] = []
+    for _ in range(3):
+        t = _token(text, pos)
+        if t is None:
+            break
+        more.append(t[0])
+        pos = t[1]
+    name = text[pos:].strip()
+    if (len(more) == 3 and name and _INT_TOK.fullmatch(more[0]) and _FLOAT_TOK.fullmatch(more[1])
+            and _FLOAT_TOK.fullmatch(more[2])):
+        calls: int | None = int(more[0])
+        spc, tpc = float(more[1]), float(more[2])
+    else:
+        calls, spc, tpc = None, math.nan, math.nan
+        name = text[rest_at:].strip()
+    why = _name_problem(name)
+    if why:
+        return why
+    return float(nums[0]), float(nums[1]), float(nums[2]), calls, spc, tpc, name
+
+
+def _cg_tail(text: str) -> tuple[str, str] | None:
+    """``(body, index)`` of a call graph line ending in ``name [N]``, else None."""
+    t = text.rstrip()
+    if not t.endswith("]"):
+        return None
+    i = t.rfind("[")
+    if i < 1 or not t[i - 1].isspace() or not _INT_TOK.fullmatch(t, i + 1, len(t) - 1):
+        return None
+    return t[:i], t[i + 1:-1]
+
+
+def _cg_primary(text: str) -> dict | str:
+    """Fields of a primary line ``[N] %time self children [called[+rec]] name [N]``."""
+    tail = _cg_tail(text)
+    lead = _CG_LEAD.match(text)
+    if tail is None or lead is None:
+        return "expected '[N] %time self children called name [N]'"
+    body, index = tail
+    if not index.startswith(lead["lead"]):
+        return f"leading index [{lead['lead']}] does not match trailing index [{index}]"
+    pos = lead.end()
+    nums: list[str] = []
+    for _ in range(3):
+        t = _token(body, pos)
+        if t is None or not _FLOAT_TOK.fullmatch(t[0]):
+            return "expected '%time self children' after the index"
+        nums.append(t[0])
+        pos = t[1]
+    called = recursive = None
+    t = _token(body, pos)
+    if t is not None:
+        m = _CALLED_TOK.fullmatch(t[0])
+        if m and body[t[1]:].strip():
+            called, recursive = m["called"], m["recursive"]
+            pos = t[1]
+    name = body[pos:].strip()
+    why = _name_problem(name)
+    if why:
+        return why
+    return {"pct": float(nums[0]), "self": float(nums[1]), "children": float(nums[2]),
+            "called": int(called) if called else None,
+            "recursive": int(recursive) if recursive else None, "name": name,
+            "index": int(index)}
+
+
+def _cg_line(text: str) -> dict | str:
+    """Fields of a parent/child line ``[self children] [called[/total]] name [N]``."""
+    tail = _cg_tail(text)
+    if tail is None or not text[:1].isspace():
+        return "expected '[self children] called[/total] name [index]'"
+    body, index = tail
+    pos = 0
+    self_s = children = None
+    t = _token(body, pos)
+    if t is not None and "." in t[0] and _FLOAT_TOK.fullmatch(t[0]):
+        t2 = _token(body, t[1])
+        if t2 is None or not ("." in t2[0] and _FLOAT_TOK.fullmatch(t2[0])):
+            return "expected 'self children' seconds"
+        self_s, children = t[0], t2[0]
+        pos = t2[1]
+    called = total = None
+    t = _token(body, pos)
+    if t is not None:
+        m = _CALLED_TOTAL_TOK.fullmatch(t[0])
+        if m and body[t[1]:].strip():
+            called, total = m["called"], m["total"]
+            pos = t[1]
+    name = body[pos:].strip()
+    why = _name_problem(name)
+    if why:
+        return why
+    return {"self": float(self_s) if self_s else math.nan,
+            "children": float(children) if children else math.nan,
+            "called": int(called) if called else None, "total": int(total) if total else None,
+            "name": name, "index": int(index)}
+
+
+def _is_dashes(text: str) -> bool:
+    t = text.rstrip()
+    return len(t) >= 20 and t.count("-") == len(t)
+
+
+def _is_form_feed(text: str) -> bool:
+    return _FORM_FEED in text and not text.strip()
+
+
+def _cg_end(text: str) -> bool:
+    """A line that legitimately ends the call graph (gprof's own text after it)."""
+    return (_is_form_feed(text) or text.startswith("Index by function name")
+            or text.startswith(" This table describes the call tree"))
 
 
 def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
@@ -138,115 +287,134 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
     """Parse a gprof text report (path, file object or lines); see the module docstring.
 
     *module* (e.g. ``postgres``) fills the ``module`` column: gprof profiles one binary.
-    ``strict``: gprof always ends a call graph with the "Index by function name"
-    section, so a call graph without it is a truncated report and raises; pass
-    ``strict=False`` for hand-trimmed excerpts.
+    ``strict``: gprof always ends a flat profile with its explanation or a form feed and
+    a call graph with the "Index by function name" section, so a report that stops
+    without them is a truncated one and raises; pass ``strict=False`` for hand-trimmed
+    excerpts and for ``gprof -b -p`` output (a brief flat profile ends with its last row,
+    which a cut report cannot be told from).
     """
-    lines, to_close = open_lines(source)
+    where = describe(source)
     flat: list[dict] = []
     flat_order: dict[str, int] = {}
     primaries: dict[int, dict] = {}
     edges: list[dict] = []
     sample_s: float | None = None
     has_flat = has_cg = has_index = False
-    state = "scan"           # scan | flat_hdr | flat | cg | cg_entry
+    state = "scan"           # scan | flat | cg | cg_entry
+    flat_gap = False         # a blank line since the last flat row
     per_call = math.nan
     entry_lines: list[tuple[int, str]] = []
     lineno = 0
     line = "\n"
     nonblank = 0
-    try:
-        for lineno, line in enumerate(_decoded(lines), 1):
-            text = line.rstrip("\r\n")
-            if text.strip():
-                nonblank += 1
-            if state == "flat":
-                if not text.strip():
-                    state = "scan"
-                    continue
-                m = _FLAT_ROW.match(text)
-                if m is None:
-                    raise ParseError(f"gprof report, line {lineno}: expected a flat profile "
-                                     f"row '%time cumulative self [calls self/call total/call] "
-                                     f"name', got {text.strip()[:120]!r}")
-                name, _cyc = _split_cycle(m["name"])
-                calls = int(m["calls"]) if m["calls"] is not None else None
+    for lineno, line in open_text(source):
+        text = line.rstrip("\r\n")
+        blank = not text.strip()
+        if not blank:
+            nonblank += 1
+        if state == "flat":
+            if _is_form_feed(text):
+                state = "scan"
+                continue
+            if blank:
+                flat_gap = True
+                continue
+            row = _flat_row(text)
+            if isinstance(row, tuple):
+                pct, cum, self_s, calls, spc, tpc, name = row
+                name, _cyc = _split_cycle(name)
                 flat_order.setdefault(name, len(flat))
                 flat.append({
-                    "function": name, "calls": calls, "self_seconds": float(m["self"]),
-                    "cumulative_seconds": float(m["cum"]), "percent_time": float(m["pct"]),
+                    "function": name, "calls": calls, "self_seconds": self_s,
+                    "cumulative_seconds": cum, "percent_time": pct,
                     # rounded so that 250.38 us/call is 0.00025038, not ...97e-04
-                    "self_s_per_call": round(float(m["spc"]) * per_call, 12)
-                    if calls is not None else math.nan,
-                    "total_s_per_call": round(float(m["tpc"]) * per_call, 12)
-                    if calls is not None else math.nan,
+                    "self_s_per_call": round(spc * per_call, 12) if calls is not None
+                    else math.nan,
+                    "total_s_per_call": round(tpc * per_call, 12) if calls is not None
+                    else math.nan,
                 })
                 continue
-            if state in ("cg", "cg_entry"):
-                if _DASHES.match(text):
-                    if state == "cg_entry":
-                        _entry(entry_lines, primaries, edges)
-                    entry_lines = []
-                    state = "cg"
-                    continue
-                if not text.strip():
-                    if state == "cg_entry":
-                        raise ParseError(f"gprof report, line {lineno}: blank line inside a "
-                                         "call graph entry (expected its lines, then a "
-                                         "'-----' separator)")
-                    state = "scan"  # the explanation or the index follows
-                    continue
-                if (state == "cg" and not text.startswith((" ", "\t", "["))):
+            stripped = text.strip()
+            if flat_gap and (stripped.startswith("%") or _CG_COLS.match(stripped)
+                             or stripped.startswith("Call graph")):
+                state = "scan"  # gprof's explanation (or the call graph) follows
+            else:
+                why = "" if row == "not a row" else f" ({row})"
+                raise parse_error(where, lineno, f"expected a flat profile row '%time "
+                                  f"cumulative self [calls self/call total/call] name'"
+                                  f"{why}, got {stripped[:120]!r}")
+        elif state in ("cg", "cg_entry"):
+            if _is_dashes(text):
+                if state == "cg_entry":
+                    _entry(entry_lines, primaries, edges, where)
+                entry_lines = []
+                state = "cg"
+                continue
+            if _is_form_feed(text) or blank:
+                if state == "cg" and _is_form_feed(text):
                     state = "scan"
-                    continue
-                if state == "cg" and not (_CG_PRIMARY.match(text) or _CG_LINE.match(text)
-                                          or _SPONTANEOUS.match(text)):
-                    state = "scan"  # prose after the last entry
-                    continue
+                elif state == "cg_entry" and not blank:
+                    raise parse_error(where, lineno, "form feed inside a call graph entry "
+                                      "(expected its lines, then a '-----' separator)")
+                continue  # blank lines separate nothing in a call graph: skip them
+            if state == "cg" and _cg_end(text):
+                state = "scan"
+            else:
+                if state == "cg" and not (text.startswith("[") or text[:1].isspace()):
+                    raise parse_error(where, lineno, f"expected a call graph entry line or "
+                                      f"the end of the call graph, got {text.strip()[:120]!r}")
                 state = "cg_entry"
                 entry_lines.append((lineno, text))
                 continue
-            # scanning between sections
+        if state != "scan":
+            continue
+        # scanning between sections
+        if "Each sample counts as" in text:
             m = _SAMPLE.search(text)
             if m:
                 sample_s = float(m["s"]) * _UNIT_S.get(m["unit"].rstrip("."), 1.0)
                 continue
-            m = _FLAT_COLS.match(text)
+        stripped = text.strip()
+        if stripped.startswith("time"):
+            m = _FLAT_COLS.fullmatch(stripped)
             if m:
                 has_flat = True
-                per_call = _unit(m.group("unit"), lineno) if m.group("unit") else math.nan
+                per_call = _unit(m.group("unit"), where, lineno) if m.group("unit") else math.nan
                 state = "flat"
+                flat_gap = False
                 continue
-            if text.startswith("Index by function name"):
-                has_index = True
-                continue
-            if _CG_COLS.match(text):
-                has_cg = True
-                state = "cg"
-                entry_lines = []
-                continue
-        if state == "cg_entry":
-            raise ParseError(f"gprof report is truncated: the call graph entry starting at "
-                             f"line {entry_lines[0][0]} has no closing '-----' separator "
-                             f"(file ends at line {lineno}). Regenerate it with "
-                             f"`gprof BINARY gmon.out > report.txt`.")
-    finally:
-        if to_close is not None:
-            to_close.close()
-
+        if text.startswith("Index by function name"):
+            has_index = True
+            continue
+        if stripped.startswith("index") and _CG_COLS.fullmatch(stripped):
+            has_cg = True
+            state = "cg"
+            entry_lines = []
+            continue
+    if state == "cg_entry":
+        raise parse_error(where, None, f"the gprof report is truncated: the call graph entry "
+                          f"starting at line {entry_lines[0][0]} has no closing '-----' "
+                          f"separator (file ends at line {lineno}). Regenerate it with "
+                          f"`gprof BINARY gmon.out > report.txt`.")
     if lineno and not line.endswith("\n"):
-        raise ParseError(f"gprof report is truncated: line {lineno} ends without a newline. "
-                         "Regenerate it with `gprof BINARY gmon.out > report.txt`.")
+        raise parse_error(where, lineno, "the gprof report is truncated: the line ends without "
+                          "a newline. Regenerate it with `gprof BINARY gmon.out > report.txt`.")
     if nonblank and not (has_flat or has_cg):
-        raise ParseError("not a gprof report: no flat profile header (' time   seconds   "
-                         "seconds    calls ...  name') and no call graph header ('index % "
-                         "time    self  children    called     name') found. Pass the "
-                         "text output of `gprof BINARY gmon.out`, not gmon.out itself.")
+        raise parse_error(where, None, "not a gprof report: no flat profile header (' time   "
+                          "seconds   seconds    calls ...  name') and no call graph header "
+                          "('index % time    self  children    called     name') found. Pass "
+                          "the text output of `gprof BINARY gmon.out`, not gmon.out itself.")
+    if strict and state == "flat":
+        raise parse_error(where, lineno, "the gprof report may be truncated: the flat profile "
+                          "ends at the end of the file, without gprof's explanation or a form "
+                          "feed after it, so rows may be missing. Regenerate it with `gprof "
+                          "BINARY gmon.out > report.txt`; for `gprof -b -p` output or a trimmed "
+                          "excerpt pass --no-strict (strict=False).")
     if strict and has_cg and not has_index:
-        raise ParseError(f"gprof report is truncated: the call graph is not followed by "
-                         f"'Index by function name' (file ends at line {lineno}). Regenerate "
-                         f"it with `gprof BINARY gmon.out > report.txt`, or pass strict=False "
-                         f"for a trimmed excerpt.")
+        raise parse_error(where, None, f"the gprof report is truncated: the call graph is not "
+                          f"followed by 'Index by function name' (file ends at line {lineno}). "
+                          f"Regenerate it with `gprof BINARY gmon.out > report.txt`, or pass "
+                          f"--no-strict (strict=False) for a trimmed excerpt.")
     functions = _functions_table(flat, flat_order, primaries, run_id=run_id, build=build,
                                  module=module)
     call_edges = _edges_table(edges, run_id=run_id, build=build)
@@ -254,58 +422,55 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                         has_flat=has_flat, has_call_graph=has_cg)
 
 
-def _entry(entry: list[tuple[int, str]], primaries: dict[int, dict], edges: list[dict]) -> None:
+def _entry(entry: list[tuple[int, str]], primaries: dict[int, dict], edges: list[dict],
+           where: str) -> None:
     """One call graph entry: parents, the primary ``[N]`` line, children."""
     prim_at = next((i for i, (_, t) in enumerate(entry) if t.startswith("[")), None)
     if prim_at is None:
-        raise ParseError(f"gprof report, line {entry[0][0]}: call graph entry without its "
-                         "'[index] %time self children called name [index]' line")
+        raise parse_error(where, entry[0][0], "call graph entry without its '[index] %time "
+                          "self children called name [index]' line")
     pl, pt = entry[prim_at]
-    pm = _CG_PRIMARY.match(pt)
-    if pm is None:
-        raise ParseError(f"gprof report, line {pl}: expected a call graph primary line "
-                         f"'[N] %time self children called name [N]', got {pt.strip()[:120]!r}")
-    whole = _CYCLE_WHOLE.match(pm["name"])
+    pm = _cg_primary(pt)
+    if isinstance(pm, str):
+        raise parse_error(where, pl, f"expected a call graph primary line '[N] %time self "
+                          f"children called name [N]' ({pm}), got {pt.strip()[:120]!r}")
+    whole = _CYCLE_WHOLE.fullmatch(pm["name"])
     name, cycle = _split_cycle(pm["name"])
-    index = int(pm["index"])
+    index = pm["index"]
     if whole is None:
+        if index in primaries:
+            raise parse_error(where, pl, f"call graph index [{index}] appears twice")
         primaries[index] = {
             "function": name, "index": index, "cycle": cycle,
-            "self": float(pm["self"]), "children": float(pm["children"]),
-            "cg_percent": float(pm["pct"]),
-            "called": int(pm["called"]) if pm["called"] else None,
-            "recursive": int(pm["recursive"]) if pm["recursive"] else None,
+            "self": pm["self"], "children": pm["children"], "cg_percent": pm["pct"],
+            "called": pm["called"], "recursive": pm["recursive"],
         }
     for pos, (ln, t) in enumerate(entry):
         if pos == prim_at:
             continue
-        if _SPONTANEOUS.match(t):
+        if t.strip() == SPONTANEOUS:
             if pos > prim_at:
-                raise ParseError(f"gprof report, line {ln}: <spontaneous> below the primary "
-                                 "line (only callers can be spontaneous)")
+                raise parse_error(where, ln, "<spontaneous> below the primary line (only "
+                                  "callers can be spontaneous)")
             if whole is None:
                 edges.append({"caller": SPONTANEOUS, "callee": name, "calls": None,
                               "total_calls": None, "self_seconds": math.nan,
                               "children_seconds": math.nan, "callee_index": index,
                               "caller_index": None})
             continue
-        m = _CG_LINE.match(t)
-        if m is None:
-            raise ParseError(f"gprof report, line {ln}: expected a call graph line "
-                             f"'[self children] called[/total] name [index]', got "
-                             f"{t.strip()[:120]!r}")
+        m = _cg_line(t)
+        if isinstance(m, str):
+            raise parse_error(where, ln, f"expected a call graph line '[self children] "
+                              f"called[/total] name [index]' ({m}), got {t.strip()[:120]!r}")
         if whole is not None:
             continue  # a cycle-as-a-whole's callers and members are not call edges
         if pos < prim_at:
             continue  # callers: the same edges appear as children of their own entries
         other, _ = _split_cycle(m["name"])
         edges.append({
-            "caller": name, "callee": other,
-            "calls": int(m["called"]) if m["called"] else None,
-            "total_calls": int(m["total"]) if m["total"] else None,
-            "self_seconds": float(m["self"]) if m["self"] else math.nan,
-            "children_seconds": float(m["children"]) if m["children"] else math.nan,
-            "caller_index": index, "callee_index": int(m["index"]),
+            "caller": name, "callee": other, "calls": m["called"], "total_calls": m["total"],
+            "self_seconds": m["self"], "children_seconds": m["children"],
+            "caller_index": index, "callee_index": m["index"],
         })
 
 

@@ -17,58 +17,126 @@ here), not the call's real cost.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import pandas as pd
 
 from profkit import tables
-from profkit.errors import ParseError
+from profkit.parse._io import Source, describe, open_text, parse_error
 
-_HEADER = re.compile(r"^\s*%\s*time\s+seconds\s+usecs/call\s+calls\s+function\s*$")
-_RULE = re.compile(r"^\s*-+(\s+-+)+\s*$")
-_ROW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s+(\d+)\s+(\d+)\s+(\S.*?)\s*$")
-_TOTAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s+(\d+)\s+total\s*$")
+_HEADER = re.compile(r"%\s*time\s+seconds\s+usecs/call\s+calls\s+function")
+_FLOAT = re.compile(r"\d{1,15}(?:\.\d{1,15})?")
+_INT = re.compile(r"\d{1,19}")
+
+
+def _is_rule(text: str) -> bool:
+    parts = text.split()
+    return len(parts) >= 2 and all(p.count("-") == len(p) for p in parts)
+
+
+def _row(text: str) -> tuple[float, float, int, int, str] | None:
+    """``% time, seconds, usecs/call, calls, function`` of a row, or None."""
+    parts = text.split(None, 4)
+    if len(parts) != 5:
+        return None
+    pct, secs, usecs, calls, fn = parts
+    if not (_FLOAT.fullmatch(pct) and _FLOAT.fullmatch(secs) and _INT.fullmatch(usecs)
+            and _INT.fullmatch(calls)):
+        return None
+    fn = fn.strip()
+    # a symbol name: no tab, no leading digit, no number column (two rows run together)
+    if "\t" in fn or fn[:1].isdigit() or any(_FLOAT.fullmatch(t) for t in fn.split()):
+        return None
+    return float(pct), float(secs), int(usecs), int(calls), fn
+
+
+def _total(text: str) -> int | None:
+    parts = text.split()
+    if (len(parts) == 4 and parts[3] == "total" and _FLOAT.fullmatch(parts[0])
+            and _FLOAT.fullmatch(parts[1]) and _INT.fullmatch(parts[2])):
+        return int(parts[2])
+    return None
 
 
 def parse_ltrace_summary(text: str, *, run_id: str = "", build: str = "",
                          module: str = "") -> pd.DataFrame:
-    """Rows of an ``ltrace -c`` summary; ``df.attrs["complete"]`` says a total line was seen.
+    """Rows of an ``ltrace -c`` summary *text*; ``df.attrs["complete"]`` says a total line
+    was seen.
 
     Empty input (ltrace printed nothing: it never attached, or was killed) gives
     an empty table with ``complete`` False.  Output cut short after some rows
     (ltrace killed while printing) keeps the complete rows, drops a partial last
-    line and sets ``complete`` False; a garbled row in the middle raises
-    :class:`ParseError`.
+    line and sets ``complete`` False. Anything else that is not ltrace's table — text
+    without its header, a garbled row, a line after the total — raises
+    :class:`ParseError` naming the line.
     """
-    cut = bool(text) and not text.endswith("\n")
-    raw = text.splitlines()
-    if cut:
-        raw = raw[:-1]  # ltrace ends every line with a newline: the last one was cut short
-    lines = [ln for ln in raw if ln.strip()]
+    return _parse(text.splitlines(True), "<ltrace summary>", run_id=run_id, build=build,
+                  module=module)
+
+
+def read_ltrace_summary(source: Source, *, run_id: str = "", build: str = "",
+                        module: str = "") -> pd.DataFrame:
+    """:func:`parse_ltrace_summary` of a file (``ltrace -c -o FILE``), file object or lines.
+
+    Bytes that are not UTF-8 are read as Latin-1 (see :mod:`profkit.parse._io`), so
+    distinct symbol names stay distinct."""
+    return _parse((line for _, line in open_text(source)), describe(source), run_id=run_id,
+                  build=build, module=module)
+
+
+def _parse(lines: Iterable[str], where: str, *, run_id: str, build: str,
+           module: str) -> pd.DataFrame:
     rows: list[dict[str, object]] = []
     total_calls: int | None = None
     seen_header = False
     rules = 0
-    for line in lines:
-        if _HEADER.match(line):
-            seen_header = True
-            continue
-        if _RULE.match(line):
-            rules += 1
+    prelude: tuple[int, str] | None = None  # first non-table line before the header
+    cut = False
+    for lineno, line in enumerate(lines, 1):
+        if not line.endswith("\n"):
+            # ltrace ends every line with a newline: this one was cut short (a cut
+            # header starts with "%"; anything else before a header is not ltrace's)
+            cut = True
+            if not seen_header and prelude is None and not line.lstrip().startswith("%"):
+                prelude = (lineno, line) if line.strip() else None
+            break
+        text = line.rstrip("\r\n")
+        if not text.strip():
             continue
         if not seen_header:
-            # ltrace may print warnings before the table (e.g. about PIE binaries)
+            if _HEADER.fullmatch(text.strip()):
+                seen_header = True
+            elif prelude is None:
+                prelude = (lineno, text)  # ltrace may print warnings before the table
             continue
-        t = _TOTAL.match(line)
-        if t and rules >= 2:
-            total_calls = int(t.group(3))
+        if _is_rule(text):
+            rules += 1
+            if rules > 2:
+                raise parse_error(where, lineno, "a third rule line in an ltrace -c summary")
             continue
-        m = _ROW.match(line)
-        if m and rules == 1:
-            pct, secs, usecs, calls, fn = m.groups()
-            rows.append({"function": fn, "calls": int(calls), "self": float(secs),
-                         "self_share": float(pct) / 100.0, "usecs_per_call": int(usecs)})
-            continue
-        raise ParseError(f"unexpected line in ltrace -c output: {line!r}")
+        if total_calls is not None:
+            raise parse_error(where, lineno, f"unexpected line after the ltrace -c total line: "
+                              f"{text.strip()[:120]!r}")
+        if rules >= 2:
+            total = _total(text)
+            if total is not None:
+                total_calls = total
+                continue
+        if rules == 1:
+            row = _row(text)
+            if row is not None:
+                pct, secs, usecs, calls, fn = row
+                rows.append({"function": fn, "calls": calls, "self": secs,
+                             "self_share": pct / 100.0, "usecs_per_call": usecs})
+                continue
+        raise parse_error(where, lineno, f"unexpected line in ltrace -c output (expected "
+                          f"'% time  seconds  usecs/call  calls  function' rows between two "
+                          f"rules, then the total): {text.strip()[:120]!r}")
+    if not seen_header and prelude is not None:
+        raise parse_error(where, prelude[0], f"not an ltrace -c summary: no '% time  seconds  "
+                          f"usecs/call  calls  function' header (first line: "
+                          f"{prelude[1].strip()[:80]!r}). Pass the file written by "
+                          f"`ltrace -c -o FILE`.")
     df = pd.DataFrame(rows, columns=["function", "calls", "self", "self_share",
                                      "usecs_per_call"])
     df.insert(0, "run_id", run_id)
@@ -78,8 +146,9 @@ def parse_ltrace_summary(text: str, *, run_id: str = "", build: str = "",
     df["total"] = df["self"]
     complete = total_calls is not None and not cut
     if complete and int(df["calls"].sum()) != total_calls:
-        raise ParseError(f"ltrace summary rows add up to {int(df['calls'].sum())} calls but its "
-                         f"total line says {total_calls}")
+        raise parse_error(where, None, f"the ltrace summary rows add up to "
+                          f"{int(df['calls'].sum())} calls but its total line says "
+                          f"{total_calls}")
     out = tables.validate(df, "functions")
     out.attrs["complete"] = complete
     return out

@@ -142,8 +142,21 @@ class Build:
         return self.prefix / "bin"
 
     @property
+    def libdir(self) -> Path:
+        return self.prefix / "lib"
+
+    @property
     def postgres(self) -> Path:
         return self.bindir / "postgres"
+
+    def client_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment for this build's client programs (psql, pgbench): the install
+        sits under DESTDIR, so its RUNPATH (the configured prefix) does not exist and
+        the loader would take the system's libpq instead of this build's."""
+        env = dict(os.environ if base is None else base)
+        old = env.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = str(self.libdir) + (f":{old}" if old else "")
+        return env
 
     @property
     def build_tree(self) -> Path:

@@ -239,6 +239,23 @@ class Cluster:
                 return line.split("LOG:", 1)[-1].strip()
         return ""
 
+    def recovering(self) -> bool:
+        """True while the postmaster restarts after a backend crash: the log's last
+        crash line comes after its last "ready to accept connections" line."""
+        if self.dir is None:
+            return False
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return False
+        for line in reversed(lines):
+            if "ready to accept connections" in line:
+                return False
+            if ("terminated by signal" in line or "was terminated by exception" in line
+                    or "exited with exit code" in line):
+                return True
+        return False
+
     def wait_ready(self, timeout: float = 20.0) -> bool:
         """Wait until the postmaster accepts connections (False if it died or timed out)."""
         deadline = time.monotonic() + timeout
@@ -262,7 +279,9 @@ class Cluster:
         """
         try:
             if self.proc is not None:
-                if self.proc.alive() and self.crash_report():
+                # only a postmaster still recovering from a crash ignores the request;
+                # one that is up again (or never crashed) stops at once
+                if self.proc.alive() and self.recovering():
                     self.wait_ready()
                 self.proc.stop(timeout=60)
         finally:
@@ -376,6 +395,23 @@ def detached_info(name: str) -> ClusterInfo:
         raise ClusterError(f"no cluster named {name!r} was started with `profkit cluster start`; "
                            f"known: {', '.join(known) or 'none'}")
     return ClusterInfo(**json.loads(sf.read_text()))
+
+
+def psql_command(name: str, args: tuple[str, ...] | list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """argv and environment that run the build's own psql on detached cluster *name*."""
+    info = detached_info(name)
+    try:
+        build = Build.from_dir(Path(info.build_dir))
+    except (OSError, ValueError, TypeError) as e:
+        raise ClusterError(f"cluster {name!r}: its build at {info.build_dir} is gone or "
+                           f"unreadable ({e}); rebuild it with `profkit build {info.build}`") from None
+    psql = build.bindir / "psql"
+    if not psql.exists():
+        raise ClusterError(f"cluster {name!r}: no psql in its build ({psql}); rebuild it with "
+                           f"`profkit build {info.build}`")
+    argv = [str(psql), "-h", info.socket_dir, "-p", str(info.port), "-U", DB_USER, "postgres",
+            *args]
+    return argv, build.client_env()
 
 
 def _pid_is_postmaster(pid: int, datadir: str) -> bool:

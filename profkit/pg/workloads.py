@@ -17,7 +17,8 @@ ANALYZE; random data is seeded so every build sees the same tables.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -37,6 +38,18 @@ EXPLAIN_PREFIX = {
     "analyze_buffers": "EXPLAIN (ANALYZE TRUE, TIMING FALSE, BUFFERS TRUE) ",
     "analyze_timing_buffers": "EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS TRUE) ",
 }
+
+
+def explain_prefix(mode: str, fmt: str | None = None) -> str:
+    """The statement prefix of *mode* ('' for plain), with ``FORMAT fmt`` when given."""
+    if mode not in EXPLAIN_PREFIX:
+        raise WorkloadError(f"unknown mode {mode!r}; known: {', '.join(EXPLAIN_PREFIX)}")
+    prefix = EXPLAIN_PREFIX[mode]
+    if fmt and prefix:
+        prefix = prefix.replace(")", f", FORMAT {fmt.upper()})")
+    return prefix
+
+
 # the seed's names for the triple
 SEED_QUERY_NAMES = {"plain": "Query-1", "analyze_notiming": "Query-2", "analyze_timing": "Query-3"}
 
@@ -60,12 +73,7 @@ class Workload:
         return {m: self.query(m) for m in MODES}
 
     def query(self, mode: str, fmt: str | None = None) -> str:
-        if mode not in EXPLAIN_PREFIX:
-            raise WorkloadError(f"unknown mode {mode!r}; known: {', '.join(EXPLAIN_PREFIX)}")
-        prefix = EXPLAIN_PREFIX[mode]
-        if fmt and prefix:
-            prefix = prefix.replace(")", f", FORMAT {fmt.upper()})")
-        return prefix + self.select_sql
+        return explain_prefix(mode, fmt) + self.select_sql
 
     def expected_rows(self, scale: float) -> int | None:
         """The value Query-1 must return at this scale (None if not defined)."""
@@ -89,12 +97,39 @@ class Workload:
 
 
 def check_scale(scale: float) -> None:
+    """A scale is a finite number > 0 (NaN and infinity are refused too)."""
     try:
-        ok = float(scale) > 0
+        ok = math.isfinite(float(scale)) and float(scale) > 0
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise WorkloadError(f"scale must be a number > 0, got {scale!r}")
+        raise WorkloadError(f"scale must be a number > 0 and finite, got {scale!r}")
+
+
+def check_count(value: int, name: str = "reps", minimum: int = 1) -> None:
+    """A repetition count (or any count option) is an integer >= *minimum*."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise WorkloadError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_args(workload: str | None = None, *, scale: float | None = None,
+               reps: int | None = None, mode: str | None = None,
+               modes: Sequence[str] = ()) -> Workload | None:
+    """Validate a run's arguments before anything expensive (a build, a download).
+
+    Every front door (CLI, magics, library entry points) calls this first, so a bad
+    workload, scale, repetition count or mode fails in milliseconds, not after a
+    PostgreSQL build.  Returns the workload when one is named.
+    """
+    wl = get_workload(workload) if workload is not None else None
+    if scale is not None:
+        check_scale(scale)
+    if reps is not None:
+        check_count(reps)
+    for m in ([mode] if mode is not None else []) + list(modes):
+        if m not in EXPLAIN_PREFIX:
+            raise WorkloadError(f"unknown mode {m!r}; known: {', '.join(EXPLAIN_PREFIX)}")
+    return wl
 
 
 def _nested_loop_sizes(s: float) -> dict[str, int]:

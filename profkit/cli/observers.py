@@ -9,20 +9,11 @@ Cluster of their own.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
-from profkit.cli_common import friendly as _friendly
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-
-
-def _progress(msg: str) -> None:
-    click.echo(f"  {msg}", err=True)
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import say as _progress
 
 
 def _fmt(v: float) -> str:
@@ -31,11 +22,14 @@ def _fmt(v: float) -> str:
 
 @click.command("observers")
 @click.argument("workload", default="join_sum")
-@click.option("--scale", type=float, default=0.02, show_default=True)
-@click.option("--build", "build_name", default="vanilla", show_default=True)
+@click.option("--scale", type=float, default=0.02, show_default=True,
+              help="Workload scale factor.")
+@click.option("--build", "build_name", default="vanilla", show_default=True,
+              help="Build (preset) whose backend is observed.")
 @click.option("--mode", "modes", multiple=True,
               type=click.Choice(["analyze_timing", "analyze_notiming", "plain"]),
-              default=("analyze_timing", "plain"), show_default=True)
+              default=("analyze_timing", "plain"), show_default=True,
+              help="How the query runs (repeatable).")
 @click.option("--method", "methods", multiple=True, default=None,
               help="Observers (repeatable): ltrace, bcc-clock, bcc-nodes, bpftrace-clock, "
                    "bpftrace-nodes, perf-99, perf-999, perf-4999 (any perf-FREQ), callgrind. "
@@ -46,7 +40,8 @@ def _fmt(v: float) -> str:
               help="Repetitions of observers the cost guard puts above 2 s (ltrace).")
 @click.option("--force", is_flag=True,
               help="Run observers the cost guard estimates above --max-probe-s.")
-@click.option("--max-probe-s", type=float, default=300.0, show_default=True)
+@click.option("--max-probe-s", type=float, default=300.0, show_default=True,
+              help="Cost guard: skip an observer estimated to take longer (see --force).")
 @click.option("--out", default=None, help="Parent directory of the run (default profiles/).")
 @_friendly
 def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str, ...],
@@ -56,7 +51,10 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
     from profkit.observers import DEFAULT_METHODS, SLOWDOWN_SHOW, measure_observers
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import check_args, check_count
 
+    check_args(workload, scale=scale, reps=reps, modes=modes)
+    check_count(expensive_reps, "--expensive-reps")
     build = get_build(build_name, progress=_progress)
     with Cluster(build, name=f"observers-{build_name}") as cl:
         res = measure_observers(cl, workload=workload, scale=scale, modes=modes,
@@ -95,8 +93,10 @@ def _parse_workloads(items: tuple[str, ...]) -> dict[str, float] | None:
 @click.option("--workload", "workloads", multiple=True,
               help="NAME=SCALE (repeatable). Default: nested_loop=0.05 join_sum=0.5 "
                    "count_star=0.1.")
-@click.option("--build", "build_name", default="vanilla", show_default=True)
-@click.option("--reps", type=int, default=7, show_default=True)
+@click.option("--build", "build_name", default="vanilla", show_default=True,
+              help="Build (preset) measured.")
+@click.option("--reps", type=int, default=7, show_default=True,
+              help="Interleaved repetitions per workload and mode.")
 @click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]),
               default="cpu_ms", show_default=True,
               help="cpu_ms: the backend's CPU time (robust to other processes' load).")
@@ -111,7 +111,13 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
 
+    from profkit.pg.workloads import check_args, check_count
+
     wls = _parse_workloads(workloads)
+    for name, sc in (wls or {}).items():
+        check_args(name, scale=sc)
+    check_args(reps=reps)
+    check_count(top, "--top")
     build = get_build(build_name, progress=_progress)
     with Cluster(build, name=f"correction-{build_name}") as cl:
         res = measure_correction(cl, workloads=wls, reps=reps, metric=metric, top=top,

@@ -1,25 +1,20 @@
 """CLI: ``profkit parse perf-script|gprof`` and ``profkit flamegraph``.
 
-Standalone click objects (``parse_group``, ``flamegraph_cmd``) that profkit.cli attaches
-to the main group. They read files from any machine: nothing here needs PostgreSQL.
+They read files from any machine: nothing here needs PostgreSQL.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from profkit.cli_common import Failed as _Failed
-from profkit.cli_common import friendly as _friendly
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
+from profkit.cli.common import Failed as _Failed
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import json_option, records
 
 
 def _source(path: str) -> Any:
@@ -101,16 +96,37 @@ def _emit_bytes(data: bytes, output: str | None) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--call-graph", is_flag=True,
               help="Print the call graph's edges (caller,callee,calls) instead.")
-@click.option("--no-strict", is_flag=True, help="Accept a report trimmed by hand.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None)
+@click.option("--no-strict", is_flag=True,
+              help="Accept a report trimmed by hand or `gprof -b -p` output (a flat profile "
+                   "that ends at its last row).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
+@json_option
 @_friendly
-def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None) -> None:
+def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
+              as_json: bool) -> None:
     """Print gprof's flat profile as CSV (name,calls,self_seconds,cumulative_seconds,
-    percent_time; calls empty where gprof shows none), or with --call-graph its edges."""
+    percent_time; calls empty where gprof shows none), or with --call-graph its edges.
+    FILE may be `-` (stdin) or gzip-compressed."""
+    import pandas as pd
+
     from profkit.parse.gprof import parse_gprof
 
     prof = parse_gprof(_source(file), strict=not no_strict)
-    _emit(prof.edges_csv() if call_graph else prof.flat_csv(), output)
+    text = prof.edges_csv() if call_graph else prof.flat_csv()
+    if as_json:
+        # the same columns as the CSV, with integer calls (null where gprof shows none)
+        if call_graph:
+            df = prof.call_edges[["caller", "callee", "calls"]]
+        else:
+            flat = prof.functions[prof.functions["in_flat"]]
+            df = pd.DataFrame({"name": flat["function"], "calls": flat["calls"],
+                               "self_seconds": flat["self_seconds"],
+                               "cumulative_seconds": flat["cumulative_seconds"],
+                               "percent_time": flat["percent_time"]})
+        doc = {"file": file, "call_edges" if call_graph else "flat_profile": records(df)}
+        text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    _emit(text, output)
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -166,11 +182,20 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
                    width: float, minwidth: float, diff_basis: str, vdso: str | None) -> None:
     """Render folded stacks or `perf script` text (STACKS; `-` reads stdin) as an
     interactive SVG; --diff A B: B against A; --merge A B C: several runs in one graph."""
-    from profkit.render.flamegraph import check_size, merge_profiles, render, write_svg
+    from profkit.render.flamegraph import (
+        RenderError,
+        check_size,
+        merge_profiles,
+        render,
+        write_svg,
+    )
 
-    # bad sizes fail before any file is read
-    check_size("--width", width, minimum=100)
-    check_size("--minwidth", minwidth, minimum=0, allow_zero=True)
+    # bad sizes are usage errors (exit 2), refused before any file is read
+    try:
+        check_size("--width", width, minimum=100)
+        check_size("--minwidth", minwidth, minimum=0, allow_zero=True)
+    except RenderError as e:
+        raise _Failed(str(e)) from None
     if diff and (stacks or merge):
         raise _Failed("give STACKS, or --diff A B, not both")
     if not diff and not stacks:

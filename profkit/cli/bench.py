@@ -1,7 +1,6 @@
 """CLI: ``profkit bench`` (any builds, any workload) and ``profkit reproduce`` (the demo).
 
-Standalone click commands that :mod:`profkit.cli` attaches to the main group
-(``_attach_optional``). Library errors (ProfkitError) become one line on stderr and
+Registered in :data:`profkit.cli.COMMANDS`. Library errors (ProfkitError) become one line on stderr and
 exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
@@ -9,25 +8,23 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from profkit.errors import ProfkitError
-from profkit.cli_common import friendly as _friendly
-from profkit.cli_common import say as _say
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import emit_json, err_console, json_option
+from profkit.cli.common import say as _say
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 out_console = Console()
 if not out_console.is_terminal:
     # piped or in CI: the seed-style table is wider than rich's default 80 columns
     out_console = Console(width=150)
-err_console = Console(stderr=True)
 
 #: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
 #: ~0.3 s on vanilla and Query-3 ~3.9x that, so one repetition of the 4 builds x 3 modes
@@ -38,8 +35,6 @@ REPRO_BUILDS = "vanilla,step1,step2,step3"
 REPRO_SCALE = 0.07
 REPRO_REPS = 25
 REPRO_INSTR_SCALE = 0.01
-
-
 
 
 def _profiles_root(out: Path | None) -> Path:
@@ -130,10 +125,12 @@ def _mode_list(modes: str) -> list[str]:
 @click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]), default=None,
               help="Time the report's overheads use (default: cpu_ms, the backend's on-CPU "
                    "time, where recorded; else server_ms).")
+@json_option
 @_friendly
 def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
-              instr_scale: float | None, order_seed: int | None, metric: str | None) -> None:
+              instr_scale: float | None, order_seed: int | None, metric: str | None,
+              as_json: bool) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
@@ -154,20 +151,31 @@ def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, 
     files = write_report(res.out_dir, metric=metric)
     _warn_instructions(res.provenance)
     update_latest(res.out_dir)
+    if as_json:
+        emit_json({"run_dir": str(res.out_dir), "run_id": res.run_id,
+                   "report": str(files.report_md), "summary_csv": str(files.summary_csv),
+                   "summary": files.summary,
+                   "comparisons": files.comparisons if files.comparisons is not None else []})
+        return
     _print_results(files)
     out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
 
 
 @click.command("reproduce")
-@click.option("--builds", default=REPRO_BUILDS, show_default=True)
-@click.option("--scale", type=float, default=REPRO_SCALE, show_default=True)
-@click.option("--reps", type=int, default=REPRO_REPS, show_default=True)
-@click.option("--warmup", type=int, default=1, show_default=True)
+@click.option("--builds", default=REPRO_BUILDS, show_default=True,
+              help="Comma-separated builds (presets), built when missing.")
+@click.option("--scale", type=float, default=REPRO_SCALE, show_default=True,
+              help="nested_loop scale factor.")
+@click.option("--reps", type=int, default=REPRO_REPS, show_default=True,
+              help="Interleaved repetitions per build and mode.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Unrecorded executions before the measured ones.")
 @click.option("--instr-scale", type=float, default=REPRO_INSTR_SCALE, show_default=True,
               help="Scale at which callgrind counts one execution per build and mode.")
 @click.option("--no-callgrind", is_flag=True, help="Skip the instruction counts.")
 @click.option("--no-flamegraphs", is_flag=True, help="Skip the flamegraph demo at the end.")
-@click.option("--seed", "order_seed", type=int, default=None)
+@click.option("--seed", "order_seed", type=int, default=None,
+              help="Order seed (default: random, recorded).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Profiles folder (default: ./profiles).")
 @_friendly
@@ -222,7 +230,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
 
     t_flame = 0.0
     if not no_flamegraphs:
-        from profkit.cli_profile import demo_flamegraphs
+        from profkit.experiments.profile import demo_flamegraphs
 
         err_console.rule("flamegraphs")
         t0 = time.monotonic()

@@ -1,27 +1,17 @@
 """CLI: ``profkit timing-accuracy`` — per-node accuracy and cost of the clock-source variants.
 
-A standalone click command that :mod:`profkit.cli` attaches to the main group
-(``_attach_optional``).  Library errors (ProfkitError) become one line on stderr and
+Registered in :data:`profkit.cli.COMMANDS`.  Library errors (ProfkitError) become one line on stderr and
 exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from rich.console import Console
 
-from profkit.cli_common import friendly as _friendly
-
-F = TypeVar("F", bound=Callable[..., Any])
-err_console = Console(stderr=True)
-
-
-
-def _say(msg: str) -> None:
-    err_console.print(f"[cyan]•[/] {msg}", highlight=False)
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import say as _say
 
 
 def _print(res: Any) -> None:
@@ -50,14 +40,17 @@ def _print(res: Any) -> None:
               help="count_star scale.")
 @click.option("--reps", type=int, default=9, show_default=True,
               help="Interleaved repetitions of every (arm, mode).")
-@click.option("--warmup", type=int, default=1, show_default=True)
-@click.option("--baseline", default="vanilla", show_default=True)
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Unrecorded executions before the measured ones.")
+@click.option("--baseline", default="vanilla", show_default=True,
+              help="Arm whose TIMING TRUE per-node times are the yardstick.")
 @click.option("--build-missing", is_flag=True,
               help="Build arms whose build is not cached (else they are skipped).")
 @click.option("--no-clock-cost", is_flag=True, help="Skip measuring ns per clock read.")
 @click.option("--tol", type=float, default=10.0, show_default=True,
               help="Verdict: % error allowed on nodes >= --min-node-ms.")
-@click.option("--min-node-ms", type=float, default=1.0, show_default=True)
+@click.option("--min-node-ms", type=float, default=1.0, show_default=True,
+              help="Nodes faster than this are left out of the verdict.")
 @click.option("--reference", default="tsc_clock", show_default=True,
               help="Second yardstick arm for the per-node errors ('' for none).")
 @click.option("--nice", "nice", default="auto", show_default=True,

@@ -1,0 +1,4 @@
+"""``python -m profkit``: the command line."""
+from profkit.cli import main
+
+main()

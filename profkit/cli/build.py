@@ -1,0 +1,30 @@
+"""``profkit build``: build PostgreSQL variants (cached)."""
+from __future__ import annotations
+
+import click
+
+from profkit.cli.common import err_console, friendly, say
+
+
+@click.command("build")
+@click.argument("presets", nargs=-1)
+@click.option("--source", default=None,
+              help="debian:postgresql-18 (default), git:/path, tarball:/path.tar.bz2")
+@click.option("--list", "list_", is_flag=True, help="List presets and cached builds.")
+@friendly
+def build(presets: tuple[str, ...], source: str | None, list_: bool) -> None:
+    """Build PostgreSQL variants (cached; an unchanged build is never rebuilt)."""
+    from profkit.pg.build import get_build, list_builds
+    from profkit.pg.build import presets as all_presets
+
+    if list_ or not presets:
+        for name, spec in all_presets().items():
+            click.echo(f"{name:24s} {spec.description}")
+        click.echo("\ncached builds:")
+        for b in list_builds():
+            click.echo(f"  {b.name:22s} {b.version:8s} {b.key[:12]} {b.dir}")
+        return
+    for p in presets:
+        with err_console.status(f"building {p}"):
+            b = get_build(p, source=source, progress=say)
+        click.echo(f"{b.name}\t{b.version}\t{b.prefix}")

@@ -1,0 +1,155 @@
+"""What every profkit command shares: turning library errors into messages."""
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from profkit.errors import ProfkitError
+from profkit.progress import err_console, say
+
+F = TypeVar("F", bound=Callable[..., Any])
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "Failed", "Failure", "emit_json",
+           "err_console", "friendly", "json_option", "records", "say"]
+
+
+#: Exit statuses (README "Exit status"): 0 success; 1 the work failed (a ProfkitError —
+#: bad input file, build or cluster failure, SQL error — or an OS error such as a full
+#: disk); 2 a usage error (click's own: unknown option, bad value; or a combination of
+#: arguments the command refuses); 130 interrupted by Ctrl-C.
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class Failed(click.ClickException):
+    """A usage mistake a command finds itself (``give either STACKS or --diff``): one
+    line on stderr, exit status 2 like click's own usage errors."""
+
+    exit_code = EXIT_USAGE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"profkit: {self.message}", err=True)
+
+
+class Failure(click.ClickException):
+    """The work failed (a ProfkitError, an OS or SQL error): one line, exit status 1."""
+
+    exit_code = EXIT_FAILURE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"profkit: {self.message}", err=True)
+
+
+def _os_error_message(e: OSError) -> str:
+    what = e.strerror or str(e)
+    if e.filename is not None:
+        return f"{e.filename}: {what}"
+    if e.errno is not None and _is_stdout_error():
+        return f"cannot write to standard output: {what}"
+    return what
+
+
+def _is_stdout_error() -> bool:
+    try:
+        sys.stdout.flush()
+    except OSError:
+        return True
+    return False
+
+
+def _silence_stdout() -> None:
+    """After a failed write to stdout (a full disk, a closed pipe) the interpreter's own
+    flush at exit would fail again with a second message: point stdout at /dev/null."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _sql_error(e: Exception) -> str | None:
+    """One line for a psycopg error (``relation "missing_table" does not exist``), or
+    None when *e* is not one. psycopg is imported only when it is already loaded."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(e, psycopg.Error):
+        return None
+    diag = getattr(e, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    state = getattr(e, "sqlstate", None)
+    text = primary or (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return f"SQL error{f' {state}' if state else ''}: {text}"
+
+
+def records(df: Any) -> list[dict[str, Any]]:
+    """A DataFrame as JSON-ready records (NaN and NA become null)."""
+    import json
+
+    return json.loads(df.to_json(orient="records", date_format="iso", default_handler=str))
+
+
+def json_option(f: F) -> F:
+    """``--json``: print one JSON document on stdout instead of the tables."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document on stdout instead of tables "
+                             "(progress still goes to stderr).")(f)
+
+
+def emit_json(doc: Any) -> None:
+    """Print *doc* as strict JSON on stdout: DataFrames become records, NaN/inf null."""
+    import json
+
+    click.echo(json.dumps(_plain(doc), indent=1, default=str, allow_nan=False))
+
+
+def _plain(o: Any) -> Any:
+    import math
+
+    if hasattr(o, "to_json") and hasattr(o, "columns"):
+        return records(o)
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_plain(v) for v in o]
+    if hasattr(o, "item") and not isinstance(o, str | bytes):  # numpy scalars
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
+def friendly(f: F) -> F:
+    """ProfkitError, OS and SQL errors → one readable line and exit 1; Ctrl-C → stop what
+    we started, exit 130. Usage errors stay click's (exit 2)."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except ProfkitError as e:
+            raise Failure(str(e)) from None
+        except KeyboardInterrupt:
+            from profkit.run import stop_all
+
+            stop_all()
+            click.echo("profkit: interrupted; everything profkit started was stopped", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except OSError as e:
+            message = _os_error_message(e)
+            if message.startswith("cannot write to standard output"):
+                _silence_stdout()
+            raise Failure(message) from None
+        except Exception as e:
+            sql = _sql_error(e)
+            if sql is None:
+                raise  # a bug in profkit: the traceback is what helps fixing it
+            raise Failure(sql) from None
+
+    return wrapper  # type: ignore[return-value]
+
+

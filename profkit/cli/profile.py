@@ -1,0 +1,150 @@
+"""``profkit perf``, ``profkit gprof``, ``profkit py-spy``: record, flamegraph, summary.
+
+Each records into ``profiles/<run_id>/`` (raw artifacts + provenance + parquet tables)
+through its collector, renders a flamegraph into ``flamegraphs/`` where the tool gives
+stacks (:mod:`profkit.experiments.profile`), and prints a short summary.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from profkit.cli.common import Failed as _Failed
+from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import say as _say
+from profkit.pg.workloads import EXPLAIN_PREFIX
+
+MODES = tuple(EXPLAIN_PREFIX)
+
+
+def _fmt_table(df: pd.DataFrame) -> str:
+    return df.to_string(index=False) if len(df) else "(no rows)"
+
+
+# --------------------------------------------------------------------------- perf
+
+@click.command("perf")
+@click.argument("build")
+@click.option("--workload", default="nested_loop", show_default=True,
+              help="Seed workload (nested_loop, join_sum, count_star).")
+@click.option("--scale", type=float, default=0.05, show_default=True,
+              help="Workload scale factor.")
+@click.option("--mode", type=click.Choice(MODES), default="analyze_timing", show_default=True,
+              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
+@click.option("--freq", type=int, default=999, show_default=True, help="Samples per second.")
+@click.option("--dwarf", is_flag=True, help="--call-graph dwarf instead of frame pointers.")
+@click.option("--reps", type=int, default=1, show_default=True,
+              help="Run the query this many times while recording.")
+@click.option("--no-stat", is_flag=True, help="Skip perf stat.")
+@click.option("--top", "top_n", type=int, default=10, show_default=True,
+              help="Functions printed (by self share).")
+@click.option("--out", default=None, help="Flamegraph directory (default: flamegraphs/).")
+@_friendly
+def perf_cmd(build: str, workload: str, scale: float, mode: str, freq: int, dwarf: bool,
+             reps: int, no_stat: bool, top_n: int, out: str | None) -> None:
+    """Record a backend running a workload's query with perf; flamegraph + top functions."""
+    from profkit.collect.perf import profile_workload
+    from profkit.experiments.profile import flamegraph_dir, flamegraph_for
+
+    prof = profile_workload(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
+                            call_graph="dwarf" if dwarf else "fp", stat=not no_stat,
+                            progress=_say)
+    qname = prof.run.provenance.get("query_name") or mode
+    svg = flamegraph_for(prof.counts, prof.run,
+                         flamegraph_dir(out) / f"perf-{build}-{workload}-{mode}.svg",
+                         title=f"{build}: {workload} {qname} (perf)")
+    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
+    click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples "
+               f"({', '.join(prof.folding.events)})")
+    click.echo(f"top {top_n} functions by self samples:")
+    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
+                                     total_share=top["total_share"].map("{:.1%}".format))))
+    click.echo(f"instrumentation share (self): {prof.instrumentation_share:.1%}")
+    if prof.stat is not None and len(prof.stat):
+        st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
+        click.echo("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
+                                             for r in st.itertuples()))
+    click.echo(f"artifacts: {prof.run.path}")
+    click.echo(f"flamegraph: {svg}")
+
+
+# --------------------------------------------------------------------------- gprof
+
+@click.command("gprof")
+@click.argument("build")
+@click.option("--workload", default="nested_loop", show_default=True,
+              help="Seed workload (nested_loop, join_sum, count_star).")
+@click.option("--scale", type=float, default=0.05, show_default=True,
+              help="Workload scale factor.")
+@click.option("--mode", type=click.Choice(MODES), default="analyze_notiming",
+              show_default=True,
+              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
+@click.option("--reps", type=int, default=1, show_default=True,
+              help="Executions of the query in the profiled backend.")
+@click.option("--top", "top_n", type=int, default=15, show_default=True,
+              help="Functions printed (by self time).")
+@_friendly
+def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
+              top_n: int) -> None:
+    """Run a query in one backend of a -pg build (BUILD vanilla → gprof, step3 →
+    step3+gprof); print gprof's flat profile top and the instrumentation call counts
+    next to what the plan predicts."""
+    from profkit.collect.gprof import profile_workload_with_prediction
+    from profkit.experiments.profile import instrumentation_calls
+
+    res, pred = profile_workload_with_prediction(build, workload, scale=scale, mode=mode,
+                                                 reps=reps, progress=_say)
+    click.echo(f"run {res.run.run_id}: gprof of backend {res.run.get('backend_pid')}")
+    click.echo(f"flat profile, top {top_n}:")
+    click.echo(_fmt_table(res.top(top_n)))
+    table, notes = instrumentation_calls(res, pred, reps)
+    click.echo("instrumentation calls (predicted from the plan's rows and loops):")
+    click.echo(_fmt_table(table))
+    for n in notes:
+        click.echo(f"note: {n}")
+    click.echo(f"artifacts: {res.run.path}")
+
+
+# --------------------------------------------------------------------------- py-spy
+
+@click.command("py-spy", context_settings={"ignore_unknown_options": True})
+@click.option("--pid", type=int, default=None, help="Python process to sample.")
+@click.option("--duration", type=float, default=10.0, show_default=True,
+              help="Seconds to sample a --pid.")
+@click.option("--rate", type=int, default=100, show_default=True,
+              help="Samples per second.")
+@click.option("--native", is_flag=True, help="Include C frames (--native).")
+@click.option("--idle", is_flag=True, help="Keep idle samples.")
+@click.option("--label", default=None, help="Name of the run and flamegraph.")
+@click.option("--out", default=None, help="Flamegraph directory (default: flamegraphs/).")
+@click.option("--top", "top_n", type=int, default=10, show_default=True,
+              help="Functions printed (by self share).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@_friendly
+def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: bool,
+              label: str | None, out: str | None, top_n: int, command: tuple[str, ...]) -> None:
+    """Sample a Python process (--pid PID) or command (-- python script.py) with py-spy;
+    flamegraph + top functions."""
+    from profkit.collect import pyspy
+    from profkit.experiments.profile import flamegraph_dir, flamegraph_for
+
+    if (pid is None) == (not command):
+        raise _Failed("give either --pid PID or a command after --")
+    if pid is not None:
+        rec, _ = pyspy.record_pid(pid, duration=duration, rate=rate, native=native, idle=idle,
+                                  label=label)
+    else:
+        rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
+                                   label=label)
+    prof = pyspy.fold_run(rec.run_dir)
+    name = label or (f"pid{pid}" if pid is not None else Path(command[-1]).stem)
+    svg = flamegraph_for(prof.counts, prof.run, flamegraph_dir(out) / f"py-spy-{name}.svg",
+                         title=f"py-spy: {name}")
+    click.echo(f"run {prof.run.run_id}: {rec.samples} samples")
+    click.echo(_fmt_table(prof.top(top_n)))
+    click.echo(f"artifacts: {prof.run.path}")
+    click.echo(f"flamegraph: {svg}")
+
+
