@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from profkit.errors import ParseError
 from profkit.parse.folded import (
     INSTRUMENTATION_FUNCTIONS,
+    MAX_LINE,
+    _is_count,
     diff_folded,
     functions_table,
     instrumentation_share,
@@ -42,7 +43,14 @@ __all__ = [
     "write_folded",
 ]
 
-_FOLDED_LINE = re.compile(rb"^\S.*\s\d+(?:\.\d+)?\s*$")
+def _looks_folded(line: bytes) -> bool:
+    """``frame;frame COUNT``: a non-blank start, then a plain count after the last blank
+    (linear: no regular expression backtracking over a long line)."""
+    body = line.rstrip()
+    if not body or body[:1].isspace():
+        return False
+    i = max(body.rfind(b" "), body.rfind(b"\t"))
+    return i > 0 and _is_count(body[i + 1:])
 
 
 def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf-script"]:
@@ -51,7 +59,9 @@ def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf
     opener: Any = gzip.open if p.suffix == ".gz" else open
     try:
         with opener(p, "rb") as f:
-            head = [ln for ln in (f.readline() for _ in range(50)) if ln.strip()][:10]
+            # bounded reads: a binary or minified file has no "lines" to speak of
+            head = [ln[:MAX_LINE] for ln in (f.readline(MAX_LINE + 2) for _ in range(50))
+                    if ln.strip()][:10]
     except OSError as e:
         raise ParseError(f"cannot read {p}: {e.strerror}") from None
     if not head:
@@ -61,7 +71,7 @@ def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf
                          "pass the text")
     if any(ln[:1] == b"\t" for ln in head):
         return "perf-script"
-    if all(_FOLDED_LINE.match(ln) for ln in head if not ln.startswith(b"#")):
+    if all(_looks_folded(ln) for ln in head if not ln.startswith(b"#")):
         return "folded"
     return "perf-script"  # e.g. samples printed without callchains
 
