@@ -1,37 +1,42 @@
-"""Folding speed: profkit's streaming perf-script folder vs perf's own collapser.
+"""Folding speed: profkit against stackcollapse-perf.pl and perf's own collapser, one run.
 
-One run, one perf.data, three timings:
+On one `perf script` capture of a PostgreSQL backend (>= 50 MB of text makes the start-up
+costs small against the work), each tool runs once, wall time including start-up:
 
-1. ``perf script -i perf.data > text``          — text generation (what profkit reads)
-2. profkit ``fold_perf_script(text)``           — in a fresh interpreter, for peak RSS
-3. ``perf script report stackcollapse -i perf.data`` — perf's collapser (reads perf.data)
+1. ``perl stackcollapse-perf.pl TEXT``                (FlameGraph; the reference)
+2. ``profkit-stackcollapse-perf TEXT``                (profkit's drop-in command, C core)
+3. ``profkit parse perf-script TEXT``                 (the same through profkit's CLI)
+4. the pure-Python reference (``--python``: slow; for the record)
+5. ``perf script report stackcollapse -i perf.data``  (perf's collapser, reads perf.data)
 
-and a check that (2) and (3) produce the same stacks (profkit names unsymbolised frames
-after their module, perf calls them ``[unknown]``; that is mapped back before comparing).
-MB/s are over the text size for both folders, so the figures are comparable; the
-end-to-end line compares perf.data → folded for both (profkit pays for step 1).
+It prints MB/s of text, the ratio to the Perl script, each folder's peak RSS (from
+wait4), and checks that profkit's output is byte for byte the Perl script's. Then the
+end-to-end path perf.data → folded: ``perf script`` with its default fields, with
+``--no-inline``, and with profkit's collector fields (``profkit.collect.perf.SCRIPT_ARGS``)
+piped into the folder, so the split between text generation and folding shows.
 
-Where the perf.data comes from (first that applies):
+Where the capture comes from (first that applies):
 
-- ``--perf-data FILE``: an existing recording (kept as is);
+- ``--text FILE`` (and optionally ``--perf-data FILE`` for steps 5 and the end-to-end);
+- ``--perf-data FILE``: an existing recording, turned into text here;
 - ``--pid PID``: ``perf record -F FREQ -g -p PID`` for ``--seconds``;
 - ``--dsn DSN``: a PostgreSQL backend running the seed's Query-3 in a loop, recorded;
 - default: profkit's own vanilla build and nested_loop workload (profkit.pg), Query-3
-  in a loop, recorded — a deep, realistic executor stack.
+  in a loop, recorded for ``--seconds`` at ``--freq`` (12 s at 2999 Hz ≈ 100 MB of text).
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_folding.py                   # vanilla build, 20 s
-    .venv/bin/python benchmarks/bench_folding.py --dsn "host=/tmp port=5432 dbname=postgres"
-    .venv/bin/python benchmarks/bench_folding.py --perf-data profiles/run1/perf.data
+    .venv/bin/python benchmarks/bench_folding.py --workdir profiles/bench-folding
+    .venv/bin/python benchmarks/bench_folding.py --text profiles/bench-folding/perf-script.txt \
+        --perf-data profiles/bench-folding/perf.data
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,21 +47,7 @@ from pathlib import Path
 
 QUERY3 = ("EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS FALSE) SELECT count(*) FROM test1 AS a, "
           "test2 AS b, test3 AS c WHERE a.id = c.id")
-
-# Runs in a fresh interpreter so that ru_maxrss is this folding's, not the benchmark's.
-_CHILD = r"""
-import json, resource, sys, time
-from profkit.parse.perf_script import fold_perf_script
-from profkit.parse.folded import write_folded
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-t0 = time.perf_counter()
-fold = fold_perf_script(sys.argv[1])
-dt = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-write_folded(fold.counts, sys.argv[2])
-print(json.dumps({"seconds": dt, "rss_base_kb": base, "rss_peak_kb": peak,
-                  "samples": fold.samples, "stacks": len(fold.counts), "lines": fold.lines}))
-"""
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _record(argv_target: list[str], out: Path, seconds: float, freq: int) -> None:
@@ -112,101 +103,162 @@ def _record_pg(out: Path, seconds: float, freq: int, dsn: str | None, stack: Exi
     return meta
 
 
-def _timed(argv: list[str], stdout_path: Path | None) -> float:
-    t0 = time.perf_counter()
-    with open(stdout_path or os.devnull, "wb") as out:
-        subprocess.run(argv, stdout=out, stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - t0
+def _run(argv: list[str], stdout_path: Path | None) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds user+system, peak RSS MB) of one child, start-up
+    included. GNU time measures CPU and RSS (this process's own RSS would otherwise be
+    inherited into the child's maximum across fork+exec)."""
+    gnu_time = shutil.which("time") or "/usr/bin/time"
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf, \
+            open(stdout_path or os.devnull, "wb") as out:
+        t0 = time.perf_counter()
+        cp = subprocess.run([gnu_time, "-f", "%U %S %M", "-o", tf.name, *argv], stdout=out,
+                            stderr=subprocess.PIPE)
+        wall = time.perf_counter() - t0
+        fields = Path(tf.name).read_text().split()[-3:]
+    if cp.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed with status {cp.returncode}: "
+                         f"{cp.stderr.decode(errors='replace')[-500:]}")
+    user, system, rss = float(fields[0]), float(fields[1]), int(fields[2]) / 1024
+    return wall, user + system, rss
+
+
+def _pipeline(producer: list[str], consumer: list[str], out: Path, repeat: int
+              ) -> tuple[float, float, float]:
+    """Medians over *repeat* runs: wall time of `producer | consumer > out`, and the
+    producer's own wall and CPU seconds (run alone, output discarded)."""
+    both, alone, cpu = [], [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with open(out, "wb") as f:
+            a = subprocess.Popen(producer, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            b = subprocess.Popen(consumer, stdin=a.stdout, stdout=f, stderr=subprocess.DEVNULL)
+            assert a.stdout is not None
+            a.stdout.close()
+            b.wait()
+            a.wait()
+        both.append(time.perf_counter() - t0)
+        w, c, _ = _run(producer, None)
+        alone.append(w)
+        cpu.append(c)
+    return statistics.median(both), statistics.median(alone), statistics.median(cpu)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--text", type=Path, help="an existing perf script text")
     ap.add_argument("--perf-data", type=Path)
     ap.add_argument("--pid", type=int)
     ap.add_argument("--dsn")
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--freq", type=int, default=2999, help="perf record -F (default 2999)")
     ap.add_argument("--scale", type=float, default=0.05, help="nested_loop scale (default run)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep files here")
-    ap.add_argument("--repeat", type=int, default=1, help="take the best of N timings")
+    ap.add_argument("--python", action="store_true", help="also time the Python reference")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="end to end: median of this many runs per perf script variant")
     args = ap.parse_args()
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from profkit.parse.folded import read_folded
+    sys.path.insert(0, str(ROOT))
+    from profkit.collect.perf import SCRIPT_ARGS
     from profkit.run import which
 
     perf = which("perf")
+    suite = Path(os.environ.get("PROFKIT_FLAMEGRAPH_SUITE",
+                                ROOT.parent / "shared" / "flamegraph-suite"))
+    perl_script = suite / "stackcollapse-perf.pl"
+    if not perl_script.is_file():
+        raise SystemExit(f"stackcollapse-perf.pl not found in {suite} "
+                         "(set PROFKIT_FLAMEGRAPH_SUITE)")
+    bindir = Path(sys.executable).parent
+    dropin = bindir / "profkit-stackcollapse-perf"
+    cli = bindir / "profkit"
     with ExitStack() as stack:
         work = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="bench-folding-")))
         work.mkdir(parents=True, exist_ok=True)
         meta: dict[str, str] = {}
-        if args.perf_data:
-            data = args.perf_data
-            meta["source"] = str(data)
+        data: Path | None = args.perf_data
+        if args.text:
+            text = args.text
+            meta["source"] = str(text)
         else:
-            data = work / "perf.data"
-            if args.pid:
-                _record(["-p", str(args.pid)], data, args.seconds, args.freq)
-                meta["source"] = f"pid {args.pid}, {args.seconds:g} s at -F {args.freq}"
+            if data is None:
+                data = work / "perf.data"
+                if args.pid:
+                    _record(["-p", str(args.pid)], data, args.seconds, args.freq)
+                    meta["source"] = f"pid {args.pid}, {args.seconds:g} s at -F {args.freq}"
+                else:
+                    meta.update(_record_pg(data, args.seconds, args.freq, args.dsn, stack,
+                                           args.scale))
             else:
-                meta.update(_record_pg(data, args.seconds, args.freq, args.dsn, stack,
-                                       args.scale))
-        text = work / "perf-script.txt"
-        t_text = min(_timed([perf, "script", "-i", str(data)], text) for _ in range(args.repeat))
-        size = text.stat().st_size
-        mb = size / 1e6
+                meta["source"] = str(data)
+            text = work / "perf-script.txt"
+            _run([perf, "script", "-i", str(data)], text)
+        mb = text.stat().st_size / 1e6
+        load0 = os.getloadavg()
 
-        ours_path = work / "profkit.folded"
-        child_runs = []
-        for _ in range(args.repeat):
-            r = subprocess.run([sys.executable, "-c", _CHILD, str(text), str(ours_path)],
-                               capture_output=True, text=True, check=True,
-                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve()
-                                                                     .parent.parent)})
-            child_runs.append(json.loads(r.stdout))
-        ours = min(child_runs, key=lambda c: c["seconds"])
+        rows: list[tuple[str, float, float, float, bool | None]] = []
+        perl_out = work / "perl.folded"
+        t_perl, c_perl, rss_perl = _run(["perl", str(perl_script), str(text)], perl_out)
+        rows.append(("stackcollapse-perf.pl", t_perl, c_perl, rss_perl, None))
+        ref = perl_out.read_bytes()
+        for label, argv in (("profkit-stackcollapse-perf", [str(dropin), str(text)]),
+                            ("profkit parse perf-script", [str(cli), "parse", "perf-script",
+                                                           str(text)])):
+            out = work / "profkit.folded"
+            t, c, rss = _run(argv, out)
+            rows.append((label, t, c, rss, out.read_bytes() == ref))
+        if args.python:
+            out = work / "python.folded"
+            code = ("import sys; from profkit.parse.perf_script import fold_perf_script as f; "
+                    "sys.stdout.buffer.write(f(sys.argv[1], implementation='python')"
+                    ".folded_bytes())")
+            t, c, rss = _run([sys.executable, "-c", code, str(text)], out)
+            rows.append(("profkit Python reference", t, c, rss, out.read_bytes() == ref))
+        if data is not None:
+            t, c, rss = _run([perf, "script", "report", "stackcollapse", "-i", str(data)],
+                             work / "perf-stackcollapse.folded")
+            rows.append(("perf script report stackcollapse", t, c, rss, None))
 
-        theirs_path = work / "perf-stackcollapse.folded"
-        t_perf = min(_timed([perf, "script", "report", "stackcollapse", "-i", str(data)],
-                            theirs_path) for _ in range(args.repeat))
-
-        a = read_folded(ours_path)
-        b = read_folded(theirs_path)
-        mapped: dict[str, float] = {}
-        for s, c in a.items():
-            k = ";".join("[unknown]" if (f.startswith("[") and f.endswith("]")
-                                         and f != "[vdso]") else f for f in s.split(";"))
-            mapped[k] = mapped.get(k, 0) + c
-        same = mapped == b
-
-        print(f"input            : {meta.get('source', '')}")
+        print(f"input     : {meta.get('source', '')}")
         if "recorded" in meta:
-            print(f"recorded         : {meta['recorded']}")
-        print(f"perf.data        : {data.stat().st_size / 1e6:.1f} MB, "
-              f"{ours['samples']:,} samples, {ours['stacks']:,} distinct stacks")
-        print(f"perf script text : {mb:.1f} MB, {ours['lines']:,} lines, generated in "
-              f"{t_text:.2f} s ({mb / t_text:.1f} MB/s)")
-        print(f"profkit folding  : {ours['seconds']:.2f} s = {mb / ours['seconds']:.1f} MB/s "
-              f"of text")
-        print(f"perf stackcollapse: {t_perf:.2f} s = {mb / t_perf:.1f} MB/s-equivalent "
-              f"(reads perf.data)")
-        print(f"ratio            : profkit folding is {t_perf / ours['seconds']:.1f}x faster "
-              f"than perf's collapser; end to end from perf.data (perf script + profkit) "
-              f"{t_text + ours['seconds']:.2f} s vs {t_perf:.2f} s "
-              f"({t_perf / (t_text + ours['seconds']):.2f}x)")
-        print(f"profkit peak RSS : {ours['rss_peak_kb'] / 1024:.1f} MB "
-              f"(after imports {ours['rss_base_kb'] / 1024:.1f} MB, folding added "
-              f"{(ours['rss_peak_kb'] - ours['rss_base_kb']) / 1024:.1f} MB for "
-              f"{mb:.0f} MB of text: streaming)")
-        print(f"same stacks as perf's collapser: {'yes' if same else 'NO'} "
-              f"({len(a)} vs {len(b)} stacks, {sum(a.values()):.0f} vs "
-              f"{sum(b.values()):.0f} samples)")
-        print(f"this process max RSS: "
-              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB")
+            print(f"recorded  : {meta['recorded']}")
+        nstacks = ref.count(b"\n")
+        print(f"text      : {mb:.1f} MB of perf script, {nstacks:,} folded stacks")
+        print(f"load average before: {load0}")
+        print(f"{'folder':34s} {'wall s':>7s} {'MB/s':>7s} {'x Perl':>7s} {'CPU s':>7s} "
+              f"{'x Perl':>7s} {'peak RSS MB':>11s}  same bytes as Perl")
+        for label, t, c, rss, same in rows:
+            note = "" if same is None else ("yes" if same else "NO")
+            if label.startswith("perf script report"):
+                note = "(reads perf.data; its own naming)"
+            print(f"{label:34s} {t:7.2f} {mb / t:7.1f} {t_perl / t:7.1f} {c:7.2f} "
+                  f"{c_perl / max(c, 1e-3):7.1f} {rss:11.1f}  {note}")
+        print(f"load average after: {os.getloadavg()} (wall times on a busy machine include "
+              "waiting for a CPU; CPU seconds do not)")
+
+        if data is not None:
+            dmb = data.stat().st_size / 1e6
+            print(f"\nend to end: perf.data ({dmb:.1f} MB) -> folded, perf script piped into "
+                  "profkit-stackcollapse-perf")
+            fold_row = next(r for r in rows if r[0] == "profkit-stackcollapse-perf")
+            fold_wall, fold_cpu = fold_row[1], fold_row[2]
+            print(f"  folding alone (profkit-stackcollapse-perf on the text file): "
+                  f"{fold_wall:.2f} s wall, {fold_cpu:.2f} s CPU")
+            for label, extra in (("perf script (default fields)", []),
+                                 ("perf script --no-inline", ["--no-inline"]),
+                                 ("perf script " + " ".join(SCRIPT_ARGS) + " (collector)",
+                                  list(SCRIPT_ARGS))):
+                both, alone, cpu = _pipeline([perf, "script", "-i", str(data), *extra],
+                                             [str(dropin)], work / "e2e.folded", args.repeat)
+                print(f"  {label}:\n    perf.data -> folded {both:.2f} s ({dmb / both:.1f} MB of "
+                      f"perf.data/s); perf script alone {alone:.2f} s wall, {cpu:.2f} s CPU: "
+                      f"{cpu / (cpu + fold_cpu):.0%} of the CPU is perf script's "
+                      f"(medians of {args.repeat})")
         if args.workdir:
             print(f"files kept in {work}")
-        return 0 if same else 1
+        ok = all(same is not False for *_, same in rows)
+        return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -128,8 +128,11 @@ def test_vdso_named_without_perfs_cache(query3, tmp_path) -> None:
     out = subprocess.run(["perf", "--buildid-dir", str(empty), "script", "-i", rec.perf_data],
                          capture_output=True, check=True).stdout
     assert b"[unknown] ([vdso])" in out
-    bare = fold_perf_script(iter(out.splitlines(keepends=True)))
-    named = fold_perf_script(iter(out.splitlines(keepends=True)), vdso=rec.vdso_image)
+    # profkit's reading (the collector's): vDSO frames named, 1 per sample
+    bare = fold_perf_script(iter(out.splitlines(keepends=True)), vdso_names=True,
+                            weight="samples")
+    named = fold_perf_script(iter(out.splitlines(keepends=True)), vdso=rec.vdso_image,
+                             weight="samples")
     assert "[vdso]" in {s.rsplit(";", 1)[-1] for s in bare.counts}
     leaves = {s.rsplit(";", 1)[-1] for s in named.counts}
     assert VDSO_CLOCK in leaves and "[vdso]" not in leaves
@@ -273,7 +276,11 @@ def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
     paths = demo_flamegraphs(tmp_path / "fg", scale=0.01, builds=("vanilla", "vanilla"),
                              reps=1, progress=lambda _m: None)
     assert [p.name for p in paths] == ["query2-vanilla.svg", "query2-vanilla.svg",
-                                       "query2-vanilla-vs-vanilla.svg"]
+                                       "query2-vanilla-vs-vanilla.svg",
+                                       "query2-vanilla-icicle.svg", "query2-merged.svg"]
+    assert "(icicle)" in paths[3].read_text()
+    merged = paths[4].read_text()
+    assert "merged runs: vanilla (" in merged and "each run scaled to the mean total" in merged
     diff = paths[2].read_text()
     assert 'data-diff="1"' in diff and "before (A)" in diff
     plain = paths[0].read_text()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import re
@@ -15,8 +16,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from profkit.parse.folded import read_folded
+from profkit.parse.folded import format_folded, read_folded
 from profkit.parse.perf_script import fold_perf_script
 from profkit.render.flamegraph import (
     INSTRUMENTATION_COLOR,
@@ -24,12 +28,15 @@ from profkit.render.flamegraph import (
     FlameGraph,
     diff_color,
     frame_color,
+    frame_path,
     layout,
     render,
     to_iframe_html,
+    write_svg,
 )
 
 PERF = Path(__file__).parent / "fixtures" / "perf"
+PK: dict = {"weight": "samples", "vdso_names": True}   # profkit's reading: 1 per sample
 ARTIFACTS = Path(__file__).parent / "artifacts"
 SVGNS = "{http://www.w3.org/2000/svg}"
 
@@ -96,9 +103,11 @@ def test_real_profile_layout_against_folded_totals() -> None:
     total = sum(counts.values())
     assert frames[0].w == total == 608
     # every frame's width is the sum of the stacks that start with its path
-    for f in frames[1:40]:
-        n = len(f.path)
-        expect = sum(c for s, c in counts.items() if tuple(s.split(";")[:n]) == f.path)
+    for i, f in enumerate(frames[1:40], 1):
+        path = frame_path(frames, i)
+        n = len(path)
+        assert n == f.depth and path[-1] == f.name
+        expect = sum(c for s, c in counts.items() if tuple(s.split(";")[:n]) == path)
         assert f.w == expect
 
 
@@ -217,7 +226,7 @@ def test_min_width_prunes_tiny_frames() -> None:
 
 
 def test_iframe_and_notebook_repr() -> None:
-    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
+    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz", **PK)
     fg = FlameGraph(fold, title="Query-3")
     html_snippet = fg._repr_html_()
     assert html_snippet.startswith('<iframe srcdoc="&lt;!DOCTYPE html&gt;')
@@ -226,12 +235,12 @@ def test_iframe_and_notebook_repr() -> None:
     assert to_iframe_html(fg.svg) == html_snippet
     r = repr(fg)
     assert r.startswith("<flamegraph 'Query-3': 608 samples") and "__vdso_clock_gettime 71.9%" in r
-    d = FlameGraph(fold, diff_against=fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz"))
+    d = FlameGraph(fold, diff_against=fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz", **PK))
     assert repr(d).startswith("<differential flamegraph")
 
 
 def test_render_from_stacks_dataframe_and_path(tmp_path: Path) -> None:
-    fold = fold_perf_script(PERF / "clockloop.perf-script.txt")
+    fold = fold_perf_script(PERF / "clockloop.perf-script.txt", **PK)
     a = _frames(render(fold.stacks_df(), id_prefix="fgx"))
     b = _frames(render(PERF / "expected_clockloop.folded", id_prefix="fgx"))
     assert a == b
@@ -256,7 +265,7 @@ def test_cli_flamegraph(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert 'data-diff="1"' in out2.read_text()
     r = CliRunner().invoke(flamegraph_cmd, [])
-    assert r.exit_code == 2 and "either STACKS or --diff" in r.output
+    assert r.exit_code == 2 and "give STACKS" in r.output and "--diff A B" in r.output
 
 
 # ---------------------------------------------------------------- headless Chromium
@@ -361,7 +370,7 @@ def _center(b: Browser, elem_js: str) -> tuple[float, float]:
 
 @pytest.mark.browser
 def test_zoom_search_in_chromium(browser: Browser) -> None:
-    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
+    fold = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz", **PK)
     prov = {"build": "warmup (PostgreSQL 18.6, -O2 -fno-omit-frame-pointer)",
             "query": "Query-3 (EXPLAIN ANALYZE, TIMING on), scale 0.05",
             "tool": "perf record -F 999 -g", "samples": fold.samples}
@@ -425,8 +434,8 @@ def test_zoom_search_in_chromium(browser: Browser) -> None:
 
 @pytest.mark.browser
 def test_two_graphs_in_one_page_do_not_interfere(browser: Browser) -> None:
-    q3 = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz")
-    q2 = fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz")
+    q3 = fold_perf_script(PERF / "pg18-query3.perf-script.txt.gz", **PK)
+    q2 = fold_perf_script(PERF / "pg18-query2.perf-script.txt.gz", **PK)
     a = render(q3, title="Query-3")
     b = render(q2, title="Query-3 → Query-2 (differential)", diff_against=q3)
     pa = re.search(r'data-profkit-flamegraph="([^"]+)"', a)[1]
@@ -447,3 +456,179 @@ def test_two_graphs_in_one_page_do_not_interfere(browser: Browser) -> None:
     assert browser.eval(f"document.getElementById('{pb}-matched').textContent").startswith(
         "Matched:")
     browser.screenshot(ARTIFACTS / "two-flamegraphs.png")
+
+
+# ---------------------------------------------------------------- scale, icicle, merge (issue 12)
+
+def _parse_back(svg: str) -> dict[str, float]:
+    """Folded counts rebuilt from a rendered SVG: each frame's self samples under the
+    path of the boxes that contain it (parents found by depth and offset)."""
+    frames = _frames(svg)
+    by_depth: dict[int, list[dict]] = {}
+    for f in frames:
+        by_depth.setdefault(f["depth"], []).append(f)
+    root = next(f for f in frames if f["depth"] == 0)
+    root_x = float(root["x"])
+    out: dict[str, float] = {}
+    root_el = ET.fromstring(svg.split("?>", 1)[1])
+    selfs = {g.get("id"): float(g.get("data-s")) for g in root_el.iter(f"{SVGNS}g")
+             if g.get("data-n") is not None}
+    xs = {g.get("id"): float(g.get("data-x")) for g in root_el.iter(f"{SVGNS}g")
+          if g.get("data-n") is not None}
+    ws = {g.get("id"): float(g.get("data-w")) for g in root_el.iter(f"{SVGNS}g")
+          if g.get("data-n") is not None}
+    del root_x
+    for f in frames:
+        if f["depth"] == 0 or selfs[f["id"]] == 0:
+            continue
+        path = [f["name"]]
+        x, d = xs[f["id"]], f["depth"]
+        while d > 1:
+            d -= 1
+            parent = next(p for p in by_depth[d]
+                          if xs[p["id"]] <= x + 1e-9 and x < xs[p["id"]] + ws[p["id"]])
+            path.append(parent["name"])
+        out[";".join(reversed(path))] = selfs[f["id"]]
+    return out
+
+
+_frame_name = st.text(alphabet=st.characters(blacklist_characters=";\x00",
+                                             blacklist_categories=("Cs", "Cc")),
+                      min_size=1, max_size=12).filter(lambda s: s.strip() == s and s != "")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(st.lists(_frame_name, min_size=1, max_size=6).map(";".join)
+                       # a line starting with "#" is a comment in folded files
+                       .filter(lambda s: not s.startswith("#")),
+                       st.integers(1, 1000), min_size=1, max_size=25))
+def test_round_trip_folded_render_parse_back(counts: dict[str, int]) -> None:
+    """folded → write → read → render → parse the SVG back: the same counts."""
+    text = format_folded(counts)
+    back = read_folded(io.StringIO(text))
+    assert back == {k: float(v) for k, v in counts.items()}
+    assert _parse_back(render(back, min_width_px=0)) == back
+
+
+def test_deep_stack_layout_is_linear() -> None:
+    depth = 20_000
+    counts = {";".join(f"f{i}" for i in range(depth)): 3.0, "f0;other": 1.0}
+    frames = layout(counts)
+    assert len(frames) == depth + 2           # all + 20,000 + "other"
+    assert frames[-1].depth == depth and frames[-1].w == 3.0
+    assert not hasattr(frames[1], "path")     # no per-frame path tuple (quadratic memory)
+    assert frame_path(frames, 2) == ("f0", "f1")
+    svg = render(counts)
+    assert svg.count('class="fg') >= depth
+
+
+def test_narrow_frames_merge_into_one_box() -> None:
+    counts = {"p;big": 10_000.0, **{f"p;tiny{i}": 1.0 for i in range(500)},
+              **{f"p;tiny0;deeper{i}": 0.001 for i in range(10)}}
+    svg = render(counts, min_width_px=1.0)
+    frames = _frames(svg)
+    merged = [f for f in frames if f["name"].endswith("narrow frames]")]
+    assert len(merged) == 1 and merged[0]["name"] == "[500 narrow frames]"
+    assert merged[0]["samples"] == pytest.approx(500.01)
+    assert merged[0]["fill"] == "rgb(200,200,200)"
+    assert not any(f["name"].startswith(("tiny", "deeper")) for f in frames)
+    assert "frames narrower than 1 px merged" in svg
+    # with no minimum every frame is drawn
+    assert len(_frames(render(counts, min_width_px=0))) == 1 + 1 + 1 + 500 + 10
+
+
+def test_icicle_puts_the_root_on_top() -> None:
+    up = {(f["name"], f["depth"]): f for f in _frames(render(SMALL))}
+    root_el = ET.fromstring(render(SMALL, inverted=True).split("?>", 1)[1])
+    ys = {}
+    for g in root_el.iter(f"{SVGNS}g"):
+        if g.get("data-n") is not None:
+            ys[(g.get("data-n"), int(g.get("data-d")))] = float(g.find(f"{SVGNS}rect").get("y"))
+    assert ys[("all", 0)] < ys[("postgres", 1)] < ys[("main", 2)]
+    assert set(ys) == set(up)                       # the same boxes, flipped
+
+
+def test_merge_normalises_each_run() -> None:
+    from profkit.render.flamegraph import merge_profiles
+
+    a = {"p;x": 90.0, "p;y": 10.0}                 # 100 samples
+    b = {"p;x": 100.0, "p;z": 900.0}               # 1,000 samples
+    m = merge_profiles([a, b])                    # each run scaled to the mean, 550
+    assert m["p;x"] == pytest.approx(90 * 5.5 + 100 * 0.55)
+    assert m["p;z"] == pytest.approx(900 * 0.55)
+    assert sum(m.values()) == pytest.approx(1100)
+    side = merge_profiles([a, b], names=["A", "B"], by_run=True)
+    assert side["A;p;x"] == pytest.approx(495.0) and side["B;p;z"] == pytest.approx(495.0)
+    raw = merge_profiles([a, b], normalise=False)
+    assert raw["p;x"] == 190.0
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf"), 20, "wide"])
+def test_bad_widths_are_refused(bad: object) -> None:
+    from profkit.render.flamegraph import RenderError
+
+    with pytest.raises(RenderError, match="width must be a"):
+        render(SMALL, width=bad)  # type: ignore[arg-type]
+    with pytest.raises(RenderError, match="minimum frame width"):
+        render(SMALL, min_width_px=-1)
+
+
+def test_non_utf8_names_render_as_valid_xml(tmp_path: Path) -> None:
+    f = tmp_path / "latin1.folded"
+    f.write_bytes(b"p;caf\xe9 1\np;caf\xe8 2\np;ctl\x01 3\n")
+    svg = render(read_folded(f), min_width_px=0)
+    out = write_svg(svg, tmp_path / "x.svg")
+    ET.fromstring(out.read_bytes().split(b"?>", 1)[1])        # well-formed
+    names = {fr["name"] for fr in _frames(svg)}
+    assert "caf\ufffd" in names and "ctl\ufffd" in names
+
+
+def test_cli_stdin_merge_icicle_and_bad_width(tmp_path: Path) -> None:
+    from profkit.cli.parse import flamegraph_cmd
+
+    q3 = PERF / "expected_pg18-query3.folded"
+    q2 = PERF / "expected_pg18-query2.folded"
+    r = CliRunner().invoke(flamegraph_cmd, ["-", "-o", str(tmp_path / "in.svg")],
+                           input=q3.read_bytes())
+    assert r.exit_code == 0, r.output
+    assert _frames((tmp_path / "in.svg").read_text())[0]["samples"] == 608
+    r = CliRunner().invoke(flamegraph_cmd, ["--merge", str(q3), str(q2), "--icicle",
+                                            "-o", str(tmp_path / "m.svg")])
+    assert r.exit_code == 0, r.output
+    svg = (tmp_path / "m.svg").read_text()
+    assert _frames(svg)[0]["samples"] == pytest.approx((608 + 201), abs=0.01)
+    assert "merged runs: expected_pg18-query3 (608), expected_pg18-query2 (201)" in svg
+    for args, msg in ((["--width", "-3", str(q3)], "--width must be a finite number"),
+                      (["--width", "nan", str(q3)], "--width must be a finite number"),
+                      ([str(q3), str(q2)], "pass --merge"),
+                      (["--merge", str(q3)], "at least two")):
+        r = CliRunner().invoke(flamegraph_cmd, args)
+        assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.lists(st.sampled_from(["a", "b", "ab", "a-b", "c"]), min_size=1,
+                                max_size=5).map(";".join),
+                       st.integers(1, 50), min_size=1, max_size=40),
+       st.sampled_from([0.0, 0.01, 0.05, 0.2]))
+def test_layout_against_brute_force(counts: dict[str, int], min_fraction: float) -> None:
+    """Every drawn frame's width is the sum of the stacks under its path; frames are at
+    least the minimum wide; children (drawn and merged) fit inside their parent."""
+    fc = {k: float(v) for k, v in counts.items()}
+    frames = layout(fc, min_fraction=min_fraction)
+    total = sum(fc.values())
+    limit = min_fraction * total
+    assert frames[0].w == total
+    for i, f in enumerate(frames[1:], 1):
+        assert f.w >= limit
+        if f.merged:
+            continue
+        path = frame_path(frames, i)
+        assert len(path) == f.depth
+        under = sum(c for s, c in fc.items() if tuple(s.split(";")[:f.depth]) == path)
+        assert f.w == pytest.approx(under)
+        assert f.self == fc.get(";".join(path), 0.0)
+        kids = [g for g in frames if g.depth == f.depth + 1 and f.x <= g.x < f.x + f.w]
+        assert sum(g.w for g in kids) + f.self <= f.w + 1e-9
+        if min_fraction == 0:
+            assert sum(g.w for g in kids) + f.self == pytest.approx(f.w)

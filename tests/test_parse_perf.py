@@ -29,6 +29,9 @@ from profkit.parse.perf_script import VdsoSymbols, fold_perf_script, parse_perf_
 
 FIX = Path(__file__).parent / "fixtures" / "perf"
 VDSO_IMAGE = FIX / "vdso-linux-6.18-x86_64.so"
+# profkit's own reading (its collectors'): 1 per sample, [vdso] frames named, strict.
+# The default (stackcollapse-perf.pl's output) is tested in test_perf_compat.py.
+PK: dict = {"weight": "samples", "vdso_names": True, "strict": True}
 
 
 def _csv(df: pd.DataFrame) -> str:
@@ -52,11 +55,10 @@ def _as_perf_names(counts: dict[str, float]) -> dict[str, float]:
     ("clockloop.perf-script.txt", "expected_clockloop.folded"),
     ("pg18-query3.perf-script.txt.gz", "expected_pg18-query3.folded"),
     ("pg18-query2.perf-script.txt.gz", "expected_pg18-query2.folded"),
-    ("clockloop.nocallchain.perf-script.txt", "expected_clockloop-nocallchain.folded"),
     ("clockloop.unresolved-vdso.perf-script.txt", "expected_clockloop-unresolved-vdso.folded"),
 ])
 def test_folded_matches_committed_expected(src: str, expected: str) -> None:
-    fold = fold_perf_script(FIX / src)
+    fold = fold_perf_script(FIX / src, **PK)
     assert fold.folded_text() == (FIX / expected).read_text()
 
 
@@ -68,7 +70,7 @@ def test_folded_matches_committed_expected(src: str, expected: str) -> None:
 def test_same_stacks_as_perfs_own_collapser(src: str, perf_collapsed: str) -> None:
     # `perf script report stackcollapse` on the same perf.data is an independent oracle;
     # the only intended difference is naming unsymbolised frames after their module
-    ours = fold_perf_script(FIX / src).counts
+    ours = fold_perf_script(FIX / src, **PK).counts
     theirs = read_folded(FIX / perf_collapsed)
     assert _as_perf_names(ours) == theirs
     assert sum(ours.values()) == sum(theirs.values())
@@ -77,25 +79,24 @@ def test_same_stacks_as_perfs_own_collapser(src: str, perf_collapsed: str) -> No
 def test_header_field_variants_fold_identically() -> None:
     # same perf.data printed with default fields, all fields (cpu, period, symoff),
     # without period/event, and without time (pid/tid only)
-    ref = fold_perf_script(FIX / "clockloop.perf-script.txt")
+    ref = fold_perf_script(FIX / "clockloop.perf-script.txt", **PK)
     for name in ("allfields", "noperiod", "notime"):
-        got = fold_perf_script(FIX / f"clockloop.{name}.perf-script.txt")
+        got = fold_perf_script(FIX / f"clockloop.{name}.perf-script.txt", **PK)
         assert got.counts == ref.counts, name
         assert got.samples == ref.samples == 197
 
 
 def test_comm_with_space_and_threads() -> None:
-    fold = fold_perf_script(FIX / "clockloop.perf-script.txt")
+    fold = fold_perf_script(FIX / "clockloop.perf-script.txt", **PK)
     roots = {s.split(";")[0] for s in fold.counts}
     assert roots == {"clockloop", "busy_worker"}  # "busy worker" → "busy_worker" like perf
-    pid = fold_perf_script(FIX / "clockloop.allfields.perf-script.txt",
-                           include_pid=True, include_tid=True)
+    pid = fold_perf_script(FIX / "clockloop.allfields.perf-script.txt", pid=True, tid=True)
     assert {s.split(";")[0] for s in pid.counts} == {"clockloop-32186/32186",
                                                      "busy_worker-32186/32190"}
 
 
 def test_offsets_stripped_and_modules_kept() -> None:
-    fold = fold_perf_script(FIX / "clockloop.perf-script.txt")
+    fold = fold_perf_script(FIX / "clockloop.perf-script.txt", **PK)
     frames = {f for s in fold.counts for f in s.split(";")}
     assert not any(re.search(r"\+0x[0-9a-f]+$", f) for f in frames)
     assert fold.modules["__vdso_clock_gettime"] == "[vdso]"
@@ -104,7 +105,7 @@ def test_offsets_stripped_and_modules_kept() -> None:
 
 
 def test_unknown_frames_named_after_module() -> None:
-    fold = fold_perf_script(FIX / "pg18-query3.perf-script.txt.gz")
+    fold = fold_perf_script(FIX / "pg18-query3.perf-script.txt.gz", **PK)
     frames = {f for s in fold.counts for f in s.split(";")}
     # `4e2a2f [unknown] (/tmp/h5/pginst/bin/postgres)` and `[unknown] ([unknown])`
     assert "[postgres]" in frames
@@ -115,7 +116,7 @@ def test_unknown_frames_named_after_module() -> None:
 # ---------------------------------------------------------------- vDSO
 
 def test_vdso_frames_unresolved_without_image_are_named_vdso() -> None:
-    fold = fold_perf_script(FIX / "clockloop.unresolved-vdso.perf-script.txt")
+    fold = fold_perf_script(FIX / "clockloop.unresolved-vdso.perf-script.txt", **PK)
     leaves = {s.rsplit(";", 1)[1] for s in fold.counts}
     assert "[vdso]" in leaves and "__vdso_clock_gettime" not in leaves
     assert is_instrumentation("[vdso]")
@@ -125,11 +126,11 @@ def test_vdso_frames_resolved_from_image() -> None:
     # the text perf printed without its build-id cache (HOME without ~/.debug) resolves,
     # with the vDSO image, to exactly what perf printed with the cache
     resolved = fold_perf_script(FIX / "clockloop.unresolved-vdso.perf-script.txt",
-                                vdso=VDSO_IMAGE)
-    with_cache = fold_perf_script(FIX / "clockloop.perf-script.txt")
+                                vdso=VDSO_IMAGE, **PK)
+    with_cache = fold_perf_script(FIX / "clockloop.perf-script.txt", **PK)
     assert resolved.counts == with_cache.counts
     fa = resolved.functions_df()
-    fb = fold_perf_script(FIX / "clockloop.unresolved-vdso.perf-script.txt").functions_df()
+    fb = fold_perf_script(FIX / "clockloop.unresolved-vdso.perf-script.txt", **PK).functions_df()
     assert instrumentation_share(fa) == pytest.approx(instrumentation_share(fb))
 
 
@@ -160,12 +161,12 @@ def test_functions_table_matches_expected() -> None:
     for name, src in (("clockloop", "clockloop.perf-script.txt"),
                       ("pg18-query3", "pg18-query3.perf-script.txt.gz"),
                       ("pg18-query2", "pg18-query2.perf-script.txt.gz")):
-        df = fold_perf_script(FIX / src).functions_df(run_id="r1", build="b1")
+        df = fold_perf_script(FIX / src, **PK).functions_df(run_id="r1", build="b1")
         assert _csv(df) == (FIX / f"expected_{name}_functions.csv").read_text(), name
 
 
 def test_functions_self_total_and_recursion() -> None:
-    fold = fold_perf_script(FIX / "clockloop.perf-script.txt")
+    fold = fold_perf_script(FIX / "clockloop.perf-script.txt", **PK)
     df = fold.functions_df().set_index("function")
     # every sample has one leaf: self sums to the sample count
     assert df["self"].sum() == fold.samples == 197
@@ -180,17 +181,17 @@ def test_functions_self_total_and_recursion() -> None:
 
 
 def test_stacks_table() -> None:
-    fold = fold_perf_script(FIX / "clockloop.perf-script.txt")
+    fold = fold_perf_script(FIX / "clockloop.perf-script.txt", **PK)
     st = fold.stacks_df(run_id="r", build="vanilla")
     assert list(st.columns) == list(tables.SCHEMAS["stacks"])
     assert st["weight"].sum() == 197
     assert (st["unit"] == "samples").all() and (st["tool"] == "perf").all()
-    assert parse_perf_script(FIX / "clockloop.perf-script.txt").equals(fold.stacks_df())
+    assert parse_perf_script(FIX / "clockloop.perf-script.txt", **PK).equals(fold.stacks_df())
 
 
 def test_instrumentation_share_on_postgres() -> None:
-    q3 = fold_perf_script(FIX / "pg18-query3.perf-script.txt.gz")
-    q2 = fold_perf_script(FIX / "pg18-query2.perf-script.txt.gz")
+    q3 = fold_perf_script(FIX / "pg18-query3.perf-script.txt.gz", **PK)
+    q2 = fold_perf_script(FIX / "pg18-query2.perf-script.txt.gz", **PK)
     s3, s2 = (instrumentation_share(f.functions_df()) for f in (q3, q2))
     # independent count: samples whose leaf is in the family, from the committed folded file
     folded = read_folded(FIX / "expected_pg18-query3.folded")
@@ -218,35 +219,51 @@ def test_is_instrumentation_prefixes() -> None:
 
 # ---------------------------------------------------------------- options
 
-def test_event_filter_and_period_weight() -> None:
-    fold = fold_perf_script(FIX / "clockloop.allfields.perf-script.txt", event="cpu-clock")
+def test_event_filter_and_weights() -> None:
+    src = FIX / "clockloop.allfields.perf-script.txt"
+    fold = fold_perf_script(src, event_filter="cpu-clock:ppp", **PK)
     assert fold.samples == 197 and fold.skipped == 0 and fold.events == ("cpu-clock:ppp",)
-    none = fold_perf_script(FIX / "clockloop.allfields.perf-script.txt", event="task-clock")
+    # stackcollapse-perf.pl compares the whole event name, modifiers included
+    none = fold_perf_script(src, event_filter="cpu-clock", **PK)
     assert none.samples == 0 and none.skipped == 197 and none.counts == {}
-    per = fold_perf_script(FIX / "clockloop.allfields.perf-script.txt", weight="period")
+    per = fold_perf_script(src)                      # the default: weighted by period
     assert per.unit == "period"
     assert sum(per.counts.values()) == 197 * 1001001
-    with pytest.raises(ParseError, match="period field"):
-        fold_perf_script(FIX / "clockloop.noperiod.perf-script.txt", weight="period")
+    assert all(isinstance(v, int) for v in per.counts.values())
+    # without a period field a sample weighs 1, as in the Perl script
+    noper = fold_perf_script(FIX / "clockloop.noperiod.perf-script.txt")
+    assert sum(noper.counts.values()) == 197
+
+
+def test_samples_without_callchain() -> None:
+    # stackcollapse-perf.pl folds nothing from `perf record` without -g (its lines are
+    # right-aligned, so they read as frames outside a sample); strict mode says why
+    src = FIX / "clockloop.nocallchain.perf-script.txt"
+    assert fold_perf_script(src).counts == {}
+    with pytest.raises(ParseError, match=r"line 1: expected a sample header before this "
+                                         r"callchain frame"):
+        fold_perf_script(src, **PK)
 
 
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("name,message", [
-    ("truncated-midline", r"truncated: line 28 ends without a newline"),
-    ("truncated-sample", r"truncated: the sample starting at line 18 has no closing blank"),
-    ("garbled-frame", (r"line 15: expected a callchain frame 'ADDRESS SYMBOL \(DSO\)', "
-                      r"got 'g4z1c9 fib")),
+    ("truncated-midline", r"line 28: expected a newline at the end of the last line \(the "
+                          r"text is truncated\)"),
+    ("truncated-sample", r"line 18: expected a blank line closing the last sample"),
+    ("garbled-frame", (r"line 15: expected one callchain frame 'ADDRESS SYMBOL \(DSO\)': a hex "
+                      r"address.* got '\\t.*g4z1c9 fib")),
     ("garbled-header", r"line 14: expected a sample header .* got 'lorem ipsum dolor'"),
 ])
 def test_bad_input_names_the_line(name: str, message: str) -> None:
     with pytest.raises(ParseError, match=message):
-        fold_perf_script(FIX / f"{name}.perf-script.txt")
+        fold_perf_script(FIX / f"{name}.perf-script.txt", **PK)
 
 
 def test_truncated_non_strict_drops_incomplete_sample() -> None:
-    fold = fold_perf_script(FIX / "truncated-sample.perf-script.txt", strict=False)
-    assert fold.samples == 3 and fold.skipped == 1
+    # the Perl script's reading: the last sample has no blank line, so it never counts
+    fold = fold_perf_script(FIX / "truncated-sample.perf-script.txt", weight="samples")
+    assert fold.samples == 3 and fold.skipped == 0
 
 
 def test_perf_data_instead_of_text() -> None:
@@ -256,11 +273,11 @@ def test_perf_data_instead_of_text() -> None:
 
 def test_missing_file() -> None:
     with pytest.raises(ParseError, match="cannot read"):
-        fold_perf_script(FIX / "nope.txt")
+        fold_perf_script(FIX / "nope.txt", **PK)
 
 
 def test_empty_input() -> None:
-    fold = fold_perf_script(FIX / "empty.perf-script.txt")
+    fold = fold_perf_script(FIX / "empty.perf-script.txt", **PK)
     assert fold.counts == {} and fold.samples == 0
     assert fold.folded_text() == ""
     st, fn = fold.stacks_df(), fold.functions_df()
@@ -282,10 +299,10 @@ def test_streams_from_an_iterator_in_bounded_memory() -> None:
         for _ in range(times):
             yield from lines
 
-    ref = fold_perf_script(iter(lines))
+    ref = fold_perf_script(iter(lines), implementation="python")
     tracemalloc.start()
     try:
-        big = fold_perf_script(gen(200))
+        big = fold_perf_script(gen(200), implementation="python")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -304,14 +321,14 @@ def test_text_mode_file_object() -> None:
 # ---------------------------------------------------------------- folded files and diff
 
 def test_folded_roundtrip(tmp_path: Path) -> None:
-    counts = fold_perf_script(FIX / "pg18-query3.perf-script.txt.gz").counts
+    counts = fold_perf_script(FIX / "pg18-query3.perf-script.txt.gz", **PK).counts
     out = tmp_path / "q3.folded"
     write_folded(counts, out)
     assert read_folded(out) == counts
     assert out.read_text() == format_folded(counts)
     assert detect_stack_format(out) == "folded"
     assert detect_stack_format(FIX / "pg18-query3.perf-script.txt.gz") == "perf-script"
-    assert load_stacks(out) == load_stacks(FIX / "pg18-query3.perf-script.txt.gz")
+    assert load_stacks(out) == load_stacks(FIX / "pg18-query3.perf-script.txt.gz", **PK)
 
 
 def test_read_folded_sums_duplicates_and_rejects_garbage(tmp_path: Path) -> None:
@@ -322,6 +339,32 @@ def test_read_folded_sums_duplicates_and_rejects_garbage(tmp_path: Path) -> None
     with pytest.raises(ParseError, match="line 1: expected 'frame;frame;leaf COUNT'"):
         read_folded(io.StringIO("lonely\n"))
     assert read_folded(io.StringIO("")) == {}
+    for bad in ("a;b nan\n", "a;b 1_000\n", "a;b -3\n", "a;b inf\n"):
+        with pytest.raises(ParseError, match="line 1: expected a number"):
+            read_folded(io.StringIO(bad))
+
+
+def test_read_folded_cut_inside_its_last_count(tmp_path: Path) -> None:
+    f = tmp_path / "cut.folded"
+    f.write_bytes(b"a;b 12\na;c 34")         # "a;c 345\n" cut short
+    with pytest.raises(ParseError, match=rf"folded stacks {f}, line 2: expected a newline "
+                                         r"after the count"):
+        read_folded(f)
+
+
+def test_read_folded_keeps_non_utf8_names_apart(tmp_path: Path) -> None:
+    f = tmp_path / "latin1.folded"
+    f.write_bytes(b"p;caf\xe9 1\np;caf\xe8 2\n")
+    counts = read_folded(f)
+    assert len(counts) == 2 and sorted(counts.values()) == [1.0, 2.0]
+    out = tmp_path / "back.folded"
+    write_folded(counts, out)
+    assert out.read_bytes() == b"p;caf\xe8 2\np;caf\xe9 1\n"    # bytes back, sorted
+
+
+def test_read_folded_refuses_a_huge_line() -> None:
+    with pytest.raises(ParseError, match="line 2: expected a line of at most 1 MB"):
+        read_folded(io.BytesIO(b"a 1\n" + b"x" * (2 << 20) + b" 1\n"))
 
 
 def test_diff_normalises_a_to_b_total() -> None:
@@ -347,22 +390,26 @@ def test_functions_table_from_plain_folded() -> None:
 # ---------------------------------------------------------------- CLI
 
 def test_cli_parse_perf_script() -> None:
-    r = CliRunner().invoke(parse_group, ["perf-script", str(FIX / "clockloop.perf-script.txt")])
+    src = str(FIX / "clockloop.perf-script.txt")
+    r = CliRunner().invoke(parse_group, ["perf-script", src])
     assert r.exit_code == 0, r.output
+    # stackcollapse-perf.pl's output: weighted by period
+    assert r.output.splitlines()[-1] == ("clockloop;__libc_start_call_main;main;read_clock "
+                                         f"{17 * 1001001}")
+    r = CliRunner().invoke(parse_group, ["perf-script", "--samples", src])
     assert r.output == (FIX / "expected_clockloop.folded").read_text()
-    assert r.output.splitlines()[-1] == "clockloop;__libc_start_call_main;main;read_clock 17"
 
 
 def test_cli_parse_perf_script_stdin_and_vdso() -> None:
     data = (FIX / "clockloop.unresolved-vdso.perf-script.txt").read_bytes()
-    r = CliRunner().invoke(parse_group, ["perf-script", "-", "--vdso", str(VDSO_IMAGE)],
-                           input=data)
+    r = CliRunner().invoke(parse_group, ["perf-script", "-", "--samples", "--vdso",
+                                         str(VDSO_IMAGE)], input=data)
     assert r.exit_code == 0, r.output
     assert r.output == (FIX / "expected_clockloop.folded").read_text()
 
 
 def test_cli_parse_perf_script_functions_csv() -> None:
-    r = CliRunner().invoke(parse_group, ["perf-script", "--functions",
+    r = CliRunner().invoke(parse_group, ["perf-script", "--functions", "--samples",
                                          str(FIX / "clockloop.perf-script.txt")])
     assert r.exit_code == 0
     head = r.output.splitlines()[:2]
@@ -371,7 +418,7 @@ def test_cli_parse_perf_script_functions_csv() -> None:
 
 
 def test_cli_parse_perf_script_bad_input_exit_1() -> None:
-    r = CliRunner().invoke(parse_group, ["perf-script",
+    r = CliRunner().invoke(parse_group, ["perf-script", "--strict",
                                          str(FIX / "garbled-frame.perf-script.txt")])
     assert r.exit_code == 1  # a ParseError is a failure (1); usage errors are 2
     assert "line 15" in r.output
@@ -382,5 +429,6 @@ def test_known_frame_outside_a_sample() -> None:
     # line 6 is the blank line after the first sample; repeat its frame line 3 after it
     assert lines[5] == b"\n"
     text = b"".join([*lines[:6], lines[2], *lines[6:]])
-    with pytest.raises(ParseError, match=r"line 7: a callchain frame outside a sample"):
-        fold_perf_script(io.BytesIO(text))
+    with pytest.raises(ParseError, match=r"line 7: expected a sample header before this "
+                                         r"callchain frame"):
+        fold_perf_script(io.BytesIO(text), strict=True)

@@ -29,24 +29,36 @@ def parse_group() -> None:
 
 @parse_group.command("perf-script")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--pid", is_flag=True, help="Include PID with process names (COMM-PID).")
+@click.option("--tid", is_flag=True, help="Include TID and PID with process names.")
+@click.option("--kernel", is_flag=True, help="Annotate kernel functions with a _[k].")
+@click.option("--jit", is_flag=True, help="Annotate jit functions with a _[j].")
+@click.option("--all", "all_", is_flag=True, help="All annotations (--kernel --jit).")
+@click.option("--addrs", is_flag=True, help="Include raw addresses where symbols can't be found.")
+@click.option("--event-filter", default=None, metavar="EVENT",
+              help="Count this event's samples (default: the first event seen).")
+@click.option("--inline", is_flag=True,
+              help="Un-inline using addr2line (one addr2line per module; slow on big profiles, "
+                   "needs the recorded binaries).")
+@click.option("--context", is_flag=True, help="Add source context to --inline.")
+@click.option("--samples", is_flag=True,
+              help="profkit: count 1 per sample instead of its period.")
 @click.option("--vdso", "vdso", default=None, metavar="IMAGE|self",
-              help="vDSO image to name '[unknown] ([vdso])' frames; 'self' = this kernel's.")
-@click.option("--event", default=None, help="Count only samples of this event (cpu-clock).")
-@click.option("--period", is_flag=True, help="Weight samples by their period, not 1.")
-@click.option("--include-pid", is_flag=True, help="Root frame COMM-PID.")
-@click.option("--include-tid", is_flag=True, help="Root frame COMM-PID/TID (with --include-pid).")
+              help="profkit: vDSO image to name '[unknown] ([vdso])' frames; 'self' = this "
+                   "kernel's.")
+@click.option("--strict", is_flag=True,
+              help="profkit: refuse truncated or garbled input (the Perl script skips it).")
 @click.option("--functions", "functions", is_flag=True,
-              help="Print the functions table (self/total samples) as CSV instead.")
-@click.option("--no-strict", is_flag=True,
-              help="Drop an incomplete last sample instead of failing on truncated input.")
+              help="Print the functions table (self/total) as CSV instead.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write here instead of stdout.")
 @_friendly
-def perf_script_cmd(file: str, vdso: str | None, event: str | None, period: bool,
-                    include_pid: bool, include_tid: bool, functions: bool, no_strict: bool,
+def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, all_: bool,
+                    addrs: bool, event_filter: str | None, inline: bool, context: bool,
+                    samples: bool, vdso: str | None, strict: bool, functions: bool,
                     output: str | None) -> None:
-    """Fold `perf script` text into stackcollapse-perf.pl's format: the process name as
-    root frame, `frame;frame;leaf count`, one line per distinct stack. FILE may be `-`."""
+    """Fold `perf script` text exactly as FlameGraph's stackcollapse-perf.pl does (same
+    options, same output); the profkit options change that on request. FILE may be `-`."""
     from profkit.parse.perf_script import VdsoSymbols, fold_perf_script
 
     vsyms = None
@@ -54,16 +66,30 @@ def perf_script_cmd(file: str, vdso: str | None, event: str | None, period: bool
         vsyms = VdsoSymbols.from_running_kernel()
     elif vdso:
         vsyms = VdsoSymbols.from_image(vdso)
-    fold = fold_perf_script(_source(file), vdso=vsyms, event=event,
-                            weight="period" if period else "samples",
-                            include_pid=include_pid, include_tid=include_tid,
-                            strict=not no_strict)
+    fold = fold_perf_script(_source(file), pid=pid, tid=tid, kernel=kernel, jit=jit, all=all_,
+                            addrs=addrs, event_filter=event_filter, inline=inline,
+                            context=context, weight="samples" if samples else "period",
+                            vdso=vsyms, strict=strict,
+                            warn=lambda m: click.echo(m, err=True))
     if functions:
         df = fold.functions_df()
-        text = df.drop(columns=["run_id", "build"]).to_csv(index=False, lineterminator="\n")
+        data = df.drop(columns=["run_id", "build"]).to_csv(index=False, lineterminator="\n")
+        _emit(data, output)
     else:
-        text = fold.folded_text()
-    _emit(text, output)
+        _emit_bytes(fold.folded_bytes(), output)
+
+
+def _emit_bytes(data: bytes, output: str | None) -> None:
+    if output:
+        Path(output).write_bytes(data)
+    else:
+        sys.stdout.flush()
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:  # a text-only stream (tests): names of non-UTF-8 bytes escaped
+            sys.stdout.write(data.decode("utf-8", "surrogateescape"))
+        else:
+            out.write(data)
+            out.flush()
 
 
 @parse_group.command("gprof")
@@ -125,10 +151,16 @@ def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.command("flamegraph")
-@click.argument("stacks", required=False, type=click.Path(dir_okay=False, exists=True))
+@click.argument("stacks", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--diff", "diff", nargs=2, type=click.Path(dir_okay=False, exists=True),
               default=None, metavar="A B",
               help="Differential: widths from B, red/blue = more/fewer samples than A.")
+@click.option("--merge", is_flag=True,
+              help="Merge the STACKS files (runs) into one graph, each run normalised to the "
+                   "same total.")
+@click.option("--by-run", is_flag=True,
+              help="With --merge: each run under its own root frame, side by side.")
+@click.option("--icicle", is_flag=True, help="Inverted: the root at the top, callees below.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="SVG path (default: flamegraphs/<name>.svg).")
 @click.option("--title", default=None)
@@ -137,27 +169,54 @@ def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Provenance shown in the subtitle (build=..., pg=..., query=...).")
 @click.option("--meta-json", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A JSON object of provenance (e.g. a collector's metadata file).")
-@click.option("--width", type=int, default=1200, show_default=True)
+@click.option("--width", type=float, default=1200, show_default=True,
+              help="Image width in pixels (at least 100).")
+@click.option("--minwidth", type=float, default=0.1, show_default=True,
+              help="Merge sibling frames narrower than this many pixels (flamegraph.pl's "
+                   "--minwidth).")
 @click.option("--diff-basis", type=click.Choice(["self", "total"]), default="self",
               show_default=True)
 @click.option("--vdso", default=None, metavar="IMAGE|self",
               help="vDSO image for perf script input (see `parse perf-script`).")
 @_friendly
-def flamegraph_cmd(stacks: str | None, diff: tuple[str, str] | None, output: str | None,
-                   title: str | None, subtitle: str | None, meta: tuple[str, ...],
-                   meta_json: str | None, width: int, diff_basis: str,
-                   vdso: str | None) -> None:
-    """Render folded stacks or `perf script` text (STACKS) as an interactive SVG;
-    with --diff A B, a differential flamegraph of B against A."""
-    from profkit.parse import load_stacks
-    from profkit.parse.perf_script import VdsoSymbols
-    from profkit.paths import flamegraphs_dir
-    from profkit.render.flamegraph import render, write_svg
+def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge: bool,
+                   by_run: bool, icicle: bool, output: str | None, title: str | None,
+                   subtitle: str | None, meta: tuple[str, ...], meta_json: str | None,
+                   width: float, minwidth: float, diff_basis: str, vdso: str | None) -> None:
+    """Render folded stacks or `perf script` text (STACKS; `-` reads stdin) as an
+    interactive SVG; --diff A B: B against A; --merge A B C: several runs in one graph."""
+    from profkit.render.flamegraph import (
+        RenderError,
+        check_size,
+        merge_profiles,
+        render,
+        write_svg,
+    )
 
-    if bool(stacks) == bool(diff):
-        raise _Failed("give either STACKS or --diff A B")
-    kw: dict[str, Any] = {}
+    # bad sizes are usage errors (exit 2), refused before any file is read
+    try:
+        check_size("--width", width, minimum=100)
+        check_size("--minwidth", minwidth, minimum=0, allow_zero=True)
+    except RenderError as e:
+        raise _Failed(str(e)) from None
+    if diff and (stacks or merge):
+        raise _Failed("give STACKS, or --diff A B, not both")
+    if not diff and not stacks:
+        raise _Failed("give STACKS (a folded file, perf script text, or - for stdin), or "
+                      "--diff A B")
+    if len(stacks) > 1 and not merge:
+        raise _Failed(f"{len(stacks)} inputs: pass --merge to draw them in one graph")
+    if merge and len(stacks) < 2:
+        raise _Failed("--merge needs at least two inputs")
+    if by_run and not merge:
+        raise _Failed("--by-run goes with --merge")
+    if stacks.count("-") > 1:
+        raise _Failed("stdin (-) can be read once")
+    # perf script text is drawn in samples with vDSO frames named (profkit's reading)
+    kw: dict[str, Any] = {"weight": "samples", "vdso_names": True}
     if vdso:
+        from profkit.parse.perf_script import VdsoSymbols
+
         kw["vdso"] = (VdsoSymbols.from_running_kernel() if vdso == "self"
                       else VdsoSymbols.from_image(vdso))
     provenance: dict[str, Any] = {}
@@ -170,22 +229,60 @@ def flamegraph_cmd(stacks: str | None, diff: tuple[str, str] | None, output: str
             raise _Failed(f"--meta-json {meta_json}: expected a JSON object")
         provenance.update(loaded)
     provenance.update(_meta(meta))
+    count_name = "samples"
     if diff:
         a_path, b_path = diff
-        a, b = load_stacks(a_path, **kw), load_stacks(b_path, **kw)
-        name = f"{Path(a_path).name.split('.')[0]}-vs-{Path(b_path).name.split('.')[0]}"
+        a, b = _load(a_path, kw), _load(b_path, kw)
+        name = f"{_stem(a_path)}-vs-{_stem(b_path)}"
         provenance.setdefault("before (A)", Path(a_path).name)
         provenance.setdefault("after (B)", Path(b_path).name)
         counts, against = b, a
+    elif merge:
+        runs = [_load(p, kw) for p in stacks]
+        names = [_stem(p) for p in stacks]
+        counts, against = merge_profiles(runs, names=names, by_run=by_run), None
+        name = "merged-" + "-".join(names[:3]) + ("-etc" if len(names) > 3 else "")
+        provenance.setdefault("merged runs", ", ".join(
+            f"{n} ({sum(r.values()):,.0f})" for n, r in zip(names, runs, strict=True)))
+        provenance.setdefault("normalised", "each run scaled to the mean total")
+        count_name = "samples (normalised)"
     else:
-        assert stacks is not None
-        counts, against = load_stacks(stacks, **kw), None
-        name = Path(stacks).name.split(".")[0]
-        provenance.setdefault("input", Path(stacks).name)
-    provenance.setdefault("samples", f"{int(sum(counts.values())):,}")
+        counts, against = _load(stacks[0], kw), None
+        name = _stem(stacks[0])
+        provenance.setdefault("input", "stdin" if stacks[0] == "-" else Path(stacks[0]).name)
+    if icicle:
+        name += "-icicle"
+    provenance.setdefault("samples", f"{round(sum(counts.values())):,}")
     provenance.setdefault("rendered", _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
     svg = render(counts, diff_against=against, title=title or name, subtitle=subtitle,
-                 provenance=provenance, width=width, diff_basis=diff_basis)  # type: ignore[arg-type]
+                 provenance=provenance, width=width, min_width_px=minwidth,
+                 diff_basis=diff_basis, inverted=icicle,  # type: ignore[arg-type]
+                 count_name=count_name)
+    from profkit.paths import flamegraphs_dir
+
     out = Path(output) if output else flamegraphs_dir() / f"{name}.svg"
     write_svg(svg, out)
     click.echo(str(out))
+
+
+def _stem(path: str) -> str:
+    return "stdin" if path == "-" else Path(path).name.split(".")[0]
+
+
+def _load(path: str, perf_kwargs: dict[str, Any]) -> dict[str, float]:
+    """Folded stacks or perf script text (sniffed), from a path or stdin (``-``)."""
+    from profkit.parse import load_stacks
+
+    if path != "-":
+        if not Path(path).is_file():
+            raise _Failed(f"{path}: no such file")
+        return load_stacks(path, **perf_kwargs)
+    import tempfile
+
+    # stdin is sniffed like a file: spooled to a temporary file first
+    with tempfile.NamedTemporaryFile(prefix="profkit-stdin-", suffix=".txt") as tmp:
+        import shutil
+
+        shutil.copyfileobj(sys.stdin.buffer, tmp, 1 << 20)
+        tmp.flush()
+        return load_stacks(tmp.name, **perf_kwargs)

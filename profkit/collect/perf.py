@@ -100,6 +100,10 @@ STACKS_PARQUET = "stacks.parquet"
 FUNCTIONS_PARQUET = "functions.parquet"
 STAT_PARQUET = "perf_stat.parquet"
 QUERY_OUTPUT = "query-output.txt"
+# perf script's output: only the fields the folding reads (the default adds symbol offsets
+# and, with --inline on by default in newer perfs, addr2line lookups per frame; see
+# benchmarks/bench_folding.py for the time each saves)
+SCRIPT_ARGS: tuple[str, ...] = ("-F", "comm,tid,time,period,event,ip,sym,dso", "--no-inline")
 
 # A frame-pointer walk ends in one unsymbolised frame in the binary (the return address
 # below _start), so a sound recording has ~1 unknown postgres frame in ~20; a binary
@@ -428,7 +432,7 @@ def script(run: RunDir, *, perf: str = "perf", compress: bool = False,
     out = run.file(SCRIPT_TXT)
     err = run.file(SCRIPT_ERR)
     out.unlink(missing_ok=True)
-    argv = _perf(exe, "script", "-i", data)
+    argv = _perf(exe, "script", "-i", data, *SCRIPT_ARGS)
     if buildid_cache is not None:
         argv[2] = str(buildid_cache)
     if symfs is not None:
@@ -578,7 +582,9 @@ def fold_run(run: RunDir | str | os.PathLike[str], *, perf: str = "perf",
             vdso = VdsoSymbols.from_image(rd.file(VDSO_IMAGE))
         except Exception:  # noqa: BLE001 - the frames then stay "[vdso]"
             vdso = None
-    folding = fold_perf_script(txt, vdso=vdso)
+    # profkit's own reading, not stackcollapse-perf.pl's default: 1 per sample, vDSO
+    # frames named from the saved image, truncated or garbled text refused
+    folding = fold_perf_script(txt, vdso=vdso, vdso_names=True, weight="samples", strict=True)
     build = str(rd.provenance.get("build_name") or "")
     if binary is None:
         binary = (rd.get("perf.binary") or rd.get("build.postgres")) or None

@@ -53,8 +53,9 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     """`make demo`'s flamegraphs: Query-2 on *builds[0]* and *builds[1]*, and the
     differential builds[0] → builds[1] (red: more samples in builds[1], blue: fewer).
 
-    Returns the three SVG paths (``query2-vanilla.svg``, ``query2-step3.svg``,
-    ``query2-vanilla-vs-step3.svg`` for the defaults).
+    Returns the SVG paths (``query2-vanilla.svg``, ``query2-step3.svg``,
+    ``query2-vanilla-vs-step3.svg``, then ``query2-vanilla-icicle.svg`` and
+    ``query2-merged.svg`` (both runs, each normalised) for the defaults).
     """
     from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
     from profkit.pg.workloads import SEED_QUERY_NAMES
@@ -92,6 +93,10 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
                "instrumentation A→B": f"{a.instrumentation_share:.1%} → "
                                       f"{b.instrumentation_share:.1%}"})
     paths.append(diff)
+    from profkit.render.flamegraph import demo_views  # icicle and merged views (issue 12)
+
+    paths += demo_views([(n, p.counts) for n, p in zip(builds, profs, strict=True)], out,
+                        slug=slug, what=f"{workload} {qname} (perf)")
     return paths
 
 

@@ -12,7 +12,6 @@ beyond reading the given file.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from profkit.errors import ParseError
 from profkit.parse._io import open_text
 from profkit.parse.folded import (
     INSTRUMENTATION_FUNCTIONS,
+    _is_count,
     diff_folded,
     functions_table,
     instrumentation_share,
@@ -42,7 +42,15 @@ __all__ = [
     "write_folded",
 ]
 
-_FOLDED_LINE = re.compile(rb"^\S.*\s\d+(?:\.\d+)?\s*$")
+
+def _looks_folded(line: bytes) -> bool:
+    """``frame;frame COUNT``: a non-blank start, then a plain count after the last blank
+    (linear: no regular expression backtracking over a long line)."""
+    body = line.rstrip()
+    if not body or body[:1].isspace():
+        return False
+    i = max(body.rfind(b" "), body.rfind(b"\t"))
+    return i > 0 and _is_count(body[i + 1:])
 
 
 def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf-script"]:
@@ -67,7 +75,7 @@ def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf
                          "pass the text")
     if any(ln[:1] == b"\t" for ln in head):
         return "perf-script"
-    if all(_FOLDED_LINE.match(ln) for ln in head if not ln.startswith(b"#")):
+    if all(_looks_folded(ln) for ln in head if not ln.startswith(b"#")):
         return "folded"
     return "perf-script"  # e.g. samples printed without callchains
 

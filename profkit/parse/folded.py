@@ -13,19 +13,21 @@ helpers here read and write it, diff two of them, and turn one into the
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import math
 import os
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-import pandas as pd
-
-from profkit import tables
 from profkit.errors import ParseError
+
+if TYPE_CHECKING:  # pandas loads lazily: folding from the command line never needs it
+    import pandas as pd
 
 # The instrumentation family of EXPLAIN ANALYZE, vanilla and patched builds:
 # - vanilla: ExecProcNodeInstr wraps every node and calls InstrStartNode/InstrStopNode,
@@ -65,14 +67,16 @@ INSTRUMENTATION_FUNCTIONS: frozenset[str] = frozenset({
 # Longest names first so that the alternation prefers the most specific entry; a name
 # matches when it *starts with* an entry: "clock_gettime@@GLIBC_2.17", "__clock_gettime64",
 # "InstrStopNode.part.0" (gcc clone suffixes) and "pg_get_ticks_fast" all belong.
-_INSTR_RE = re.compile(
-    "|".join(re.escape(n) for n in sorted(INSTRUMENTATION_FUNCTIONS, key=len, reverse=True))
-)
+# Compiled on first use: folding from the command line never needs it.
+@functools.cache
+def _instr_re() -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(n) for n in sorted(INSTRUMENTATION_FUNCTIONS,
+                                                               key=len, reverse=True)))
 
 
 def is_instrumentation(function: str) -> bool:
     """True if *function* belongs to the instrumentation family (prefix match)."""
-    return _INSTR_RE.match(function) is not None
+    return _instr_re().match(function) is not None
 
 
 # --------------------------------------------------------------------------- reading
@@ -80,11 +84,16 @@ def is_instrumentation(function: str) -> bool:
 Source = str | os.PathLike[str] | IO[bytes] | IO[str] | Iterable[bytes] | Iterable[str]
 
 
+MAX_LINE = 1 << 20  # bytes; a longer line is refused (no profiler writes one)
+
+
 def open_lines(source: Source) -> tuple[Iterable[bytes | str], IO | None]:
     """Return an iterable of lines for *source* and the file to close (or None).
 
     A path opens in binary mode (``.gz`` transparently) so lines stream without decoding
-    the whole text; file objects and iterables of lines are used as they are.
+    the whole text; file objects and iterables of lines are used as they are. Lines from
+    files are read at most ``MAX_LINE + 2`` bytes at a time, so one huge line cannot
+    exhaust memory (the caller refuses it).
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
@@ -95,8 +104,62 @@ def open_lines(source: Source) -> tuple[Iterable[bytes | str], IO | None]:
                 f = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - caller closes
         except OSError as e:
             raise ParseError(f"cannot read {path}: {e.strerror}") from None
-        return f, f
+        return _bounded(f), f
+    if hasattr(source, "readline"):
+        return _bounded(source), None  # type: ignore[arg-type]
     return source, None  # type: ignore[return-value]
+
+
+def _bounded(f: IO) -> Iterator[bytes | str]:
+    readline = f.readline
+    while True:
+        ln = readline(MAX_LINE + 2)
+        if not ln:
+            return
+        yield ln
+
+
+def source_name(source: object, what: str) -> str:
+    """How an error names *source*: ``folded stacks /path/x.folded``, ``... on stdin``."""
+    if isinstance(source, str | os.PathLike):
+        return f"{what} {os.fspath(source)}"
+    name = getattr(source, "name", None)
+    if isinstance(name, str) and name and not name.startswith("<"):
+        return f"{what} {name}"
+    if name == "<stdin>":
+        return f"{what} on stdin"
+    return what
+
+
+def _is_count(b: bytes) -> bool:
+    """``123``, ``1.5``, ``1.84467440737096e+19`` (what folded writers print), nothing else
+    (no ``nan``, ``inf``, ``1_000``, signs or spaces that float() would take)."""
+    if b.isdigit():          # the common case, in C
+        return True
+    n = len(b)
+    i = 0
+    while i < n and 48 <= b[i] <= 57:
+        i += 1
+    if i == 0:
+        return False
+    if i < n and b[i] == 46:  # '.'
+        j = i + 1
+        while j < n and 48 <= b[j] <= 57:
+            j += 1
+        if j == i + 1:
+            return False
+        i = j
+    if i < n and b[i] in (69, 101):  # e E
+        j = i + 1
+        if j < n and b[j] in (43, 45):
+            j += 1
+        k = j
+        while k < n and 48 <= b[k] <= 57:
+            k += 1
+        if k == j:
+            return False
+        i = k
+    return i == n
 
 
 def read_folded(source: Source) -> dict[str, float]:
@@ -109,45 +172,72 @@ def read_folded(source: Source) -> dict[str, float]:
         postgres;ExecAgg 3                                  InstrStopNode": 7, "postgres;ExecAgg": 3}
 
     Repeated stacks are summed; blank lines and ``#`` comments are skipped. Counts may
-    be integers or decimals (weights). A line without a trailing count raises
-    :class:`ParseError` with its line number.
+    be integers or decimals (weights). Names are bytes decoded with ``surrogateescape``
+    (non-UTF-8 names stay distinct and write back unchanged). Errors
+    (:class:`ParseError`, naming the file and line): a line without a trailing count, a
+    count that is not a plain number, a line over 1 MB, and a last line without its
+    newline — a file cut inside its last count.
     """
+    name = source_name(source, "folded stacks")
     lines, to_close = open_lines(source)
     out: dict[str, float] = {}
+    lineno = 0
     try:
-        for lineno, raw in enumerate(lines, 1):
-            line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-            line = line.rstrip("\r\n")
-            if not line.strip() or line.startswith("#"):
+        for raw in lines:
+            lineno += 1
+            b = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+            if len(b) > MAX_LINE + 1:
+                raise ParseError(f"{name}, line {lineno}: expected a line of at most 1 MB "
+                                 "(is this a folded stacks file?)")
+            newline = b.endswith(b"\n")
+            line = b.rstrip(b"\r\n")
+            if not line.strip() or line.startswith(b"#"):
                 continue
-            stack, sep, count_s = line.rpartition(" ")
+            if not newline:
+                raise ParseError(
+                    f"{name}, line {lineno}: expected a newline after the count: the file ends "
+                    f"inside its last line {_show(line)} (truncated? if the file is complete, "
+                    "add a final newline)")
+            stack, sep, count_s = line.rpartition(b" ")
             if not sep or not stack.strip():
-                raise ParseError(f"folded stacks, line {lineno}: expected 'frame;frame;leaf "
-                                 f"COUNT', got {line[:120]!r}")
-            try:
-                count = float(count_s)
-            except ValueError:
-                raise ParseError(f"folded stacks, line {lineno}: expected a number after the "
-                                 f"last space, got {count_s[:40]!r} (is the file truncated?)"
-                                 ) from None
-            if not math.isfinite(count) or count < 0:
-                raise ParseError(f"folded stacks, line {lineno}: count {count_s!r} is not a "
-                                 "finite non-negative number")
-            stack = stack.rstrip()
-            out[stack] = out.get(stack, 0.0) + count
+                raise ParseError(f"{name}, line {lineno}: expected 'frame;frame;leaf COUNT', "
+                                 f"got {_show(line)}")
+            if not _is_count(count_s):
+                raise ParseError(f"{name}, line {lineno}: expected a number after the last "
+                                 f"space, got {_show(count_s)} (is the file truncated?)")
+            count = float(count_s)
+            if not math.isfinite(count):
+                raise ParseError(f"{name}, line {lineno}: count {_show(count_s)} is not a "
+                                 "finite number")
+            key = stack.rstrip().decode("utf-8", "surrogateescape")
+            out[key] = out.get(key, 0.0) + count
     finally:
         if to_close is not None:
             to_close.close()
     return out
 
 
+def _show(b: bytes) -> str:
+    return repr(b[:120].decode("utf-8", "backslashreplace"))
+
+
 def _fmt_count(c: float) -> str:
-    return str(int(c)) if float(c).is_integer() else repr(float(c))
+    if isinstance(c, int):
+        return str(c)
+    c = float(c)
+    if c.is_integer():
+        # Perl prints its doubles %.15g: 1.84467440737096e+19, never 18446744073709551616
+        return str(int(c)) if abs(c) < 1e15 else f"{c:.15g}"
+    return repr(c)
+
+
+def _sort_key(stack: str) -> bytes:
+    return stack.encode("utf-8", "surrogateescape")
 
 
 def iter_folded_lines(counts: Mapping[str, float]) -> Iterator[str]:
-    """Yield ``"stack count"`` lines sorted by stack (the order stackcollapse tools use)."""
-    for stack in sorted(counts):
+    """Yield ``"stack count"`` lines sorted bytewise by stack (stackcollapse's order)."""
+    for stack in sorted(counts, key=_sort_key):
         yield f"{stack} {_fmt_count(counts[stack])}"
 
 
@@ -157,9 +247,10 @@ def format_folded(counts: Mapping[str, float]) -> str:
 
 
 def write_folded(counts: Mapping[str, float], dest: str | os.PathLike[str] | IO[str]) -> None:
-    """Write *counts* as folded text to a path or a text file object."""
+    """Write *counts* as folded text to a path or a text file object (names that came
+    from non-UTF-8 bytes are written back as those bytes)."""
     if isinstance(dest, str | os.PathLike):
-        with open(dest, "w", encoding="utf-8") as f:
+        with open(dest, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.writelines(line + "\n" for line in iter_folded_lines(counts))
     else:
         dest.writelines(line + "\n" for line in iter_folded_lines(counts))
@@ -168,7 +259,8 @@ def write_folded(counts: Mapping[str, float], dest: str | os.PathLike[str] | IO[
 def as_counts(stacks: Mapping[str, float] | pd.DataFrame | str | os.PathLike[str]
               ) -> dict[str, float]:
     """Accept a counts mapping, a ``stacks`` table, or a folded file path."""
-    if isinstance(stacks, pd.DataFrame):
+    pd = sys.modules.get("pandas")  # a DataFrame means pandas is loaded already
+    if pd is not None and isinstance(stacks, pd.DataFrame):
         if not {"stack", "weight"} <= set(stacks.columns):
             raise ParseError("a stacks DataFrame needs 'stack' and 'weight' columns")
         return {str(k): float(v) for k, v in stacks.groupby("stack")["weight"].sum().items()}
@@ -190,6 +282,8 @@ def diff_folded(a: Mapping[str, float] | pd.DataFrame | str | os.PathLike[str],
     more samples in B, i.e. slower), ``delta_share`` = ``delta / total_B``.
     Sorted by stack.
     """
+    import pandas as pd
+
     ca, cb = as_counts(a), as_counts(b)
     ta, tb = sum(ca.values()), sum(cb.values())
     scale = (tb / ta) if (normalise and ta > 0 and tb > 0) else 1.0
@@ -217,6 +311,9 @@ def format_diff_folded(diff: pd.DataFrame) -> str:
 def stacks_table(counts: Mapping[str, float], *, run_id: str = "", build: str = "",
                  tool: str = "perf", unit: str = "samples") -> pd.DataFrame:
     """The ``stacks`` table of a folded profile (one row per distinct stack, sorted)."""
+    import pandas as pd
+
+    from profkit import tables  # noqa: F401
     keys = sorted(counts)
     n = len(keys)
     df = pd.DataFrame({
@@ -239,6 +336,9 @@ def functions_table(counts: Mapping[str, float], *, modules: Mapping[str, str] |
     denominator. ``calls`` is NA: sampling does not count calls. Sorted by self, then
     total, descending, then name.
     """
+    import pandas as pd
+
+    from profkit import tables  # noqa: F401
     modules = modules or {}
     self_w: dict[str, float] = {}
     total_w: dict[str, float] = {}

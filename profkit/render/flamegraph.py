@@ -38,24 +38,25 @@ import hashlib
 import html
 import itertools
 import json
+import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import pandas as pd
 
 from profkit.errors import ProfkitError
 from profkit.parse.folded import as_counts, is_instrumentation
 
 INSTRUMENTATION_COLOR = "rgb(0,168,160)"
 SEARCH_COLOR = "rgb(230,0,230)"
+MERGED_COLOR = "rgb(200,200,200)"
 ROOT_NAME = "all"
 _FONT_WIDTH = 0.59          # average glyph width / font size for Verdana-like fonts
 _counter = itertools.count()
 
-StacksLike = Mapping[str, float] | pd.DataFrame | str | os.PathLike[str] | Any
+StacksLike = Mapping[str, float] | str | os.PathLike[str] | Any   # or a stacks DataFrame
 
 
 class RenderError(ProfkitError):
@@ -64,89 +65,220 @@ class RenderError(ProfkitError):
 
 # --------------------------------------------------------------------------- model
 
-@dataclass
-class _Node:
-    name: str
-    total: float = 0.0
-    self: float = 0.0
-    children: dict[str, _Node] = field(default_factory=dict)
-
-
 def _counts_of(stacks: StacksLike) -> dict[str, float]:
     counts = getattr(stacks, "counts", None)  # PerfFolding and similar
-    if isinstance(counts, Mapping):
-        return {str(k): float(v) for k, v in counts.items()}
-    try:
-        return as_counts(stacks)
-    except (TypeError, ValueError) as e:
-        raise RenderError(f"cannot render {type(stacks).__name__}: expected folded stacks "
-                          "(a {stack: count} mapping, a stacks DataFrame or a folded file)"
-                          ) from e
-
-
-def _tree(counts: Mapping[str, float]) -> _Node:
-    root = _Node(ROOT_NAME)
-    for stack, w in counts.items():
-        if w <= 0:
-            continue
-        root.total += w
-        node = root
-        for name in stack.split(";"):
-            child = node.children.get(name)
-            if child is None:
-                child = node.children[name] = _Node(name)
-            child.total += w
-            node = child
-        node.self += w
-    return root
-
-
-def _path_values(node: _Node, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], tuple[float, float]]:
-    """path → (total, self) for every node below *node* (the root excluded)."""
-    out: dict[tuple[str, ...], tuple[float, float]] = {}
-    stack = [(node, prefix)]
-    while stack:
-        n, p = stack.pop()
-        for c in n.children.values():
-            cp = (*p, c.name)
-            out[cp] = (c.total, c.self)
-            stack.append((c, cp))
+    if type(stacks) is dict and all(type(k) is str and type(v) is float
+                                    for k, v in stacks.items()):
+        out = stacks          # read_folded's own result: no copy (a million stacks)
+    elif isinstance(counts, Mapping):
+        out = {str(k): float(v) for k, v in counts.items()}
+    else:
+        try:
+            out = as_counts(stacks)
+        except (TypeError, ValueError) as e:
+            raise RenderError(f"cannot render {type(stacks).__name__}: expected folded stacks "
+                              "(a {stack: count} mapping, a stacks DataFrame or a folded file)"
+                              ) from e
+    for k, v in out.items():
+        if not math.isfinite(v):
+            raise RenderError(f"stack {k[:80]!r} has a count of {v}: counts must be finite")
     return out
 
 
 @dataclass(frozen=True)
 class Frame:
-    """One drawn box: offsets in samples (``x``, ``w``), ``depth`` 0 = the root."""
+    """One drawn box: offsets in samples (``x``, ``w``), ``depth`` 0 = the root.
+
+    No path is stored (memory stays linear in the number of frames, not quadratic in
+    the depth): :func:`frame_path` finds it from the boxes that contain the frame.
+    ``merged``: how many frames narrower than the minimum width this box stands for (0:
+    a real frame)."""
 
     name: str
     depth: int
     x: float
     w: float
     self: float
-    path: tuple[str, ...]
     a_norm: float | None = None     # differential: A's value, normalised to B's total
     delta: float | None = None      # differential: B − A_norm on the chosen basis
+    merged: int = 0
 
 
-def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0) -> list[Frame]:
-    """Frames of the merged stack tree, root first, children by name; frames narrower
-    than *min_fraction* of the total (and their descendants) are left out."""
-    root = _tree(counts)
-    if root.total <= 0:
+def _sort_key(stack: str) -> str:
+    # the separator sorts below every character: the order of the frame tuples, i.e. a
+    # depth-first walk of the stack tree with children by name
+    return stack.replace(";", "\x00")
+
+
+def _trie(counts: Mapping[str, float]) -> list:
+    """A's stack tree for differentials: node = [total, self, children, seen]."""
+    root: list = [0.0, 0.0, {}, True]
+    for stack, w in counts.items():
+        if w <= 0:
+            continue
+        root[0] += w
+        node = root
+        for name in stack.split(";"):
+            ch = node[2].get(name)
+            if ch is None:
+                ch = node[2][name] = [0.0, 0.0, {}, False]
+            ch[0] += w
+            node = ch
+        node[1] += w
+    return root
+
+
+def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0,
+           diff_against: Mapping[str, float] | None = None,
+           diff_basis: Literal["self", "total"] = "self") -> list[Frame]:
+    """Frames of the merged stack tree: the root first, then by depth and offset;
+    children side by side in name order. Consecutive sibling frames narrower than
+    *min_fraction* of the total are merged into one box (``merged`` = how many), drawn
+    if the merged box itself is wide enough; their descendants are not visited.
+
+    The stacks are sorted once in tree order (a separator below every character), so
+    every subtree is a contiguous range of them and its width a difference of prefix
+    sums: the walk visits only the frames it draws and their direct children (a
+    binary search skips each child's range), not every frame of every stack. Memory is
+    the sorted stacks plus what is drawn, never a path per frame (which grows with the
+    square of the depth). With *diff_against*, each frame also gets A's value on
+    *diff_basis* normalised to this profile's total (``a_norm``) and the difference
+    (``delta``)."""
+    sk = sorted(_sort_key(k) for k, v in counts.items() if v > 0)
+    if not sk:
         return []
-    out: list[Frame] = [Frame(ROOT_NAME, 0, 0.0, root.total, root.self, ())]
-    todo: list[tuple[_Node, int, float, tuple[str, ...]]] = [(root, 0, 0.0, ())]
-    limit = min_fraction * root.total
+    weights = [counts[k.replace("\x00", ";")] for k in sk]
+    cum = [0.0, *itertools.accumulate(weights)]
+    total = cum[-1]
+    if total <= 0:
+        return []
+    limit = min_fraction * total
+    a_root = _trie(diff_against) if diff_against is not None else None
+    scale = (total / a_root[0]) if a_root is not None and a_root[0] > 0 else 0.0
+    self_basis = diff_basis == "self"
+    out: list[Frame] = []
+    append = out.append
+    n_keys = len(sk)
+    # work: (range start, range end, prefix length in the sort key, depth, A node)
+    todo: list[tuple[int, int, int, int, list | None]] = [(0, n_keys, -1, 0, a_root)]
     while todo:
-        node, depth, x, path = todo.pop()
-        cx = x
-        for name in sorted(node.children):
-            c = node.children[name]
-            if c.total >= limit and c.total > 0:
-                cp = (*path, name)
-                out.append(Frame(name, depth + 1, cx, c.total, c.self, cp))
-                todo.append((c, depth + 1, cx, cp))
-            cx += c.total
+        i, j, plen, depth, anode = todo.pop()
+        pos = i
+        if plen >= 0 and len(sk[pos]) == plen:   # the stack that ends at this frame
+            pos += 1
+        start = plen + 1                          # where a child's name begins
+        run_n, run_x, run_w = 0, 0.0, 0.0
+        while pos < j:
+            key = sk[pos]
+            stop = key.find("\x00", start)
+            if stop < 0:
+                stop = len(key)
+            name = key[start:stop]
+            last = sk[j - 1]
+            if last.startswith(name, start) and (len(last) == stop or last[stop] == "\x00"):
+                end = j                           # the last child (or the only one)
+            else:
+                end = bisect_left(sk, key[:stop] + "\x01", pos + 1, j)
+            x, width = cum[pos], cum[end] - cum[pos]
+            if width < limit:                     # narrow: joins its siblings' run
+                if not run_n:
+                    run_x = x
+                run_n += 1
+                run_w += width
+                pos = end
+                continue
+            if run_n:
+                _merged_box(append, depth + 1, run_n, run_x, run_w, limit)
+                run_n, run_w = 0, 0.0
+            slf = weights[pos] if len(key) == stop else 0.0
+            child = None
+            if anode is not None:
+                child = anode[2].get(name)
+                if child is not None:
+                    child[3] = True
+            if a_root is not None:
+                at, aself = (child[0], child[1]) if child is not None else (0.0, 0.0)
+                a_norm = (aself if self_basis else at) * scale
+                append(Frame(name, depth + 1, x, width, slf, a_norm,
+                             (slf if self_basis else width) - a_norm))
+            else:
+                append(Frame(name, depth + 1, x, width, slf))
+            todo.append((pos, end, stop, depth + 1, child))
+            pos = end
+        if run_n:
+            _merged_box(append, depth + 1, run_n, run_x, run_w, limit)
+    if a_root is not None:
+        root = Frame(ROOT_NAME, 0, 0.0, total, 0.0, a_root[0] * scale, 0.0)
+    else:
+        root = Frame(ROOT_NAME, 0, 0.0, total, 0.0)
+    out.sort(key=lambda f: (f.depth, f.x))
+    return [root, *out]
+
+
+def _merged_box(append: Callable[[Frame], None], depth: int, n: int, x: float, w: float,
+                limit: float) -> None:
+    if w >= limit and w > 0:
+        append(Frame(f"[{n} narrow frame{'s' if n > 1 else ''}]", depth, x, w, 0.0, None,
+                     None, merged=n))
+
+
+def only_in_a(diff_against: Mapping[str, float], counts: Mapping[str, float]) -> float:
+    """Samples of A (normalised to B's total) on stack paths B does not have at all."""
+    a_root = _trie(diff_against)
+    b_total = sum(v for v in counts.values() if v > 0)
+    if a_root[0] <= 0:
+        return 0.0
+    b_root = _trie(counts)
+    lost = 0.0
+    todo = [(a_root, b_root)]
+    while todo:
+        a, b = todo.pop()
+        for name, ac in a[2].items():
+            bc = b[2].get(name) if b is not None else None
+            if bc is None:
+                lost += ac[0]
+            else:
+                todo.append((ac, bc))
+    return lost * b_total / a_root[0]
+
+
+def frame_path(frames: list[Frame], i: int) -> tuple[str, ...]:
+    """The stack path of ``frames[i]`` (root excluded), from the frames containing it."""
+    f = frames[i]
+    path = [f.name]
+    eps = 1e-9 * max(frames[0].w, 1.0) if frames else 0.0
+    depth, x = f.depth, f.x
+    for g in sorted((g for g in frames if 0 < g.depth < depth and g.x <= x + eps
+                     and x < g.x + g.w - eps / 2), key=lambda g: -g.depth):
+        if g.depth == depth - 1:
+            path.append(g.name)
+            depth = g.depth
+    return tuple(reversed(path))
+
+
+def merge_profiles(profiles: Sequence[StacksLike], *, names: Sequence[str] | None = None,
+                   normalise: bool = True, by_run: bool = False) -> dict[str, float]:
+    """Many runs in one graph: each run scaled to the mean total (``normalise``; so every
+    run weighs the same whatever its length or sampling rate), then summed. ``by_run``:
+    each run under its own root frame (its name), side by side."""
+    runs = [_counts_of(p) for p in profiles]
+    if not runs:
+        raise RenderError("merge needs at least one profile")
+    if names is not None and len(names) != len(runs):
+        raise RenderError(f"{len(names)} names for {len(runs)} profiles")
+    totals = [math.fsum(v for v in r.values() if v > 0) for r in runs]
+    live = [t for t in totals if t > 0]
+    mean = math.fsum(live) / len(live) if live else 0.0
+    out: dict[str, float] = {}
+    for i, (r, t) in enumerate(zip(runs, totals, strict=True)):
+        if t <= 0:
+            continue
+        k = mean / t if normalise else 1.0
+        prefix = (names[i] if names else f"run{i + 1}").replace(";", ":") + ";" if by_run else ""
+        for stack, v in r.items():
+            if v > 0:
+                key = prefix + stack
+                out[key] = out.get(key, 0.0) + v * k
     return out
 
 
@@ -173,6 +305,19 @@ def diff_color(delta: float, max_abs: float) -> str:
     k = min(1.0, abs(delta) / max_abs)
     fade = round(235 * (1.0 - k))
     return f"rgb(255,{fade},{fade})" if delta > 0 else f"rgb({fade},{fade},255)"
+
+
+_CONTROL = {c: "\ufffd" for c in range(32) if c not in (9, 10, 13)}
+
+
+def _disp(name: str) -> str:
+    """A frame name as SVG text: undecodable bytes and control characters (not allowed in
+    XML) become U+FFFD; the graph's structure keeps the names apart anyway."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        name = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return name.translate(_CONTROL) if any(ord(c) < 32 for c in name) else name
 
 
 def _label(name: str, width_px: float, font_size: float) -> str:
@@ -204,6 +349,17 @@ def _prefix(payload: str, id_prefix: str | None) -> str:
     return "fg" + h[:10]
 
 
+def check_size(name: str, v: Any, *, minimum: float, allow_zero: bool = False) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise RenderError(f"{name} must be a number, got {v!r}") from None
+    if not math.isfinite(f) or f < minimum or (f == 0 and not allow_zero):
+        lo = f"at least {minimum:g}" if minimum > 0 else "zero or more"
+        raise RenderError(f"{name} must be a finite number of pixels, {lo}; got {v!r}")
+    return f
+
+
 def render(
     stacks: StacksLike,
     *,
@@ -212,60 +368,67 @@ def render(
     subtitle: str | None = None,
     diff_against: StacksLike | None = None,
     diff_basis: Literal["self", "total"] = "self",
-    width: int = 1200,
-    frame_height: int = 16,
+    width: float = 1200,
+    frame_height: float = 16,
     font_size: float = 12.0,
     min_width_px: float = 0.1,
     count_name: str = "samples",
     id_prefix: str | None = None,
+    inverted: bool = False,
 ) -> str:
     """Render folded stacks (mapping, ``stacks`` DataFrame, folded path or a PerfFolding)
     as an SVG string. See the module docstring for what the graph does.
 
     ``diff_against``: the "before" profile; the result is differential (widths from
     *stacks*, colours from the normalised difference). ``provenance``: facts printed in
-    the subtitle (unless ``subtitle`` is given) and embedded as JSON.
+    the subtitle (unless ``subtitle`` is given) and embedded as JSON. ``min_width_px``:
+    sibling frames narrower than this are merged into one box (flamegraph.pl's
+    ``--minwidth``), which keeps a profile of a million stacks light in a browser.
+    ``inverted``: an icicle graph (the root at the top, callees below).
     """
+    width = check_size("width", width, minimum=100)
+    frame_height = check_size("frame height", frame_height, minimum=1)
+    font_size = check_size("font size", font_size, minimum=1)
+    min_width_px = check_size("minimum frame width", min_width_px, minimum=0,
+                               allow_zero=True)
+    if diff_basis not in ("self", "total"):
+        raise RenderError(f"diff_basis must be 'self' or 'total', not {diff_basis!r}")
     counts = _counts_of(stacks)
     a_counts = _counts_of(diff_against) if diff_against is not None else None
     provenance = dict(provenance or {})
+    title = _disp(title)
+    subtitle = _disp(subtitle) if subtitle is not None else None
     pad = 10.0
     plot_w = width - 2 * pad
-    min_fraction = (min_width_px / plot_w) if plot_w > 0 else 0.0
-    frames = layout(counts, min_fraction=min_fraction)
+    min_fraction = min_width_px / plot_w
+    frames = layout(counts, min_fraction=min_fraction, diff_against=a_counts,
+                    diff_basis=diff_basis)
     total = frames[0].w if frames else 0.0
+    merged = sum(f.merged for f in frames)
 
-    only_in_a = 0.0
+    lost_a = 0.0
     max_abs = 0.0
     if a_counts is not None and frames:
-        ta = sum(v for v in a_counts.values() if v > 0)
-        scale = total / ta if ta > 0 else 0.0
-        a_vals = _path_values(_tree(a_counts))
-        b_paths = {f.path for f in frames}
-        only_in_a = sum(v[1] for p, v in a_vals.items() if p not in b_paths) * scale
-        with_diff: list[Frame] = []
-        for f in frames:
-            if f.depth == 0:  # "all": equal totals after normalising
-                with_diff.append(Frame(f.name, 0, f.x, f.w, f.self, f.path, ta * scale, 0.0))
-                continue
-            at, aself = a_vals.get(f.path, (0.0, 0.0))
-            an = (aself if diff_basis == "self" else at) * scale
-            bv = f.self if diff_basis == "self" else f.w
-            with_diff.append(Frame(f.name, f.depth, f.x, f.w, f.self, f.path, an, bv - an))
-        frames = with_diff
-        max_abs = max((abs(f.delta or 0.0) for f in frames if f.depth > 0), default=0.0)
+        lost_a = only_in_a(a_counts, counts)
+        max_abs = max((abs(f.delta or 0.0) for f in frames if f.depth > 0 and not f.merged),
+                      default=0.0)
 
-    payload = json.dumps([sorted(counts.items()), sorted((a_counts or {}).items()), title,
-                          provenance, subtitle, width], default=str)
-    p = _prefix(payload, id_prefix)
+    h = hashlib.sha1()
+    for part in (title, json.dumps(provenance, default=str, sort_keys=True), subtitle or "",
+                 f"{width}:{total!r}:{len(counts)}:{len(frames)}:{inverted}"):
+        h.update(part.encode("utf-8", "surrogatepass"))
+    p = _prefix(h.hexdigest(), id_prefix)
     if subtitle is None:
         subtitle = " · ".join(f"{k}: {v}" for k, v in provenance.items())
     legend = ""
     if a_counts is not None:
         legend = (f"differential ({diff_basis} {count_name}): red = more than before (slower), "
                   "blue = fewer (faster); before normalised to this total")
-        if only_in_a > 0:
-            legend += f"; {_num(round(only_in_a, 1))} only before, not drawn"
+        if lost_a > 0:
+            legend += f"; {_num(round(lost_a, 1))} only before, not drawn"
+    if merged:
+        legend += ("; " if legend else "") + (
+            f"{merged:,} frames narrower than {min_width_px:g} px merged into grey boxes")
 
     max_depth = max((f.depth for f in frames), default=0)
     legend_y = 3 * font_size + 24     # below title and subtitle
@@ -280,10 +443,10 @@ def render(
     out: list[str] = []
     w = out.append
     w('<?xml version="1.0" standalone="no"?>\n')
-    w(f'<svg version="1.1" id="{p}-svg" width="{width}" height="{height}" '
-      f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" '
+    w(f'<svg version="1.1" id="{p}-svg" width="{_fmt(width)}" height="{height}" '
+      f'viewBox="0 0 {_fmt(width)} {height}" xmlns="http://www.w3.org/2000/svg" '
       f'xmlns:xlink="http://www.w3.org/1999/xlink" data-profkit-flamegraph="{p}" '
-      f'data-total="{_fmt(total)}" data-width="{width}" data-pad="{_fmt(pad)}" '
+      f'data-total="{_fmt(total)}" data-width="{_fmt(width)}" data-pad="{_fmt(pad)}" '
       f'data-fontsize="{_fmt(font_size)}" data-diff="{1 if a_counts is not None else 0}">\n')
     meta = json.dumps({"title": title, "provenance": provenance, "total": total,
                        "count_name": count_name, "differential": a_counts is not None,
@@ -304,7 +467,7 @@ def render(
       f"#{p}-svg .{p}-hide {{ display: none; }}\n"
       f"#{p}-svg .{p}-instr rect {{ stroke: {INSTRUMENTATION_COLOR}; stroke-width: 1.5; }}\n"
       f"</style>\n")
-    w(f'<rect x="0" y="0" width="{width}" height="{height}" fill="rgb(250,250,246)"/>\n')
+    w(f'<rect x="0" y="0" width="{_fmt(width)}" height="{height}" fill="rgb(250,250,246)"/>\n')
     w(f'<text class="{p}-title" id="{p}-title" x="{width / 2:.1f}" y="{font_size + 10:.1f}" '
       f'text-anchor="middle">{e(title)}</text>\n')
     max_sub = int(plot_w / (font_size * _FONT_WIDTH))
@@ -333,30 +496,37 @@ def render(
     for i, f in enumerate(frames):
         x = pad + f.x / total * plot_w
         fw = f.w / total * plot_w
-        y = base_y - f.depth * frame_height
+        y = top + f.depth * frame_height if inverted else base_y - f.depth * frame_height
         pct = 100.0 * f.w / total
+        name = _disp(f.name)
         instr = is_instrumentation(f.name) if f.depth else False
-        if a_counts is not None:
+        if f.merged:
+            fill = MERGED_COLOR
+            tip = (f"{f.merged:,} frames narrower than {min_width_px:g} px, merged "
+                   f"({_num(f.w)} {count_name}, {pct:.2f}%)")
+        elif a_counts is not None:
             fill = diff_color(f.delta or 0.0, max_abs) if f.depth else "rgb(245,245,245)"
             an = f.a_norm or 0.0
             bval = f.self if diff_basis == "self" else f.w
             change = (f"{(f.delta or 0.0) / an * 100:+.1f}%" if an > 0 else "new")
-            tip = (f"{f.name} ({_num(f.w)} {count_name}, {pct:.2f}%; {diff_basis}: "
+            tip = (f"{name} ({_num(f.w)} {count_name}, {pct:.2f}%; {diff_basis}: "
                    f"{_num(bval)} vs {_num(round(an, 1))} before, "
                    f"{(f.delta or 0.0):+,.1f} = {change})")
         else:
             fill = "rgb(235,235,235)" if f.depth == 0 else frame_color(f.name)
-            tip = f"{f.name} ({_num(f.w)} {count_name}, {pct:.2f}%)"
+            tip = f"{name} ({_num(f.w)} {count_name}, {pct:.2f}%)"
         cls = f"{p}-f" + (f" {p}-instr" if instr and a_counts is not None else "")
-        attrs = (f'class="{cls}" id="{p}-f{i}" data-n="{e(f.name)}" data-x="{_fmt(f.x)}" '
+        attrs = (f'class="{cls}" id="{p}-f{i}" data-n="{e(name)}" data-x="{_fmt(f.x)}" '
                  f'data-w="{_fmt(f.w)}" data-d="{f.depth}" data-s="{_fmt(f.self)}"')
+        if f.merged:
+            attrs += f' data-m="{f.merged}"'
         if a_counts is not None:
             attrs += f' data-delta="{(f.delta or 0.0):.3f}"'
         w(f"<g {attrs}><title>{e(tip)}</title>"
-          f'<rect x="{x:.2f}" y="{y:.1f}" width="{fw:.2f}" height="{frame_height - 1}" '
+          f'<rect x="{x:.2f}" y="{y:.1f}" width="{fw:.2f}" height="{_fmt(frame_height - 1)}" '
           f'fill="{fill}" rx="2" ry="2"/>'
           f'<text x="{x + 3:.2f}" y="{y + frame_height - 4.5:.1f}">'
-          f"{e(_label(f.name, fw, font_size))}</text></g>\n")
+          f"{e(_label(name, fw, font_size))}</text></g>\n")
     w("</g>\n")
     w('<script type="text/ecmascript"><![CDATA[\n')
     w(_JS.replace("__P__", p).replace("__SEARCH_COLOR__", SEARCH_COLOR)
@@ -504,6 +674,30 @@ _JS = r"""
                        prefix: P, zoomed: function () { return zoomed ? zoomed.n : null; }};
 })();
 """
+
+
+def demo_views(runs: Sequence[tuple[str, StacksLike]], out_dir: str | os.PathLike[str], *,
+               slug: str, what: str, provenance: Mapping[str, Any] | None = None
+               ) -> list[Path]:
+    """`make demo`'s icicle and merged graphs: an icicle of the first run
+    (``<slug>-<name>-icicle.svg``) and every run merged into one graph, each normalised to
+    the same total and drawn under its own root frame (``<slug>-merged.svg``)."""
+    out = Path(out_dir)
+    facts = dict(provenance or {})
+    name0, first = runs[0]
+    paths = [render_to_file(first, out / f"{slug}-{name0}-icicle.svg", inverted=True,
+                            title=f"{name0}: {what} (icicle)",
+                            provenance={**facts, "view": "icicle: callers above callees"})]
+    names = [n for n, _ in runs]
+    counts = [_counts_of(c) for _, c in runs]
+    merged = merge_profiles(counts, names=names, by_run=True)
+    paths.append(render_to_file(
+        merged, out / f"{slug}-merged.svg", title=f"{' + '.join(names)}: {what} (merged)",
+        count_name="samples (normalised)",
+        provenance={**facts, "merged runs": ", ".join(
+            f"{n} ({sum(c.values()):,.0f} samples)" for n, c in zip(names, counts, strict=True)),
+            "normalised": "each run scaled to the mean total"}))
+    return paths
 
 
 def write_svg(svg: str, path: str | os.PathLike[str]) -> Path:

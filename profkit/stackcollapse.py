@@ -1,0 +1,146 @@
+"""``profkit-stackcollapse-perf``: FlameGraph's stackcollapse-perf.pl as a drop-in command.
+
+Same command line (``[--pid] [--tid] [--kernel] [--jit] [--all] [--addrs]
+[--event-filter=EVENT] [--inline] [--context] [FILE...]``, files read one after the other,
+stdin without files or for ``-``), same output to the byte, same notes on stderr; plus
+profkit's ``--strict``. This module imports only the compiled core (``profkit._fold``) so
+that start-up stays a small part of folding a big capture (tests/test_perf_compat.py
+checks its output against the Perl script; benchmarks/bench_folding.py times it);
+``--inline``, ``--context``, ``--help`` and anything else it does not know go to the
+full implementation, :func:`profkit.parse.perf_script.main`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_FLAGS = {"--pid": "pid", "--tid": "tid", "--kernel": "kernel", "--jit": "jit",
+          "--all": "all", "--addrs": "addrs", "--strict": "strict"}
+_CHUNK = 1 << 20
+
+
+_MAP_STEP = 8 << 20
+
+
+def _mapped(f):  # noqa: ANN001, ANN202 - a file -> an mmap of it, or None
+    """The file mapped read-only (page cache pages, populated up front), or None for
+    what cannot be mapped (pipes, empty files)."""
+    import mmap
+
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if size <= 0:
+            return None
+        return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ, flags=mmap.MAP_SHARED)
+    except (OSError, ValueError):
+        return None
+
+
+def _advise(m, what: str, start: int, length: int) -> None:  # noqa: ANN001
+    import mmap
+
+    flag = getattr(mmap, what, None)
+    if flag is not None:
+        try:
+            m.madvise(flag, start, length)
+        except (OSError, ValueError):
+            pass
+
+
+def _number(v: int | float) -> bytes:
+    # Perl prints its integers as such and its doubles %.15g
+    return str(v).encode() if isinstance(v, int) else b"%.15g" % v
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    opts: dict[str, bool] = {}
+    files: list[str] = []
+    event_filter = ""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in _FLAGS:
+            opts[_FLAGS[a]] = True
+        elif a.startswith("--event-filter="):
+            event_filter = a.split("=", 1)[1]
+        elif a == "--event-filter" and i + 1 < len(args):
+            i += 1
+            event_filter = args[i]
+        elif a.startswith("-") and a != "-":
+            from profkit.parse.perf_script import main as full
+
+            return full(args)
+        else:
+            files.append(a)
+        i += 1
+    from profkit import _fold
+
+    folder = _fold.Folder(pid=opts.get("pid", False), tid=opts.get("tid", False),
+                          kernel=opts.get("kernel", False) or opts.get("all", False),
+                          jit=opts.get("jit", False) or opts.get("all", False),
+                          addrs=opts.get("addrs", False),
+                          event_filter=os.fsencode(event_filter),
+                          strict=opts.get("strict", False))
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    name = "-"
+    try:
+        last = 10
+        for k, name in enumerate(files or ["-"]):
+            if k and last != 10:
+                folder.feed(b"\n")       # Perl's <>: a file's last line ends with the file
+            f = sys.stdin.buffer if name == "-" else open(name, "rb", buffering=0)  # noqa: SIM115
+            try:
+                mapped = _mapped(f) if name != "-" else None
+                if mapped is not None:           # a regular file: no copy at all
+                    with mapped as m:
+                        with memoryview(m) as mv:
+                            size = len(mv)
+                            for i in range(0, size, _MAP_STEP):
+                                step = min(_MAP_STEP, size - i)
+                                _advise(m, "MADV_WILLNEED", i, step)
+                                with mv[i:i + step] as part:
+                                    folder.feed(part)
+                                # folded: unmap those pages (they stay in the page cache),
+                                # so resident memory stays one step, not the file
+                                _advise(m, "MADV_DONTNEED", i, step)
+                            last = mv[-1]
+                    continue
+                while True:
+                    n = f.readinto(buf)
+                    if not n:
+                        break
+                    folder.feed(view[:n])
+                    last = buf[n - 1]
+            finally:
+                if f is not sys.stdin.buffer:
+                    f.close()
+        folder.finish()
+    except OSError as e:
+        print(f"profkit-stackcollapse-perf: cannot read {name}: {e.strerror}", file=sys.stderr)
+        return 2
+    except _fold.FoldError as e:
+        from profkit.parse.perf_script import _error
+
+        what = "perf script text on stdin" if name == "-" else f"perf script text {name}"
+        print(f"profkit-stackcollapse-perf: {_error(*e.args, what)}", file=sys.stderr)
+        return 2
+    collapsed, _modules, stats = folder.result()
+    if stats["filter_warning"] is not None:
+        # (sic: the Perl script names the event it leaves out)
+        print("Filtering for events of type: "
+              + stats["filter_warning"].decode("utf-8", "surrogateescape"), file=sys.stderr)
+    if stats["unrecognized"]:
+        ln, text = stats["first_unrecognized"]
+        print(f"{stats['unrecognized']} unrecognized line(s) skipped, as stackcollapse-perf.pl "
+              f"does (first: line {ln}: {text[:100].decode('utf-8', 'backslashreplace')!r})",
+              file=sys.stderr)
+    out = sys.stdout.buffer
+    out.write(b"".join(k + b" " + _number(collapsed[k]) + b"\n" for k in sorted(collapsed)))
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
