@@ -481,7 +481,7 @@ static int do_frame(Folder *f, const unsigned char *s, Py_ssize_t n) {
         if (bad) { fold_error("frame", f->lineno, (const char *)s, n); return -1; }
     }
     if (!f->have_pname) return 1;
-    int java = f->pname.len >= 4 && !memcmp(f->pname.p, "java", 4);
+    int java = !f->o_pid && !f->o_tid && f->pname.len >= 4 && !memcmp(f->pname.p, "java", 4);
     /* strip a trailing +0x<lowercase hex> */
     Py_ssize_t e = fb;
     for (Py_ssize_t i = fb - 3; i >= fa; i--) {
@@ -740,7 +740,7 @@ static int do_line(Folder *f, const unsigned char *s, Py_ssize_t n) {
      * with whitespace is never a header) */
     uint64_t h = 0;
     if (is_ws(s[0]) && f->have_pname) {
-        int java = f->pname.len >= 4 && !memcmp(f->pname.p, "java", 4);
+        int java = !f->o_pid && !f->o_tid && f->pname.len >= 4 && !memcmp(f->pname.p, "java", 4);
         h = line_hash(s, n, java);
         Py_ssize_t id;
         if (cache_get(f, s, n, h, &id)) return id >= 0 ? items_push(f, id) : 0;
