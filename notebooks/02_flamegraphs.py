@@ -152,6 +152,33 @@ html = diff_mode._repr_html_()
 assert html.startswith("<iframe srcdoc=") and "ExecProcNodeInstr" in html
 
 # %% [markdown]
+# ## Icicle and merged views
+# The icicle puts the root at the top (callers above callees), which reads well when the
+# interesting frames are the deepest ones, as the clock reads are. The merged graph puts
+# Query-2 and Query-3 side by side under their own root frames, each run normalised to the
+# same total (`--merge A B --by-run`): the instrumentation towers compare at a glance.
+
+# %%
+from profkit.render.flamegraph import merge_profiles
+
+icicle = FlameGraph(profiles[(base, "analyze_timing")].counts, inverted=True,
+                    title=f"{base}: {SEED_QUERY_NAMES.get('analyze_timing')} (icicle)",
+                    provenance=facts(profiles[(base, "analyze_timing")]))
+display(icicle)
+run_names = ["Query-2", "Query-3"]
+merged_counts = merge_profiles([profiles[(base, "analyze_notiming")].counts,
+                                profiles[(base, "analyze_timing")].counts],
+                               names=run_names, by_run=True)
+merged = FlameGraph(merged_counts, title=f"{base}: Query-2 and Query-3, each normalised")
+display(merged)
+# both runs weigh the same after normalisation, each under its own root frame
+per_run = {n: sum(v for k, v in merged_counts.items() if k.split(";", 1)[0] == n)
+           for n in run_names}
+assert abs(per_run["Query-2"] - per_run["Query-3"]) < 1e-6 * max(per_run.values()), per_run
+assert icicle.total == graphs["analyze_timing"].total
+assert "ExecProcNodeInstr" in icicle._repr_html_() and "Query-3" in merged._repr_html_()
+
+# %% [markdown]
 # ## Differential: build vs build (TIMING off)
 
 # %%
@@ -177,7 +204,9 @@ from profkit import paths
 
 out = paths.flamegraphs_dir()
 saved = [graphs["analyze_timing"].save(out / f"{base}-{WORKLOAD}-analyze_timing.svg"),
-         diff_mode.save(out / f"{base}-{WORKLOAD}-timing-vs-plain.svg")]
+         diff_mode.save(out / f"{base}-{WORKLOAD}-timing-vs-plain.svg"),
+         icicle.save(out / f"{base}-{WORKLOAD}-analyze_timing-icicle.svg"),
+         merged.save(out / f"{base}-{WORKLOAD}-query2-query3-merged.svg")]
 for p in saved:
     assert Path(p).stat().st_size > 1000
 display(Markdown("\n".join(f"- `{p}`" for p in saved)))

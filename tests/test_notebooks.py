@@ -152,7 +152,7 @@ def test_notebook_runs_and_asserts(name, profiles):
         assert "read an earlier run from disk" in text2, text2[-2000:]
         assert seconds2 < seconds
     if name == "02_flamegraphs.py":
-        assert text.count("<iframe srcdoc=") >= 3
+        assert text.count("<iframe srcdoc=") >= 6  # plain, timing, diff, icicle, merged, build diff
 
 
 # ---------------------------------------------------------------------------
