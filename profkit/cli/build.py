@@ -1,29 +1,49 @@
-"""``profkit build``: build PostgreSQL variants (cached)."""
+"""``profkit build``: build PostgreSQL variants (cached) — library presets, or a named
+build of your own patches (``profkit build NAME --patch FILE``)."""
 from __future__ import annotations
 
 import click
 
-from profkit.cli.common import err_console, friendly, say
+from profkit.cli.common import Failed, err_console, friendly, say
 
 
 @click.command("build")
 @click.argument("presets", nargs=-1)
 @click.option("--source", default=None,
               help="debian:postgresql-18 (default), git:/path, tarball:/path.tar.bz2")
+@click.option("--patch", "patch_files", multiple=True, metavar="FILE",
+              help="Make NAME a build of --base plus this patch (-p1 unified diff; repeatable, "
+                   "applied in order). NAME is then usable wherever a preset name is.")
+@click.option("--base", default="vanilla", show_default=True,
+              help="The preset (or named build) the patches go on top of.")
+@click.option("--configure", "configure_opts", multiple=True, metavar="OPT",
+              help="Extra ./configure option for NAME (repeatable).")
+@click.option("--cflags", default="", help="Extra CFLAGS for NAME, after the base's.")
 @click.option("--list", "list_", is_flag=True, help="List presets and cached builds.")
 @friendly
-def build(presets: tuple[str, ...], source: str | None, list_: bool) -> None:
+def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, ...],
+          base: str, configure_opts: tuple[str, ...], cflags: str, list_: bool) -> None:
     """Build PostgreSQL variants (cached; an unchanged build is never rebuilt)."""
-    from profkit.pg.build import get_build, list_builds
+    from profkit.pg.build import custom_specs, define_build, get_build, list_builds
     from profkit.pg.build import presets as all_presets
 
+    custom = patch_files or configure_opts or cflags
+    if custom and len(presets) != 1:
+        raise Failed("--patch/--configure/--cflags make one named build: "
+                     "profkit build NAME --patch FILE [--patch FILE ...]")
     if list_ or not presets:
+        mine = custom_specs()
         for name, spec in all_presets().items():
-            click.echo(f"{name:24s} {spec.description}")
+            tag = "  (yours)" if name in mine or name.removesuffix("+gprof") in mine else ""
+            click.echo(f"{name:24s} {spec.description}{tag}")
         click.echo("\ncached builds:")
         for b in list_builds():
             click.echo(f"  {b.name:22s} {b.version:8s} {b.key[:12]} {b.dir}")
         return
+    if custom:
+        spec = define_build(presets[0], patch_files, base=base, configure_opts=configure_opts,
+                            cflags=cflags, source=source)
+        say(f"{spec.name}: {spec.description}")
     for p in presets:
         with err_console.status(f"building {p}"):
             b = get_build(p, source=source, progress=say)

@@ -61,6 +61,9 @@ class BuildSpec:
     cflags: str = BASE_CFLAGS
     ldflags: str = BASE_LDFLAGS
     description: str = ""
+    #: the source this build is made from (``git:/path``…); None: the command's --source
+    #: or the default (Debian's postgresql-18)
+    source: str | None = None
 
 
 def _patch_presets() -> dict[str, tuple[tuple[str, ...], str]]:
@@ -87,16 +90,122 @@ def presets() -> dict[str, BuildSpec]:
         if name in out:
             continue
         out[name] = BuildSpec(name, patches=patch_names, description=descr)
+    for name, spec in custom_specs().items():
+        out.setdefault(name, spec)
         # every patched variant also exists with gprof: "<name>+gprof"
     for name in list(out):
         if name != "gprof" and out[name].patches:
             out[f"{name}+gprof"] = BuildSpec(
                 f"{name}+gprof",
                 patches=out[name].patches,
-                configure_opts=("--enable-profiling",),
+                configure_opts=(*out[name].configure_opts, "--enable-profiling"),
+                cflags=out[name].cflags,
+                ldflags=out[name].ldflags,
                 description=out[name].description + " + --enable-profiling",
+                source=out[name].source,
             )
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# named builds of the user's own patches: <cache>/specs/NAME.json + NAME/<patch files>
+
+_CUSTOM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
+
+
+def specs_dir() -> Path:
+    return paths.sub("specs")
+
+
+def custom_specs() -> dict[str, BuildSpec]:
+    """The named builds made by ``profkit build NAME --patch FILE`` (read from the cache)."""
+    out: dict[str, BuildSpec] = {}
+    try:
+        files = sorted(specs_dir().glob("*.json"))
+    except OSError:
+        return out
+    for f in files:
+        try:
+            d = json.loads(f.read_text())
+            out[d["name"]] = BuildSpec(
+                d["name"], patches=tuple(d.get("patches", ())),
+                configure_opts=tuple(d.get("configure_opts", ())),
+                cflags=d.get("cflags", BASE_CFLAGS), ldflags=d.get("ldflags", BASE_LDFLAGS),
+                description=d.get("description", ""), source=d.get("source"))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged spec file is not a build; `profkit build NAME` rewrites it
+    return out
+
+
+def define_build(
+    name: str,
+    patch_files: Sequence[str | Path],
+    *,
+    base: str = "vanilla",
+    configure_opts: Sequence[str] = (),
+    cflags: str = "",
+    source: str | None = None,
+) -> BuildSpec:
+    """Save a named build of *base* + the user's *patch_files* (copied into the cache, so
+    NAME keeps meaning the patch text it was made from; defining it again with a changed
+    file makes a new build), usable wherever a preset name is. Raises before any build."""
+    if not _CUSTOM_NAME.match(name) or "+" in name:
+        raise BuildError(f"build name {name!r}: use letters, digits and _.- (at most 63)",
+                         step="spec")
+    library = {k for k in presets() if k not in custom_specs()}
+    if name in library:
+        raise BuildError(f"build name {name!r} is a library preset: choose another name",
+                         step="spec")
+    if base not in presets():
+        raise BuildError(f"unknown base build {base!r}; known: {', '.join(sorted(presets()))}",
+                         step="spec")
+    base_spec = presets()[base]
+    if base_spec.name == name:
+        raise BuildError(f"build {name!r} cannot be its own base", step="spec")
+    if not patch_files:
+        raise BuildError("give at least one --patch FILE (a unified diff, applied with -p1)",
+                         step="spec")
+    srcs: list[Path] = []
+    for pf in patch_files:
+        p = Path(pf).expanduser()
+        if not p.is_file():
+            raise PatchError(f"patch file {str(pf)!r} not found: give the path of a unified "
+                             "diff (git diff > my.patch)", step="patch")
+        srcs.append(p.resolve())
+    stems = [p.stem for p in srcs]
+    if len(set(stems)) != len(stems):
+        dup = sorted({s for s in stems if stems.count(s) > 1})
+        raise BuildError(f"two patch files named {', '.join(dup)}: rename one", step="spec")
+    if source is not None:
+        get_source(source)  # a bad --source fails now, not at build time
+    d = specs_dir()
+    pdir = d / name
+    tmp = d / f".{name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    copied: list[str] = []
+    for p in srcs:
+        dest = tmp / f"{p.stem}.patch"
+        shutil.copyfile(p, dest)
+        copied.append(str(pdir / dest.name))
+    spec = BuildSpec(
+        name,
+        patches=(*base_spec.patches, *copied),
+        configure_opts=(*base_spec.configure_opts, *configure_opts),
+        cflags=(base_spec.cflags + " " + cflags).strip() if cflags else base_spec.cflags,
+        ldflags=base_spec.ldflags,
+        description=f"{base} + {', '.join(p.name for p in srcs)}"
+        + (f" (configure {' '.join(configure_opts)})" if configure_opts else "")
+        + (f" (CFLAGS + {cflags})" if cflags else ""),
+        source=source if source is not None else base_spec.source,
+    )
+    shutil.rmtree(pdir, ignore_errors=True)
+    tmp.rename(pdir)
+    doc = asdict(spec)
+    doc["origin"] = [{"file": str(p), "sha256": _sha256(p)} for p in srcs]
+    doc["base"] = base
+    (d / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return spec
 
 
 def resolve_spec(name_or_spec: str | BuildSpec) -> BuildSpec:
@@ -267,7 +376,7 @@ def _safe_name(name: str) -> str:
 def find_build(name_or_spec: str | BuildSpec, source: str | None = None) -> Build | None:
     """The cached build, or None (never builds)."""
     spec = resolve_spec(name_or_spec)
-    src = get_source(source)
+    src = get_source(source or spec.source)
     major = src.version.split(".")[0].replace("devel", "")
     files = [patch_path(p, major) for p in spec.patches]
     key = cache_key(spec, src, files, compiler_identity())
@@ -287,7 +396,7 @@ def get_build(
     """Return the build, building it first if it is not cached."""
     spec = resolve_spec(name_or_spec)
     say = progress or (lambda s: None)
-    src = get_source(source)
+    src = get_source(source or spec.source)
     major = src.version.split(".")[0].replace("devel", "")
     files = [patch_path(p, major) for p in spec.patches]
     compiler = compiler_identity()
@@ -326,7 +435,8 @@ def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path) -> list[di
                 log_path=str(log_path),
             )
         run(base, timeout=120, stdout_path=log_path, merge_stderr=True)
-        applied.append({"name": pf.stem, "file": str(pf), "sha256": _sha256(pf)})
+        applied.append({"name": pf.stem, "file": str(pf), "sha256": _sha256(pf),
+                        "text": pf.read_text(errors="replace")})
     return applied
 
 
