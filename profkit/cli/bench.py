@@ -74,7 +74,9 @@ def _mode_list(modes: str) -> list[str]:
               help="Comma-separated build presets; label=preset runs a preset under another "
                    "name (a=vanilla,b=vanilla: an A/A check of the noise).")
 @click.option("--workload", default="nested_loop", show_default=True,
-              help="nested_loop, join_sum or count_star.")
+              help="nested_loop, join_sum, count_star or a workload FILE.toml.")
+@click.option("--query", default=None, help="One of the workload file's named queries "
+              "(default: its first).")
 @click.option("--scale", type=float, default=0.05, show_default=True,
               help="Workload scale (nested_loop: work grows with scale²).")
 @click.option("--reps", type=int, default=10, show_default=True,
@@ -102,7 +104,7 @@ def _mode_list(modes: str) -> list[str]:
                    "time, where recorded; else server_ms).")
 @json_option
 @_friendly
-def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, modes: str,
+def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
               instr_scale: float | None, order_seed: int | None, metric: str | None,
               as_json: bool) -> None:
@@ -112,6 +114,9 @@ def bench_cmd(builds: str, workload: str, scale: float, reps: int, warmup: int, 
     """
     from profkit.experiments.bench import check_request, run_bench, write_report
 
+    from profkit.pg.workloads import workload_spec
+
+    workload = workload_spec(workload, query)
     req = check_request(builds, workload, scale, reps, _mode_list(modes), warmup, list(sets))
     try:
         res = run_bench(req, root=out, progress=True,

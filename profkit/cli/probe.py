@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from profkit.cli.common import emit_json, json_option
+from profkit.cli.common import Failed, emit_json, json_option
 from profkit.cli.common import friendly as _friendly
 from profkit.pg.workloads import MODES
 
@@ -46,11 +46,20 @@ def clock_cost_cmd(loops: int, repeats: int, sources: str | None, build_name: st
     click.echo(f"written to {d}")
 
 
+def _one_workload(arg: str | None, opt: str | None) -> str | None:
+    if arg and opt:
+        raise Failed("give the workload once: as the argument or as --workload")
+    return arg or opt
+
+
 @click.command("clock-calls")
 @click.argument("workload", required=False)
 @click.option("--cluster", "cluster_name", required=True,
               help="A cluster started with `profkit cluster start` (workload loaded).")
 @click.option("--sql", default=None, help="A SELECT to use instead of a workload.")
+@click.option("--workload", "workload_opt", default=None, metavar="NAME|FILE.toml",
+              help="The workload (instead of the WORKLOAD argument): a seed or a TOML file.")
+@click.option("--query", default=None, help="One of the workload file's named queries.")
 @click.option("--mode", "modes", multiple=True, type=click.Choice(MODES),
               default=("analyze_timing",), show_default=True,
               help="How the query runs (repeatable): plain SELECT or EXPLAIN ANALYZE.")
@@ -63,6 +72,7 @@ def clock_cost_cmd(loops: int, repeats: int, sources: str | None, build_name: st
 @json_option
 @_friendly
 def clock_calls_cmd(workload: str | None, cluster_name: str, sql: str | None,
+                    workload_opt: str | None, query: str | None,
                     modes: tuple[str, ...], methods: tuple[str, ...], force: bool,
                     out: str | None, as_json: bool) -> None:
     """Count clock_gettime calls of a query (ltrace, bcc) beside the prediction."""
@@ -74,7 +84,7 @@ def clock_calls_cmd(workload: str | None, cluster_name: str, sql: str | None,
         select_sql,
     )
 
-    name, select = select_sql(workload, sql)
+    name, select = select_sql(_one_workload(workload, workload_opt), sql, query)
     with connect(cluster_name) as conn:
         check_query(conn, select)
         run_id, d = new_run_dir("clock-calls", out, workload=name, sql=select,
@@ -97,6 +107,9 @@ def clock_calls_cmd(workload: str | None, cluster_name: str, sql: str | None,
 @click.option("--cluster", "cluster_name", required=True,
               help="A cluster started with `profkit cluster start` (workload loaded).")
 @click.option("--sql", default=None, help="A SELECT to use instead of a workload.")
+@click.option("--workload", "workload_opt", default=None, metavar="NAME|FILE.toml",
+              help="The workload (instead of the WORKLOAD argument): a seed or a TOML file.")
+@click.option("--query", default=None, help="One of the workload file's named queries.")
 @click.option("--mode", default="analyze_timing", show_default=True,
               type=click.Choice(["analyze_timing", "analyze_notiming"]),
               help="EXPLAIN ANALYZE with TIMING on or off.")
@@ -108,7 +121,8 @@ def clock_calls_cmd(workload: str | None, cluster_name: str, sql: str | None,
               help="Run directory, new or empty (default profiles/<run_id>).")
 @json_option
 @_friendly
-def probe_cmd(workload: str | None, cluster_name: str, sql: str | None, mode: str, tool: str,
+def probe_cmd(workload: str | None, cluster_name: str, sql: str | None,
+              workload_opt: str | None, query: str | None, mode: str, tool: str,
               force: bool, out: str | None, as_json: bool) -> None:
     """Per plan node: measured ExecProcNode calls and clock reads vs the prediction (eBPF)."""
     from profkit.experiments.probe import (
@@ -119,7 +133,7 @@ def probe_cmd(workload: str | None, cluster_name: str, sql: str | None, mode: st
         select_sql,
     )
 
-    name, select = select_sql(workload, sql)
+    name, select = select_sql(_one_workload(workload, workload_opt), sql, query)
     with connect(cluster_name) as conn:
         check_query(conn, select)
         run_id, d = new_run_dir("probe", out, workload=name, sql=select, mode=mode,

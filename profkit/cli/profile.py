@@ -28,7 +28,9 @@ def _fmt_table(df: pd.DataFrame) -> str:
 @click.command("perf")
 @click.argument("build")
 @click.option("--workload", default="nested_loop", show_default=True,
-              help="Seed workload (nested_loop, join_sum, count_star).")
+              help="Seed workload (nested_loop, join_sum, count_star) or a workload FILE.toml.")
+@click.option("--query", default=None, help="One of the workload file's named queries "
+              "(default: its first).")
 @click.option("--scale", type=float, default=0.05, show_default=True,
               help="Workload scale factor.")
 @click.option("--mode", type=click.Choice(MODES), default="analyze_timing", show_default=True,
@@ -42,19 +44,23 @@ def _fmt_table(df: pd.DataFrame) -> str:
               help="Functions printed (by self share).")
 @click.option("--out", default=None, help="Flamegraph directory (default: flamegraphs/).")
 @_friendly
-def perf_cmd(build: str, workload: str, scale: float, mode: str, freq: int, dwarf: bool,
-             reps: int, no_stat: bool, top_n: int, out: str | None) -> None:
+def perf_cmd(build: str, workload: str, query: str | None, scale: float, mode: str, freq: int,
+             dwarf: bool, reps: int, no_stat: bool, top_n: int, out: str | None) -> None:
     """Record a backend running a workload's query with perf; flamegraph + top functions."""
     from profkit.experiments.profile import perf_profile
     from profkit.experiments.profile import flamegraph_dir, flamegraph_for
+    from profkit.pg.workloads import workload_label, workload_spec
+
+    workload = workload_spec(workload, query)
+    label = workload_label(workload)
 
     prof = perf_profile(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
                             call_graph="dwarf" if dwarf else "fp", stat=not no_stat,
                             progress=_say)
     qname = prof.run.provenance.get("query_name") or mode
     svg = flamegraph_for(prof.counts, prof.run,
-                         flamegraph_dir(out) / f"perf-{build}-{workload}-{mode}.svg",
-                         title=f"{build}: {workload} {qname} (perf)")
+                         flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
+                         title=f"{build}: {label} {qname} (perf)")
     top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
     click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples "
                f"({', '.join(prof.folding.events)})")
@@ -75,7 +81,9 @@ def perf_cmd(build: str, workload: str, scale: float, mode: str, freq: int, dwar
 @click.command("gprof")
 @click.argument("build")
 @click.option("--workload", default="nested_loop", show_default=True,
-              help="Seed workload (nested_loop, join_sum, count_star).")
+              help="Seed workload (nested_loop, join_sum, count_star) or a workload FILE.toml.")
+@click.option("--query", default=None, help="One of the workload file's named queries "
+              "(default: its first).")
 @click.option("--scale", type=float, default=0.05, show_default=True,
               help="Workload scale factor.")
 @click.option("--mode", type=click.Choice(MODES), default="analyze_notiming",
@@ -86,7 +94,7 @@ def perf_cmd(build: str, workload: str, scale: float, mode: str, freq: int, dwar
 @click.option("--top", "top_n", type=int, default=15, show_default=True,
               help="Functions printed (by self time).")
 @_friendly
-def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
+def gprof_cmd(build: str, workload: str, query: str | None, scale: float, mode: str, reps: int,
               top_n: int) -> None:
     """Run a query in one backend of a -pg build (BUILD vanilla → gprof, step3 →
     step3+gprof); print gprof's flat profile top and the instrumentation call counts
@@ -94,6 +102,9 @@ def gprof_cmd(build: str, workload: str, scale: float, mode: str, reps: int,
     from profkit.experiments.profile import gprof_profile_with_prediction
     from profkit.experiments.profile import instrumentation_calls
 
+    from profkit.pg.workloads import workload_spec
+
+    workload = workload_spec(workload, query)
     res, pred = gprof_profile_with_prediction(build, workload, scale=scale, mode=mode,
                                                  reps=reps, progress=_say)
     click.echo(f"run {res.run.run_id}: gprof of backend {res.run.get('backend_pid')}")

@@ -51,15 +51,21 @@ def connect(cluster: str) -> Any:
         raise ProbeError(f"cannot connect to cluster {cluster!r}: {e}") from None
 
 
-def select_sql(workload: str | None, sql: str | None) -> tuple[str, str]:
+def select_sql(workload: str | None, sql: str | None,
+               query: str | None = None) -> tuple[str, str]:
     if bool(workload) == bool(sql):
-        raise ProbeError("give a workload name (join_sum, nested_loop, count_star) or --sql")
+        raise ProbeError("give a workload (join_sum, nested_loop, count_star or a FILE.toml) "
+                         "or --sql")
     if sql:
+        if query:
+            raise ProbeError("--query picks a query of a workload file: give --workload too, "
+                             "or --sql alone")
         return "sql", sql.strip().rstrip(";")
-    from profkit.pg.workloads import get_workload
+    from profkit.pg.workloads import get_workload, workload_spec
 
     assert workload is not None
-    return workload, get_workload(workload).select_sql
+    spec = workload_spec(workload, query)
+    return spec, get_workload(spec).select_sql
 
 
 def _sql_failed(e: Exception, sql: str) -> ProbeError:
