@@ -60,6 +60,7 @@ COMMANDS: list[click.Command] = [
     profile.perf_cmd,
     profile.gprof_cmd,
     profile.pyspy_cmd,
+    profile.import_cmd,
     timing_accuracy.timing_accuracy_cmd,
 ]
 

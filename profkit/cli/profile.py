@@ -159,3 +159,30 @@ def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: b
     click.echo(f"flamegraph: {svg}")
 
 
+
+
+# --------------------------------------------------------------------------- import
+
+@click.command("import")
+@click.argument("tarball", type=click.Path(dir_okay=False))
+@click.option("--out", default=None, help="Profiles folder (default: profiles/).")
+@click.option("--flamegraphs", default=None, help="Flamegraph directory (default: flamegraphs/).")
+@click.option("--top", "top_n", type=int, default=10, show_default=True,
+              help="Functions printed (by self share).")
+@_friendly
+def import_cmd(tarball: str, out: str | None, flamegraphs: str | None, top_n: int) -> None:
+    """Turn a scripts/pk-record.sh capture (a .tar.gz) into a perf run: tables, folded
+    stacks, flamegraph and provenance under profiles/, like a run profkit recorded."""
+    from profkit.experiments.profile import import_capture
+
+    prof, svg = import_capture(tarball, base=out, flamegraphs=flamegraphs, progress=_say)
+    cap = prof.run.provenance.get("capture", {})
+    click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples of pid "
+               f"{cap.get('pid')} on {cap.get('hostname')} ({cap.get('postgres_version')}, "
+               f"clocksource {cap.get('clocksource')})")
+    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
+    click.echo(f"top {top_n} functions by self samples:")
+    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
+                                     total_share=top["total_share"].map("{:.1%}".format))))
+    click.echo(f"artifacts: {prof.run.path}")
+    click.echo(f"flamegraph: {svg}")

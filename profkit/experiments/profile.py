@@ -256,3 +256,94 @@ def gprof_profile_with_prediction(
                 pred = explain_prediction(conn, wl.query(mode, fmt="json"), mode)
     say("gprof")
     return parse_run(load_run(grun.run_dir)), pred
+
+
+# --------------------------------------------------------------------------- import
+
+#: what scripts/pk-record.sh puts in its tarball (perf.data and the script text are needed)
+CAPTURE_FILES = {
+    "perf.data": "perf record's data (recorded by scripts/pk-record.sh)",
+    "perf.script.txt": "perf script text (input of the folding), made where it was recorded",
+    "perf-record.log": "perf record's messages",
+    "buildid-list.txt": "perf buildid-list where it was recorded",
+    "vdso.so": "the recording kernel's vDSO image, to name [vdso] frames",
+    "capture.txt": "pk-record.sh's provenance (uname, perf, PostgreSQL, clocksource)",
+}
+
+
+def _capture_facts(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip():
+            out[k.strip()] = v.strip()
+    return out
+
+
+def import_capture(tarball: str | Path, *, base: str | Path | None = None,
+                   flamegraphs: str | Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> tuple[Any, Path]:
+    """Turn a ``scripts/pk-record.sh`` tarball into a perf run under profiles/ (tables,
+    folded stacks, flamegraph, provenance) like one profkit recorded; returns
+    (PerfProfile, flamegraph path)."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    from profkit.collect.perf import fold_run
+    from profkit.rundir import new_run
+
+    say = progress or (lambda _m: None)
+    src = Path(tarball)
+    if not src.is_file():
+        raise ProfkitError(f"{src}: no such file: give the tarball scripts/pk-record.sh wrote")
+    with tempfile.TemporaryDirectory(prefix="pk-import-") as tmp:
+        try:
+            with tarfile.open(src, "r:*") as tf:
+                tf.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError, EOFError) as e:
+            why = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
+            raise ProfkitError(f"{src}: not a readable tarball ({why}): give the .tar.gz "
+                               "scripts/pk-record.sh wrote") from None
+        found = [p.parent for p in Path(tmp).rglob("capture.txt")]
+        if len(found) != 1:
+            raise ProfkitError(f"{src}: no capture.txt inside: not a pk-record.sh capture")
+        cap = found[0]
+        for need in ("perf.script.txt", "capture.txt"):
+            if not (cap / need).is_file():
+                raise ProfkitError(f"{src}: {need} missing from the capture: record again "
+                                   "with scripts/pk-record.sh")
+        facts = _capture_facts((cap / "capture.txt").read_text(errors="replace"))
+        if not facts.get("format", "").startswith("pk-record"):
+            raise ProfkitError(f"{src}: capture.txt is not pk-record.sh's (no format line)")
+        host = facts.get("hostname", "remote")
+        rd = new_run("perf", base=base, workload=None, mode=None,
+                     run_id=None, tools=(),
+                     imported_from=str(src.resolve()), capture=facts,
+                     tool_summary=f"perf record -F {facts.get('freq', '?')} -g -p "
+                                  f"{facts.get('pid', '?')} ({facts.get('seconds', '?')} s, "
+                                  "scripts/pk-record.sh)",
+                     query_name=f"pid {facts.get('pid', '?')} on {host}")
+        # the machine is the one recorded on, not this one
+        rd.update(machine={"kernel": facts.get("kernel"), "uname": facts.get("uname"),
+                           "clocksource": facts.get("clocksource"),
+                           "hostname": host, "arch": facts.get("machine")},
+                  tools={"perf": facts.get("perf_version")},
+                  postgres_version=facts.get("postgres_version"),
+                  started_at=facts.get("started_at") or rd.provenance.get("started_at"))
+        for name, what in CAPTURE_FILES.items():
+            if (cap / name).is_file():
+                shutil.copyfile(cap / name, rd.file(name))
+                rd.add_artifact(name, what)
+    say(f"imported {src.name} into {rd.path}")
+    prof = fold_run(rd, check=False)
+    label = f"{host}-pid{facts.get('pid', '?')}"
+    svg = flamegraph_for(prof.counts, prof.run,
+                         flamegraph_dir(flamegraphs) / f"import-{label}-{rd.run_id}.svg",
+                         title=f"{facts.get('postgres_version') or 'PostgreSQL'}: backend "
+                               f"{facts.get('pid', '?')} on {host} (perf, imported)")
+    from profkit.rundir import update_latest
+
+    update_latest(rd.path)
+    rd.finish(status="complete", samples=prof.folding.samples)
+    return prof, svg
