@@ -54,8 +54,11 @@ def _one_workload(arg: str | None, opt: str | None) -> str | None:
 
 @click.command("clock-calls")
 @click.argument("workload", required=False)
-@click.option("--cluster", "cluster_name", required=True,
+@click.option("--cluster", "cluster_name", default=None,
               help="A cluster started with `profkit cluster start` (workload loaded).")
+@click.option("--dsn", default=None,
+              help="Instead of --cluster: a server profkit did not start (nothing on it is "
+                   "changed; the query runs on this connection, its backend is probed).")
 @click.option("--sql", default=None, help="A SELECT to use instead of a workload.")
 @click.option("--workload", "workload_opt", default=None, metavar="NAME|FILE.toml",
               help="The workload (instead of the WORKLOAD argument): a seed or a TOML file.")
@@ -71,7 +74,8 @@ def _one_workload(arg: str | None, opt: str | None) -> str | None:
               help="Run directory, new or empty (default profiles/<run_id>).")
 @json_option
 @_friendly
-def clock_calls_cmd(workload: str | None, cluster_name: str, sql: str | None,
+def clock_calls_cmd(workload: str | None, cluster_name: str | None, dsn: str | None,
+                    sql: str | None,
                     workload_opt: str | None, query: str | None,
                     modes: tuple[str, ...], methods: tuple[str, ...], force: bool,
                     out: str | None, as_json: bool) -> None:
@@ -85,10 +89,25 @@ def clock_calls_cmd(workload: str | None, cluster_name: str, sql: str | None,
     )
 
     name, select = select_sql(_one_workload(workload, workload_opt), sql, query)
-    with connect(cluster_name) as conn:
+    if (cluster_name is None) == (dsn is None):
+        raise Failed("give --cluster NAME (a profkit cluster) or --dsn DSN (any server)")
+    target: dict = {}
+    if dsn is not None:
+        from profkit.experiments.attach import binary_report, check_backend, connect_dsn
+
+        conn = connect_dsn(dsn)
+        pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        rep = binary_report(check_backend(pid))
+        click.echo(f"binary: {rep.describe()}", err=True)
+        target = {"target": {"pid": pid, "binary": str(rep.path), "binary_level": rep.level,
+                             "binary_report": rep.describe(), "version": rep.version}}
+    else:
+        assert cluster_name is not None
+        conn = connect(cluster_name)
+    with conn:
         check_query(conn, select)
         run_id, d = new_run_dir("clock-calls", out, workload=name, sql=select,
-                                tools=("ltrace", "bpftrace"))
+                                tools=("ltrace", "bpftrace"), **target)
         df = clock_calls(conn, select, modes=modes, methods=methods, force=force, out_dir=d,
                          run_id=run_id)
     if as_json:

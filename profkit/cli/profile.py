@@ -26,7 +26,16 @@ def _fmt_table(df: pd.DataFrame) -> str:
 # --------------------------------------------------------------------------- perf
 
 @click.command("perf")
-@click.argument("build")
+@click.argument("build", required=False)
+@click.option("--pid", type=int, default=None,
+              help="Record this backend of a server profkit did not start, for --seconds.")
+@click.option("--dsn", default=None,
+              help="Connect here (a server profkit did not start), run the query on that "
+                   "connection and record its backend.")
+@click.option("--sql", default=None, help="With --dsn: the SELECT to run (else the workload's "
+              "query, on the database as it is).")
+@click.option("--seconds", type=float, default=10.0, show_default=True,
+              help="With --pid: how long to record.")
 @click.option("--workload", default="nested_loop", show_default=True,
               help="Seed workload (nested_loop, join_sum, count_star) or a workload FILE.toml.")
 @click.option("--query", default=None, help="One of the workload file's named queries "
@@ -44,13 +53,26 @@ def _fmt_table(df: pd.DataFrame) -> str:
               help="Functions printed (by self share).")
 @click.option("--out", default=None, help="Flamegraph directory (default: flamegraphs/).")
 @_friendly
-def perf_cmd(build: str, workload: str, query: str | None, scale: float, mode: str, freq: int,
-             dwarf: bool, reps: int, no_stat: bool, top_n: int, out: str | None) -> None:
-    """Record a backend running a workload's query with perf; flamegraph + top functions."""
+def perf_cmd(build: str | None, pid: int | None, dsn: str | None, sql: str | None,
+             seconds: float, workload: str, query: str | None, scale: float, mode: str,
+             freq: int, dwarf: bool, reps: int, no_stat: bool, top_n: int,
+             out: str | None) -> None:
+    """Record a backend running a workload's query with perf; flamegraph + top functions.
+
+    BUILD: a profkit build (its own throwaway cluster); or --pid / --dsn: a backend of a
+    server profkit did not start (nothing on it is changed)."""
     from profkit.experiments.profile import perf_profile
     from profkit.experiments.profile import flamegraph_dir, flamegraph_for
     from profkit.pg.workloads import workload_label, workload_spec
 
+    if pid is not None or dsn is not None:
+        if build:
+            raise _Failed("give BUILD (a cluster profkit starts) or --pid/--dsn, not both")
+        _perf_attached(pid, dsn, sql, seconds, workload, query, mode, freq, dwarf, reps,
+                       no_stat, top_n, out)
+        return
+    if not build:
+        raise _Failed("give BUILD (vanilla, step3, your named build…) or --pid PID / --dsn DSN")
     workload = workload_spec(workload, query)
     label = workload_label(workload)
 
@@ -72,6 +94,37 @@ def perf_cmd(build: str, workload: str, query: str | None, scale: float, mode: s
         st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
         click.echo("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
                                              for r in st.itertuples()))
+    click.echo(f"artifacts: {prof.run.path}")
+    click.echo(f"flamegraph: {svg}")
+
+
+def _perf_attached(pid: int | None, dsn: str | None, sql: str | None, seconds: float,
+                   workload: str, query: str | None, mode: str, freq: int, dwarf: bool,
+                   reps: int, no_stat: bool, top_n: int, out: str | None) -> None:
+    from profkit.experiments.attach import perf_attached
+    from profkit.experiments.profile import flamegraph_dir, flamegraph_for
+    from profkit.pg.workloads import get_workload, workload_spec
+
+    spec = None
+    if dsn is not None and not sql:
+        spec = workload_spec(workload, query)
+        sql = get_workload(spec).select_sql
+    full = EXPLAIN_PREFIX[mode] + sql.strip().rstrip(";") if sql else None
+    prof, rep = perf_attached(pid=pid, dsn=dsn, sql=full, seconds=seconds, reps=reps,
+                              freq=freq, call_graph="dwarf" if dwarf else "fp",
+                              stat=not no_stat, workload=spec, mode=mode if dsn else None,
+                              progress=_say)
+    target = f"pid{prof.run.get('target.pid')}"
+    svg = flamegraph_for(prof.counts, prof.run,
+                         flamegraph_dir(out) / f"perf-{target}-{prof.run.run_id}.svg",
+                         title=f"{rep.version or 'PostgreSQL'}: backend "
+                               f"{prof.run.get('target.pid')} (perf)")
+    click.echo(f"binary: {rep.describe()}")
+    click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples")
+    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
+    click.echo(f"top {top_n} functions by self samples:")
+    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
+                                     total_share=top["total_share"].map("{:.1%}".format))))
     click.echo(f"artifacts: {prof.run.path}")
     click.echo(f"flamegraph: {svg}")
 

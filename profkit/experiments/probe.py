@@ -54,8 +54,8 @@ def connect(cluster: str) -> Any:
 def select_sql(workload: str | None, sql: str | None,
                query: str | None = None) -> tuple[str, str]:
     if bool(workload) == bool(sql):
-        raise ProbeError("give a workload (join_sum, nested_loop, count_star or a FILE.toml) "
-                         "or --sql")
+        raise ProbeError("give a workload name (join_sum, nested_loop, count_star), a workload "
+                         "FILE.toml, or --sql")
     if sql:
         if query:
             raise ProbeError("--query picks a query of a workload file: give --workload too, "

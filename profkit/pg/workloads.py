@@ -366,14 +366,28 @@ def get_workload(name: str, query: str | None = None) -> Workload:
     base, sep, q = name.rpartition("#") if "#" in name else (name, "", "")
     query = query or (q if sep else None)
     if _is_path(base):
-        wl = load_workload_file(base)
+        f = Path(base).expanduser()
     else:
         f = WORKLOAD_DIR / f"{base}.toml"
         if not base or not f.is_file():
             raise WorkloadError(f"unknown workload {base!r}; known: "
                                 f"{', '.join(packaged_workloads())} (or a FILE.toml)")
-        wl = load_workload_file(f)
+    try:
+        st = f.stat()
+        stamp: tuple = (str(f.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = ()
+    wl = _LOADED.get(stamp) if stamp else None
+    if wl is None:
+        wl = load_workload_file(f)  # a missing or unreadable file: its WorkloadError
+        if stamp:
+            _LOADED[stamp] = wl
     return wl.with_query(query) if query else wl
+
+
+#: workloads read from their files, by (path, mtime, size): the same file gives the same
+#: object, an edited one is read again
+_LOADED: dict[tuple, Workload] = {}
 
 
 def workload_label(spec: str) -> str:

@@ -1,0 +1,159 @@
+"""Issue 15, part 3 of the issue (``--pid`` / ``--dsn``): perf and clock-calls on a backend
+profkit did not start — the machine's own Debian PostgreSQL 15 (stripped binary, dynamic
+symbols only), started by the test as the unprivileged user ``profkit`` on a private
+socket in a temporary directory (the system cluster is never touched)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+DEBIAN_BIN = Path("/usr/lib/postgresql/15/bin")
+PORT = 5497
+
+
+def _cli(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "profkit", *argv], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd)
+
+
+def _as_profkit(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", "profkit", "--", *cmd], capture_output=True,
+                          text=True, timeout=timeout, cwd="/")
+
+
+@pytest.fixture(scope="module")
+def debian_pg(tmp_path_factory):
+    assert (DEBIAN_BIN / "postgres").exists(), \
+        "Debian's postgresql-15 is not installed (scripts/setup-system.sh installs it)"
+    d = Path(tmp_path_factory.mktemp("debian-pg"))
+    d.chmod(0o755)
+    for p in (d, *d.parents):
+        if str(p).startswith("/tmp/") or p == Path("/tmp"):
+            p.chmod(p.stat().st_mode | 0o011)
+    shutil.chown(d, "profkit")
+    data = d / "data"
+    cp = _as_profkit([str(DEBIAN_BIN / "initdb"), "-D", str(data), "-U", "profkit", "-A", "trust"])
+    assert cp.returncode == 0, cp.stderr
+    cp = _as_profkit([str(DEBIAN_BIN / "pg_ctl"), "-D", str(data), "-l", str(d / "log"), "-w",
+                      "-o", f"-k {d} -c listen_addresses= -p {PORT}", "start"])
+    assert cp.returncode == 0, cp.stderr + (d / "log").read_text()
+    pm = int((data / "postmaster.pid").read_text().split()[0])
+    dsn = f"host={d} port={PORT} user=profkit dbname=postgres"
+    try:
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as c:
+            # < 8 MB: no parallel scan
+            c.execute("CREATE TABLE t1 AS SELECT a FROM generate_series(1, 100000) a")
+            c.execute("ANALYZE t1")
+        yield {"dsn": dsn, "dir": d, "postmaster": pm}
+    finally:
+        _as_profkit([str(DEBIAN_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])
+        try:
+            os.kill(pm, 0)
+        except ProcessLookupError:
+            pass
+        else:
+            os.kill(pm, 9)
+
+
+def test_bad_dsn_and_not_a_backend_are_one_line(tmp_path):
+    cp = _cli("perf", "--dsn", f"host={tmp_path} port=1 dbname=x", "--sql", "SELECT 1",
+              cwd=tmp_path)
+    assert cp.returncode == 1
+    assert len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert "cannot connect to" in cp.stderr and "check host, port" in cp.stderr
+    cp = _cli("perf", "--pid", str(os.getpid()), "--seconds", "1", cwd=tmp_path)
+    assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert "is not a PostgreSQL backend" in cp.stderr
+    cp = _cli("perf", cwd=tmp_path)
+    assert cp.returncode == 2 and "or --pid PID / --dsn DSN" in cp.stderr
+    cp = _cli("clock-calls", "--sql", "SELECT 1", cwd=tmp_path)
+    assert cp.returncode == 2 and "--cluster NAME" in cp.stderr
+
+
+def test_binary_report_levels():
+    from profkit.experiments.attach import binary_report
+
+    rep = binary_report(DEBIAN_BIN / "postgres")
+    assert rep.level == "dynsym" and not rep.symtab
+    assert rep.instr_exported and rep.dynsym_functions > 5000
+    assert rep.version.startswith("postgres (PostgreSQL) 15.")
+    assert "dynamic symbols only" in rep.describe() and "-dbgsym" in rep.describe()
+
+
+@pytest.mark.pg
+def test_perf_dsn_on_debian_backend(debian_pg, tmp_path):
+    cp = _cli("perf", "--dsn", debian_pg["dsn"], "--sql", "SELECT count(*) FROM t1",
+              "--mode", "analyze_timing", "--reps", "3", "--no-stat", "--out",
+              str(tmp_path / "fg"), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert "dynamic symbols only" in cp.stdout
+    run = Path(cp.stdout.split("artifacts: ")[1].split()[0])
+    prov = json.loads((run / "provenance.json").read_text())
+    assert prov["target"]["binary"] == str(DEBIAN_BIN / "postgres")
+    assert prov["target"]["binary_level"] == "dynsym"
+    fn = pd.read_parquet(run / "functions.parquet")
+    names = set(fn["function"])
+    # exported functions are named even in the stripped binary (and the vDSO clock)
+    assert "ExecScan" in names or "ExecAgg" in names or "heapgetpage" in names, names
+    assert any("clock_gettime" in n for n in names)
+    assert list((tmp_path / "fg").glob("perf-pid*.svg"))
+
+
+@pytest.mark.pg
+def test_perf_pid_records_a_busy_backend(debian_pg, tmp_path):
+    import psycopg
+
+    with psycopg.connect(debian_pg["dsn"], autocommit=True) as conn, \
+            psycopg.connect(debian_pg["dsn"], autocommit=True) as ctl:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        t = threading.Thread(target=lambda: _swallow(conn))
+        t.start()
+        time.sleep(0.3)
+        try:
+            cp = _cli("perf", "--pid", str(pid), "--seconds", "1.5", "--no-stat", "--out",
+                      str(tmp_path / "fg"), cwd=tmp_path)
+        finally:
+            ctl.execute("SELECT pg_cancel_backend(%s)", (pid,))
+            t.join(60)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert f"pid{pid}" in cp.stdout
+    run = Path(cp.stdout.split("artifacts: ")[1].split()[0])
+    fn = pd.read_parquet(run / "functions.parquet")
+    assert fn["self"].sum() > 100
+    assert "generate_series_int4" in set(fn["function"]) or \
+        "generate_series_step_int4" in set(fn["function"])
+
+
+def _swallow(conn) -> None:
+    try:
+        conn.execute("SELECT count(*) FROM generate_series(1, 300000000)")
+    except Exception:  # noqa: BLE001 - cancelled by the test
+        pass
+
+
+@pytest.mark.pg
+def test_clock_calls_dsn_on_debian_backend(debian_pg, tmp_path):
+    cp = _cli("clock-calls", "--dsn", debian_pg["dsn"], "--sql",
+              "SELECT count(*) FROM t1 WHERE a <= 2000", "--method", "bcc", "--json",
+              "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert "dynamic symbols only" in cp.stderr
+    res = json.loads(cp.stdout)
+    row = res["clock_calls"][0]
+    # a serial plan (the table is too small for a parallel scan): every clock read is this
+    # backend's, and profkit's prediction from the plan's rows and loops is exact
+    assert row["method"] == "bcc" and row["exact"]
+    assert row["measured"] == row["predicted"] and row["measured"] >= 2 * 2000, row
+    prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert prov["target"]["binary_level"] == "dynsym"
