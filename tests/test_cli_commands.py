@@ -125,6 +125,7 @@ README_COMMANDS = {
     "clock-calls": "test_cluster_psql_load_probe", "observers": "test_observers",
     "correction": "test_correction", "timing-accuracy": "test_timing_accuracy",
     "py-spy": "test_py_spy",
+    "import": "test_import_error (success: tests/test_pk_record.py)",
 }
 
 
@@ -145,6 +146,12 @@ def test_every_readme_command_is_covered_here() -> None:
 
 
 # --------------------------------------------------------------------- no cluster needed
+
+
+def test_import_error(tmp_path: Path) -> None:
+    (tmp_path / "x.tar.gz").write_bytes(b"no")
+    cp = profkit("import", str(tmp_path / "x.tar.gz"), "--out", str(tmp_path / "p"), code=1)
+    assert "not a readable tarball" in cp.stderr and "pk-record.sh" in cp.stderr
 
 
 def test_parse_gprof_cmd(tmp_path: Path) -> None:
