@@ -96,8 +96,10 @@ def make_parser() -> _Parser:
                    help="plain: the SQL as is; analyze_notiming / analyze_timing: wrapped in "
                         "EXPLAIN (ANALYZE, TIMING off/on) (default: plain)")
     p.add_argument("--workload", default=None,
-                   help="load a seed workload first (nested_loop, join_sum, count_star); "
-                        "reloaded only when the scale changes")
+                   help="load a workload first (nested_loop, join_sum, count_star, or a "
+                        "workload FILE.toml); reloaded only when the scale changes")
+    p.add_argument("--query", default=None,
+                   help="one of the workload file's named queries (default: its first)")
     p.add_argument("--scale", type=float, default=0.02,
                    help="workload scale (default: 0.02; the seed is 1.0)")
     p.add_argument("--reps", type=int, default=1, help="repetitions (perf, none)")
@@ -231,6 +233,11 @@ def parse_options(line: str) -> CellOptions:
         raise MagicUsageError("--reps must be >= 1")
     if ns.top < 1:
         raise MagicUsageError("--top must be >= 1")
+    if ns.query is not None:
+        if ns.workload is None:
+            raise MagicUsageError("--query picks a query of --workload FILE.toml: give both")
+        ns.workload = f"{ns.workload}#{ns.query}"
+    del ns.query
     return CellOptions(**vars(ns))
 
 
