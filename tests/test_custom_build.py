@@ -152,3 +152,24 @@ def test_custom_build_benched_against_vanilla(tmp_path, vanilla_build):
     assert q3[name] > q3["vanilla"], summary.to_string()
     report = (run / "report.md").read_text()
     assert f"`{name}`" in report and "instrstop-double-clock" in report
+
+
+def test_a_named_base_is_copied_not_referenced(tmp_path, unique_name):
+    base = unique_name + "-base"
+    try:
+        one = tmp_path / "one.patch"
+        one.write_text(PATCH.read_text())
+        B.define_build(base, [one])
+        two = tmp_path / "two.patch"
+        two.write_text(PATCH.read_text().replace("second clock", "other clock"))
+        spec = B.define_build(unique_name, [two], base=base)
+        assert [Path(p).name for p in spec.patches] == ["one.patch", "two.patch"]
+        assert all(str(B.specs_dir() / unique_name) in p for p in spec.patches)
+        one.write_text("changed\n")
+        B.define_build(base, [one])  # redefining the base leaves this build as it was
+        assert Path(spec.patches[0]).read_text() == PATCH.read_text()
+    finally:
+        import shutil
+
+        (B.specs_dir() / f"{base}.json").unlink(missing_ok=True)
+        shutil.rmtree(B.specs_dir() / base, ignore_errors=True)

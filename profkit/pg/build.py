@@ -165,6 +165,10 @@ def define_build(
     if not patch_files:
         raise BuildError("give at least one --patch FILE (a unified diff, applied with -p1)",
                          step="spec")
+    # a named base's own patch copies are copied too: redefining the base later must not
+    # change this build
+    lib_patches = tuple(p for p in base_spec.patches if not Path(p).is_absolute())
+    inherited = [Path(p) for p in base_spec.patches if Path(p).is_absolute()]
     srcs: list[Path] = []
     for pf in patch_files:
         p = Path(pf).expanduser()
@@ -172,7 +176,7 @@ def define_build(
             raise PatchError(f"patch file {str(pf)!r} not found: give the path of a unified "
                              "diff (git diff > my.patch)", step="patch")
         srcs.append(p.resolve())
-    stems = [p.stem for p in srcs]
+    stems = [p.stem for p in (*inherited, *srcs)]
     if len(set(stems)) != len(stems):
         dup = sorted({s for s in stems if stems.count(s) > 1})
         raise BuildError(f"two patch files named {', '.join(dup)}: rename one", step="spec")
@@ -184,13 +188,13 @@ def define_build(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     copied: list[str] = []
-    for p in srcs:
+    for p in (*inherited, *srcs):
         dest = tmp / f"{p.stem}.patch"
         shutil.copyfile(p, dest)
         copied.append(str(pdir / dest.name))
     spec = BuildSpec(
         name,
-        patches=(*base_spec.patches, *copied),
+        patches=(*lib_patches, *copied),
         configure_opts=(*base_spec.configure_opts, *configure_opts),
         cflags=(base_spec.cflags + " " + cflags).strip() if cflags else base_spec.cflags,
         ldflags=base_spec.ldflags,
