@@ -167,7 +167,7 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
 
 def test_library_is_version_aware():
     assert patches.versions() == ["18", "19"]
-    assert patches.list_patches("19") == ["step1", "step2", "step3"]
+    assert patches.list_patches("19") == ["step1", "step2", "step3", "step4", "step5"]
     # PostgreSQL 19's step1 only moves the functions (19 already inlines them in instrument.c)
     pg19 = patches.read_patch("step1", "19")
     assert "NodeInstrumentation" in pg19 and "PostgreSQL 19" in patches.patch_header("step1", "19")
@@ -179,9 +179,10 @@ def test_library_is_version_aware():
     msg = str(exc.value)
     assert "variant 'tsc_clock' has no patch for PostgreSQL 19" in msg
     assert "tsc_clock (exists for: pg18)" in msg
-    assert "step1, step2, step3" in msg and "vanilla, step1, step2, step3" in msg
-    with pytest.raises(PatchError, match=r"'step4' exists for: pg18"):
-        patches.patch_file("step4", "19")
+    assert "step1, step2, step3, step4, step5" in msg
+    assert "vanilla, step1, step2, step3, step4, step5" in msg
+    with pytest.raises(PatchError, match=r"'tsc_clock' exists for: pg18"):
+        patches.patch_file("tsc_clock", "19")
 
 
 def test_build_presets_resolve_per_version():
@@ -190,11 +191,11 @@ def test_build_presets_resolve_per_version():
 
     p = build.presets()
     assert {"pg19/vanilla", "pg19/step3"} <= set(p)
-    assert "pg19/tsc_clock" not in p and "pg19/step5" not in p
+    assert "pg19/tsc_clock" not in p and "pg19/step5" in p
     assert p["pg19/step3"].patches == ("step1", "step2", "step3")
     assert build.resolve_spec("pg18/step5").patches == ("step1", "step4", "step5")
-    with pytest.raises(PatchError, match="variant 'step5' has no patch for PostgreSQL 19"):
-        build.resolve_spec("pg19/step5")
+    with pytest.raises(PatchError, match="variant 'coarse_clock' has no patch for PostgreSQL 19"):
+        build.resolve_spec("pg19/coarse_clock")
     with pytest.raises(BuildError, match="unknown build 'pg19/nope'"):
         build.resolve_spec("pg19/nope")
     assert build.split_major("pg19/step3") == ("19", "step3")
@@ -238,7 +239,7 @@ def test_parse_patch_output_without_failures():
 
 
 @pytest.mark.source
-@pytest.mark.parametrize("preset", ["step1", "step2", "step3"])
+@pytest.mark.parametrize("preset", ["step1", "step2", "step3", "step4", "step5"])
 def test_pg19_presets_apply_to_pg19_source(preset):
     """The pg19/ patches apply, in order, to the PostgreSQL 19 source (major read from it)."""
     from profkit.pg.build import resolve_source
