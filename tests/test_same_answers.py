@@ -78,8 +78,8 @@ def test_corpus_covers_the_node_types(vanilla_rows):
 
     for mode in MODES:
         assert node_rows(mode, "hashjoin", "Hash") == [10000]
-        # the two bitmaps of a = 3 (500 rows) and b = 5 (515 rows) of cbm
-        assert node_rows(mode, "bitmap_and", "Bitmap Index Scan") == [500, 515]
+        # the two bitmaps of a = 3 (250 rows) and b = 5 (258 rows) of cbm
+        assert node_rows(mode, "bitmap_and", "Bitmap Index Scan") == [250, 258]
         # id % 4 <> 1 of the two foreign partitions' 2000 and 3000 rows
         assert node_rows(mode, "async_foreign", "Foreign Scan") == [1500, 2250]
     # the async Foreign Scans really are async (Async Capable in the plan)

@@ -45,7 +45,9 @@ SETUP = [
     "CREATE INDEX cpart_id ON cpart (id)",
     "DROP TABLE IF EXISTS cbm",
     "CREATE TABLE cbm (id int, a int, b int)",
-    "INSERT INTO cbm SELECT i, (i * 37) % 100, (i * 53) % 97 FROM generate_series(1, 50000) i",
+    # 25,000 rows: ANALYZE reads them all (30,000-row sample), so estimates, and the order
+    # of the BitmapAnd children, are the same in every run
+    "INSERT INTO cbm SELECT i, (i * 37) % 100, (i * 53) % 97 FROM generate_series(1, 25000) i",
     "CREATE INDEX cbm_a ON cbm (a)",
     "CREATE INDEX cbm_b ON cbm (b)",
     "VACUUM ANALYZE ca, cb, csmall, cbig, cpart, cbm",
@@ -345,7 +347,11 @@ def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
 
     Nodes under a Gather run in workers whose per-loop rows are printed rounded
     to two decimals, so their totals may differ by rounding: a tolerance of 1
-    row applies there, everything else must be exact.
+    row applies there, everything else must be exact.  Their loops count the
+    participants that ran the node, which varies from run to run in vanilla too
+    (a worker that starts after a Parallel Hash Join's build and probe phases
+    are over never runs the nodes below it): loops are not compared there, the
+    total rows are.
     """
     key = ["mode", "query", "node_id"] if "mode" in reference and "mode" in other else [
         "query", "node_id"]
@@ -354,8 +360,9 @@ def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
                                     suffixes=("_ref", "_got"), indicator=True)
     bad = m["_merge"] != "both"
     bad |= m["node_type_ref"] != m["node_type_got"]
-    bad |= m["loops_ref"] != m["loops_got"]
     under_gather = m["query"].isin([q.name for q in CORPUS if "Gather" in " ".join(q.expect)])
+    bad |= (m["loops_ref"] != m["loops_got"]) & ~under_gather
+    bad |= (m["loops_got"].fillna(0) < 1) & (m["loops_ref"].fillna(0) >= 1)
     diff = (m["rows_ref"] - m["rows_got"]).abs()
     bad |= (diff > 0) & ~under_gather
     bad |= (diff > 1) & under_gather
