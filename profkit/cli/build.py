@@ -9,11 +9,17 @@ from profkit.cli.common import err_console, friendly, say
 @click.command("build")
 @click.argument("presets", nargs=-1)
 @click.option("--source", default=None,
-              help="debian:postgresql-18 (default), git:/path, tarball:/path.tar.bz2")
+              help="debian:postgresql-18 (default), debian:postgresql-19, git:/path, "
+                   "tarball:/path.tar.bz2 (the patches of its major version are used)")
 @click.option("--list", "list_", is_flag=True, help="List presets and cached builds.")
 @friendly
 def build(presets: tuple[str, ...], source: str | None, list_: bool) -> None:
-    """Build PostgreSQL variants (cached; an unchanged build is never rebuilt)."""
+    """Build PostgreSQL variants (cached; an unchanged build is never rebuilt).
+
+    A preset prefixed pg19/ (pg19/vanilla, pg19/step5) is built from PostgreSQL 19:
+    $PROFKIT_PG19_SOURCE if set (e.g. tarball:../shared/pg-sources/postgresql-19beta1.tar.bz2),
+    else debian:postgresql-19 (Debian's experimental suite).  The prefix works wherever a
+    build is named (bench --builds, cluster start, regress)."""
     from profkit.pg.build import get_build, list_builds
     from profkit.pg.build import presets as all_presets
 
