@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 # Every build the suite uses, in the order they are made: vanilla first, then the
 # variants that share most of its objects (ccache hits), the -pg build (all misses) last.
-BUILD_ORDER = ("vanilla", "step1", "step2", "step3", "coarse_clock", "tsc_clock",
-               "sampled_timing", "gprof", "step3+gprof")
+BUILD_ORDER = ("vanilla", "step1", "step2", "step3", "step4", "step5", "coarse_clock",
+               "tsc_clock", "sampled_timing", "gprof", "step3+gprof",
+               "pg19/vanilla", "pg19/step1", "pg19/step2", "pg19/step3", "pg19/step4",
+               "pg19/step5")
 # Session/module fixtures that stand for a build.
 FIXTURE_BUILDS = {"vanilla_build": "vanilla", "gprof_cluster": "gprof"}
 
@@ -75,6 +78,14 @@ def pytest_configure(config):
     base = tempfile.mkdtemp(prefix="profkit-tests-")
     os.environ.setdefault("PROFKIT_PROFILES", os.path.join(base, "profiles"))
     os.environ.setdefault("PROFKIT_FLAMEGRAPHS", os.path.join(base, "flamegraphs"))
+    # pg19/... builds: the PostgreSQL 19 source of the shared test data (Debian's
+    # experimental suite is listed but not served here, see its README)
+    if PG19_TARBALL.is_file():
+        os.environ.setdefault("PROFKIT_PG19_SOURCE", f"tarball:{PG19_TARBALL}")
+
+
+PG19_TARBALL = (Path(__file__).resolve().parent.parent.parent / "shared" / "pg-sources"
+                / "postgresql-19beta1.tar.bz2")
 
 
 # Small scales keep the suite quick; every figure in tests derives from them.

@@ -182,9 +182,10 @@ def test_parse_gprof_cmd(tmp_path: Path) -> None:
 
 def test_flamegraph_and_parse(tmp_path: Path) -> None:
     perf = FIX / "perf" / "clockloop.perf-script.txt"
-    folded = profkit("parse", "perf-script", str(perf)).stdout
+    folded = profkit("parse", "perf-script", "--samples", str(perf)).stdout
     assert folded == (FIX / "perf" / "expected_clockloop.folded").read_text()
-    profkit("parse", "perf-script", str(FIX / "perf" / "garbled-frame.perf-script.txt"), code=1)
+    profkit("parse", "perf-script", "--strict",
+            str(FIX / "perf" / "garbled-frame.perf-script.txt"), code=1)
     f = tmp_path / "x.folded"
     f.write_text(folded)
     profkit("flamegraph", str(f), cwd=tmp_path, env={"PROFKIT_FLAMEGRAPHS": ""})

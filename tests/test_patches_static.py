@@ -32,8 +32,8 @@ def _source() -> Path:
 
 
 def test_library_has_every_variant():
-    assert ALL == sorted(["step1", "step2", "step3", "coarse_clock", "tsc_clock",
-                          "sampled_timing"])
+    assert ALL == sorted(["step1", "step2", "step3", "step4", "step5", "coarse_clock",
+                          "tsc_clock", "sampled_timing"])
     # every preset names existing patches, cumulative chains in order
     for preset, names in patches.PRESETS.items():
         assert set(names) <= set(ALL), preset
@@ -55,7 +55,7 @@ def test_patch_has_header(name):
         assert not line.startswith(("--- ", "+++ ", "*** ", "@@", "Index:")), line
 
 
-@pytest.mark.parametrize("name", ["step2", "step3"])
+@pytest.mark.parametrize("name", ["step2", "step3", "step4", "step5"])
 def test_cumulative_patches_say_so(name):
     assert "CUMULATIVE" in patches.patch_header(name)
 
@@ -87,7 +87,7 @@ def test_step3_counts_every_tuple_returning_node():
 
 
 def test_unknown_names_give_clear_errors(tmp_path):
-    with pytest.raises(PatchError, match="known patches: coarse_clock"):
+    with pytest.raises(PatchError, match="known patches for PostgreSQL 18: coarse_clock"):
         patches.read_patch("step9")
     with pytest.raises(PatchError, match="known presets"):
         patches.preset_patches("nope")
@@ -127,6 +127,9 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
     src = _source()
     broken_dir = tmp_path / "pg18"
     broken_dir.mkdir()
+    for v in patches.versions():
+        if v != "18":
+            shutil.copytree(patches.patch_dir(v), tmp_path / f"pg{v}")
     for name in ALL:
         shutil.copy(patches.patch_file(name), broken_dir)
     step2 = (broken_dir / "step2.patch").read_text()
@@ -135,8 +138,8 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
     assert step2.count(needle) == 1
     (broken_dir / "step2.patch").write_text(
         step2.replace(needle, " \t * have ExecProcNode() call something else entirely.\n"))
-    real_dir = patches.PATCH_DIR
-    monkeypatch.setattr(patches, "PATCH_DIR", broken_dir)
+    real_root = patches.PATCH_ROOT
+    monkeypatch.setattr(patches, "PATCH_ROOT", tmp_path)
 
     with pytest.raises(PatchError) as exc:
         patches.check_applies(src, ["step1", "step2", "step3"])
@@ -147,7 +150,7 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
     assert "rebase the patch" in msg and "18.6" in msg
 
     # applied to the wrong base (step2 without step1 is fine, step3 without step2 is not)
-    monkeypatch.setattr(patches, "PATCH_DIR", real_dir)
+    monkeypatch.setattr(patches, "PATCH_ROOT", real_root)
     with pytest.raises(PatchError) as exc:
         patches.check_applies(src, ["step3"])
     msg = str(exc.value)
@@ -162,7 +165,89 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
     assert "step3 = step1 + step2 + step3" in msg
 
 
+def test_library_is_version_aware():
+    assert patches.versions() == ["18", "19"]
+    assert patches.list_patches("19") == ["step1", "step2", "step3", "step4", "step5"]
+    # PostgreSQL 19's step1 only moves the functions (19 already inlines them in instrument.c)
+    pg19 = patches.read_patch("step1", "19")
+    assert "NodeInstrumentation" in pg19 and "PostgreSQL 19" in patches.patch_header("step1", "19")
+    assert patches.read_patch("step1", "19") != patches.read_patch("step1", "18")
+    # a preset resolves to the patches of the version; missing ones are named with what exists
+    assert patches.preset_patches("step3", "19") == ["step1", "step2", "step3"]
+    with pytest.raises(PatchError) as exc:
+        patches.preset_patches("tsc_clock", "19")
+    msg = str(exc.value)
+    assert "variant 'tsc_clock' has no patch for PostgreSQL 19" in msg
+    assert "tsc_clock (exists for: pg18)" in msg
+    assert "step1, step2, step3, step4, step5" in msg
+    assert "vanilla, step1, step2, step3, step4, step5" in msg
+    with pytest.raises(PatchError, match=r"'tsc_clock' exists for: pg18"):
+        patches.patch_file("tsc_clock", "19")
+
+
+def test_build_presets_resolve_per_version():
+    from profkit.errors import BuildError
+    from profkit.pg import build
+
+    p = build.presets()
+    assert {"pg19/vanilla", "pg19/step3"} <= set(p)
+    assert "pg19/tsc_clock" not in p and "pg19/step5" in p
+    assert p["pg19/step3"].patches == ("step1", "step2", "step3")
+    assert build.resolve_spec("pg18/step5").patches == ("step1", "step4", "step5")
+    with pytest.raises(PatchError, match="variant 'coarse_clock' has no patch for PostgreSQL 19"):
+        build.resolve_spec("pg19/coarse_clock")
+    with pytest.raises(BuildError, match="unknown build 'pg19/nope'"):
+        build.resolve_spec("pg19/nope")
+    assert build.split_major("pg19/step3") == ("19", "step3")
+    assert build.split_major("step3+gprof") == (None, "step3+gprof")
+    path = build.patch_path("step3", "19")
+    assert path == patches.PATCH_ROOT / "pg19" / "step3.patch"
+    with pytest.raises(PatchError, match="no patch for PostgreSQL 19: missing tsc_clock"):
+        build.patch_path("tsc_clock", "19")
+
+
+def test_major_versions_of_sources(monkeypatch):
+    from profkit.pg.source import SourceError, default_source_for_major, major_version
+
+    assert major_version("18.6") == "18"
+    assert major_version("19beta1") == "19"
+    assert major_version("19devel") == "19"
+    assert major_version("9.6.24") == "9.6"
+    with pytest.raises(SourceError, match="major version"):
+        major_version("devel")
+    monkeypatch.delenv("PROFKIT_PG19_SOURCE", raising=False)
+    assert default_source_for_major("19") == "debian:postgresql-19"
+    monkeypatch.setenv("PROFKIT_PG19_SOURCE", "tarball:/x/postgresql-19beta1.tar.bz2")
+    assert default_source_for_major("19") == "tarball:/x/postgresql-19beta1.tar.bz2"
+
+
+def test_debian_suite_for_the_next_major(monkeypatch):
+    from profkit.pg import source
+
+    monkeypatch.delenv("PROFKIT_SRC_SUITE", raising=False)
+    monkeypatch.setattr(source, "_read_os_release", lambda: {"ID": "debian"})
+    assert source.debian_suite("postgresql-18") == "sid"
+    assert source.debian_suite("postgresql-19") == "experimental"
+    monkeypatch.setenv("PROFKIT_SRC_SUITE", "trixie")
+    assert source.debian_suite("postgresql-19") == "trixie"
+
+
 def test_parse_patch_output_without_failures():
     assert patches.parse_patch_output("", "") == []
     out = "checking file src/x.c\nHunk #1 succeeded at 12 (offset 2 lines).\n"
     assert patches.parse_patch_output(out, "") == []
+
+
+@pytest.mark.source
+@pytest.mark.parametrize("preset", ["step1", "step2", "step3", "step4", "step5"])
+def test_pg19_presets_apply_to_pg19_source(preset):
+    """The pg19/ patches apply, in order, to the PostgreSQL 19 source (major read from it)."""
+    from profkit.pg.build import resolve_source
+
+    src = resolve_source(f"pg19/{preset}")
+    assert src.major == "19", src
+    patches.check_applies(src.path, patches.preset_patches(preset, "19"))
+    # the pg18 patches do not apply to 19: the error says which version they were written for
+    with pytest.raises(PatchError, match=r"patch 'step1' does not apply: .*pg18 patches were "
+                                         r"written for PostgreSQL 18\.6"):
+        patches.check_applies(src.path, ["step1"], major="18")

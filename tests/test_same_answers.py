@@ -1,85 +1,135 @@
 """Every patch variant reports exactly vanilla's actual rows and loops for every node.
 
-Runs the corpus of profkit.pg.corpus (seq/index/index-only/bitmap scans, nested
-loop/hash/merge joins, material, memoize, sort, incremental sort, hash and
-group aggregate, window, limit, subquery scan, CTE scan, append/merge append,
-unique, set ops, recursive union, values/function scans, project set,
-subplans, Gather and Gather Merge) on each variant's own cluster.
+Runs the corpus of profkit.pg.corpus (seq/index/index-only/bitmap scans with
+BitmapAnd/BitmapOr, nested loop/hash/merge joins, material, memoize, sort,
+incremental sort, hash and group aggregate, window, limit, subquery scan, CTE
+scan, append/merge append, unique, set ops, recursive union, values/function
+scans, project set, subplans, Gather, Gather Merge and Parallel Hash, an async
+Foreign Scan through postgres_fdw on a loopback server, INSERT/UPDATE with four
+triggers on one relation) on each variant's own cluster, in every
+instrumentation mode of corpus.MODES (rows only; BUFFERS; TIMING; both), and
+compares node by node with vanilla of the same major version: PostgreSQL 18
+variants against vanilla, pg19/... variants against pg19/vanilla.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from profkit.patches import PRESETS
 from profkit.pg import corpus
-from profkit.pg.build import get_build
+from profkit.pg.build import get_build, split_major
 from profkit.pg.cluster import Cluster
 
 pytestmark = pytest.mark.pg
 
-VARIANTS = [name for name in PRESETS if name != "vanilla"]
+PG18_VARIANTS = [name for name in PRESETS if name != "vanilla"]
+# PostgreSQL 19 in `make test`: the variant that carries every change (step5 = step1 + step4
+# + step5) against pg19/vanilla, to keep a cold suite inside its time budget; the others run
+# with PROFKIT_TEST_PG19_VARIANTS=step1,step2,step3,step4,step5 (and `profkit regress`).
+PG19_VARIANTS = [f"pg19/{name}" for name in
+                 os.environ.get("PROFKIT_TEST_PG19_VARIANTS", "step5").split(",") if name]
+MODES = list(corpus.MODES)
 
 
-@pytest.fixture(scope="module")
-def vanilla_rows(vanilla_build):
+def _corpus_run(build, name: str):
     # a cluster of its own: an open transaction elsewhere would keep VACUUM from
     # setting pages all-visible and change index-only-scan plans
-    with Cluster(vanilla_build, name="test-corpus-vanilla") as cl, cl.connect() as conn:
+    with Cluster(build, name=name) as cl, cl.connect() as conn:
         corpus.load(conn)
-        rows = corpus.plan_rows(conn)
+        rows = corpus.plan_rows(conn, modes=MODES)
+        times = corpus.all_times(conn)
+    return rows, times
+
+
+def _reference(build) -> object:
+    rows, _ = _corpus_run(build, f"test-corpus-{build.name.replace('/', '-')}")
     missing = corpus.missing_node_types(rows)
     assert missing == [], f"corpus no longer covers: {missing}"
     return rows
 
 
+@pytest.fixture(scope="module")
+def vanilla_rows(vanilla_build):
+    return _reference(vanilla_build)
+
+
+@pytest.fixture(scope="module")
+def pg19_vanilla_rows():
+    return _reference(get_build("pg19/vanilla", progress=print))
+
+
 def test_corpus_covers_the_node_types(vanilla_rows):
     have = set(vanilla_rows["node_type"])
     for t in (
-        "Seq Scan",
-        "Index Scan",
-        "Index Only Scan",
-        "Bitmap Heap Scan",
-        "Nested Loop",
-        "Hash Join",
-        "Merge Join",
-        "Materialize",
-        "Sort",
-        "Incremental Sort",
-        "Aggregate",
-        "WindowAgg",
-        "Limit",
-        "Subquery Scan",
-        "CTE Scan",
-        "Append",
-        "Merge Append",
-        "Unique",
-        "SetOp",
-        "Gather",
-        "Gather Merge",
-        "Memoize",
+        "Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan",
+        "BitmapAnd", "BitmapOr", "Nested Loop", "Hash Join", "Hash", "Merge Join",
+        "Materialize", "Sort", "Incremental Sort", "Aggregate", "WindowAgg", "Limit",
+        "Subquery Scan", "CTE Scan", "Append", "Merge Append", "Unique", "SetOp", "Gather",
+        "Gather Merge", "Memoize", "Foreign Scan", "ModifyTable",
     ):
         assert t in have, t
-    # rows are real numbers, not placeholders
-    seq = vanilla_rows[
-        (vanilla_rows["query"] == "seqscan") & (vanilla_rows["node_type"] == "Seq Scan")
-    ]
-    assert seq["rows"].iloc[0] == sum(1 for i in range(1, 10001) if ((i * 7919) % 1000) % 7 == 0)
+    # rows are real numbers, not placeholders, in every mode
+    for mode in MODES:
+        seq = vanilla_rows[(vanilla_rows["mode"] == mode) & (vanilla_rows["query"] == "seqscan")
+                           & (vanilla_rows["node_type"] == "Seq Scan")]
+        assert seq["rows"].iloc[0] == sum(1 for i in range(1, 10001) if ((i * 7919) % 1000) % 7 == 0)
+    # the seed's step3 reported rows=0 for these with TIMING or BUFFERS on: vanilla does not
+    def node_rows(mode: str, query: str, node_type: str) -> list[float]:
+        m = ((vanilla_rows["mode"] == mode) & (vanilla_rows["query"] == query)
+             & (vanilla_rows["node_type"] == node_type))
+        return sorted(vanilla_rows.loc[m, "rows"].tolist())
+
+    for mode in MODES:
+        assert node_rows(mode, "hashjoin", "Hash") == [10000]
+        # the two bitmaps of a = 3 (250 rows) and b = 5 (258 rows) of cbm
+        assert node_rows(mode, "bitmap_and", "Bitmap Index Scan") == [250, 258]
+        # id % 4 <> 1 of the two foreign partitions' 2000 and 3000 rows
+        assert node_rows(mode, "async_foreign", "Foreign Scan") == [1500, 2250]
+    # the async Foreign Scans really are async (Async Capable in the plan)
+    fs_async = vanilla_rows[(vanilla_rows["query"] == "async_foreign")
+                            & (vanilla_rows["node_type"] == "Foreign Scan")]["async_capable"]
+    assert len(fs_async) == 2 * len(MODES) and fs_async.eq(True).all(), fs_async
+    # each trigger keeps its own calls: 250 inserted rows, 150 updated (every 2nd of 300),
+    # the WHEN trigger on the updated rows with NEW.v % 3 = 0, one statement trigger
+    trig = vanilla_rows[vanilla_rows["node_type"].str.startswith("Trigger ")]
+    calls = trig.set_index(["mode", "query", "node_type"])["rows"]
+    for mode in MODES:
+        assert calls[(mode, "trigger_insert", "Trigger t1_before_row on ctrig")] == 250
+        assert calls[(mode, "trigger_insert", "Trigger t2_after_row on ctrig")] == 250
+        assert calls[(mode, "trigger_insert", "Trigger t4_after_stmt on ctrig")] == 1
+        assert calls[(mode, "trigger_update", "Trigger t1_before_row on ctrig")] == 150
+        when = sum(1 for i in range(2, 301, 2) if ((i % 10) + 1 + 1) % 3 == 0)
+        assert calls[(mode, "trigger_update", "Trigger t3_after_row_when on ctrig")] == when
+        assert calls[(mode, "trigger_update", "Trigger t4_after_stmt on ctrig")] == 1
 
 
-@pytest.mark.builds(*VARIANTS)
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_variant_reports_vanilla_rows_and_loops(variant, vanilla_rows):
+def _variant_params(names):
+    return [pytest.param(n, marks=pytest.mark.builds(n)) for n in names]
+
+
+def _check_variant(variant: str, reference) -> None:
     b = get_build(variant, progress=print)
-    with Cluster(b, name=f"test-{variant}") as cl, cl.connect() as conn:
-        corpus.load(conn)
-        rows = corpus.plan_rows(conn)
-        times = corpus.all_times(conn)
-    diff = corpus.compare(vanilla_rows, rows)
+    rows, times = _corpus_run(b, f"test-{variant.replace('/', '-')}")
+    diff = corpus.compare(reference, rows)
     assert diff.empty, f"{variant} differs from vanilla:\n{diff.to_string()}"
-    assert len(rows) == len(vanilla_rows)
+    assert len(rows) == len(reference)
     # TIMING TRUE: every executed node has a non-negative time
     executed = times[times["loops"].fillna(0) > 0]
     assert executed["total_ms"].notna().all()
     assert (executed["total_ms"] >= 0).all(), executed[executed["total_ms"] < 0]
     assert (executed["startup_ms"] >= 0).all()
+
+
+@pytest.mark.parametrize("variant", _variant_params(PG18_VARIANTS))
+def test_variant_reports_vanilla_rows_and_loops(variant, vanilla_rows):
+    _check_variant(variant, vanilla_rows)
+
+
+@pytest.mark.builds("pg19/vanilla")
+@pytest.mark.parametrize("variant", _variant_params(PG19_VARIANTS))
+def test_pg19_variant_reports_pg19_vanilla_rows_and_loops(variant, pg19_vanilla_rows):
+    assert split_major(variant)[0] == "19"
+    _check_variant(variant, pg19_vanilla_rows)

@@ -10,7 +10,8 @@ from profkit.cli.common import Failed, err_console, friendly, say
 @click.command("build")
 @click.argument("presets", nargs=-1)
 @click.option("--source", default=None,
-              help="debian:postgresql-18 (default), git:/path, tarball:/path.tar.bz2")
+              help="debian:postgresql-18 (default), debian:postgresql-19, git:/path, "
+                   "tarball:/path.tar.bz2 (the patches of its major version are used)")
 @click.option("--patch", "patch_files", multiple=True, metavar="FILE",
               help="Make NAME a build of --base plus this patch (-p1 unified diff; repeatable, "
                    "applied in order). NAME is then usable wherever a preset name is.")
@@ -23,7 +24,14 @@ from profkit.cli.common import Failed, err_console, friendly, say
 @friendly
 def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, ...],
           base: str, configure_opts: tuple[str, ...], cflags: str, list_: bool) -> None:
-    """Build PostgreSQL variants (cached; an unchanged build is never rebuilt)."""
+    """Build PostgreSQL variants (cached; an unchanged build is never rebuilt).
+
+    A preset prefixed pg19/ (pg19/vanilla, pg19/step5) is built from PostgreSQL 19:
+    $PROFKIT_PG19_SOURCE if set (e.g. tarball:../shared/pg-sources/postgresql-19beta1.tar.bz2),
+    else debian:postgresql-19 (Debian's experimental suite).  The prefix works wherever a
+    build is named (bench --builds, cluster start, regress).
+
+    NAME --patch FILE [--patch FILE ...]: a named build of your own patches on --base."""
     from profkit.pg.build import custom_specs, define_build, get_build, list_builds
     from profkit.pg.build import presets as all_presets
 

@@ -178,7 +178,10 @@ def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
         if not isinstance(it, str):
             raise BenchError(f"a build is a preset name (str), not {type(it).__name__}: {it!r}")
         label, sep, preset = it.partition("=")
+        # "pg19/step3" alone is labelled "pg19-step3" (a label names files)
         label, preset = label.strip(), (preset.strip() if sep else label.strip())
+        if not sep:
+            label = label.replace("/", "-")
         if not label or not _LABEL.match(label):
             raise BenchError(f"build label {label!r} may only contain letters, digits and _.+-")
         refs.append(BuildRef(label, preset))

@@ -1,10 +1,15 @@
-"""The PostgreSQL patch library: instrumentation-overhead variants of PostgreSQL 18.6.
+"""The PostgreSQL patch library: instrumentation-overhead variants of PostgreSQL.
 
-Each ``pg18/<name>.patch`` is a unified diff for ``patch -p1`` from the source
-root, preceded by a header (the lines before the first ``diff``/``---`` line,
-which ``patch`` ignores) saying what it does and why.  Some patches are
-cumulative: :data:`PRESETS` maps a build preset to the ordered list of patches
-it applies.
+The library is version-aware: ``pg<major>/<name>.patch`` is the variant *name*
+for PostgreSQL <major> (``pg18/`` was written against 18.6, ``pg19/`` against
+19beta1, :data:`TARGET_VERSIONS`).  A preset resolves to the patches of the
+source's major version; a variant with no patch for that version is a
+:class:`PatchError` naming the versions that have it.
+
+Each patch is a unified diff for ``patch -p1`` from the source root, preceded by
+a header (the lines before the first ``diff``/``---`` line, which ``patch``
+ignores) saying what it does and why.  Some patches are cumulative:
+:data:`PRESETS` maps a build preset to the ordered list of patches it applies.
 
 >>> PRESETS["step3"]
 ['step1', 'step2', 'step3']
@@ -20,10 +25,12 @@ from pathlib import Path
 from profkit.errors import PatchError
 from profkit.run import run
 
-PATCH_DIR = Path(__file__).resolve().parent / "pg18"
+PATCH_ROOT = Path(__file__).resolve().parent
+DEFAULT_MAJOR = "18"
 
-# The PostgreSQL version the patches were written and tested against.
-TARGET_VERSION = "18.6"
+# The PostgreSQL version each folder's patches were written and tested against.
+TARGET_VERSIONS: dict[str, str] = {"18": "18.6", "19": "19beta1"}
+TARGET_VERSION = TARGET_VERSIONS[DEFAULT_MAJOR]
 
 # preset -> patches, in the order they are applied (step2/step3 build on step1).
 PRESETS: dict[str, list[str]] = {
@@ -31,6 +38,9 @@ PRESETS: dict[str, list[str]] = {
     "step1": ["step1"],
     "step2": ["step1", "step2"],
     "step3": ["step1", "step2", "step3"],
+    # step4 replaces step2/step3 (it does not build on them): the plain path stays vanilla's
+    "step4": ["step1", "step4"],
+    "step5": ["step1", "step4", "step5"],
     "coarse_clock": ["coarse_clock"],
     "tsc_clock": ["tsc_clock"],
     "sampled_timing": ["sampled_timing"],
@@ -41,6 +51,9 @@ DESCRIPTIONS: dict[str, str] = {
     "step1": "InstrStartNode/StopNode/UpdateTupleCount/EndLoop always-inline in instrument.h",
     "step2": "step1 + ExecProcNodeInstrLite when only rows are counted",
     "step3": "step2 + rows counted inside every node's ExecProcNode function (no wrapper)",
+    "step4": "step1 + a row-counting twin of every node function, installed only under "
+             "EXPLAIN ANALYZE rows-only; rows in one integer word",
+    "step5": "step4 + the row word in PlanState: the per-row path never reads instrument",
     "coarse_clock": "instr_time reads CLOCK_MONOTONIC_COARSE (4 ms ticks here)",
     "tsc_clock": "instr_time reads the TSC (GUC instr_clock_source, default auto = rdtsc)",
     "sampled_timing": "EXPLAIN ANALYZE times 1 of N calls per node "
@@ -56,24 +69,56 @@ PATCH_GUCS: dict[str, dict[str, str]] = {
 _DIFF_START = re.compile(r"^(diff |--- )")
 
 
-def list_patches() -> list[str]:
-    """Names (file stems) of the patches in :data:`PATCH_DIR`, sorted."""
-    return sorted(p.stem for p in PATCH_DIR.glob("*.patch"))
+def versions() -> list[str]:
+    """Major versions the library has a ``pg<major>/`` folder for, ascending."""
+    out = [d.name[2:] for d in PATCH_ROOT.glob("pg*") if d.is_dir() and d.name[2:].isdigit()]
+    return sorted(out, key=int)
 
 
-def patch_file(name: str) -> Path:
-    """Path of the patch *name*, or :class:`PatchError` listing the known ones."""
-    path = PATCH_DIR / f"{name}.patch"
+def patch_dir(major: str = DEFAULT_MAJOR) -> Path:
+    return PATCH_ROOT / f"pg{major}"
+
+
+def list_patches(major: str = DEFAULT_MAJOR) -> list[str]:
+    """Names (file stems) of the patches for PostgreSQL *major*, sorted."""
+    return sorted(p.stem for p in patch_dir(major).glob("*.patch"))
+
+
+def has_patch(name: str, major: str = DEFAULT_MAJOR) -> bool:
+    return (patch_dir(major) / f"{name}.patch").is_file()
+
+
+def versions_with(name: str) -> list[str]:
+    """The major versions that have a patch *name*."""
+    return [v for v in versions() if has_patch(name, v)]
+
+
+def missing_message(variant: str, missing: list[str], major: str) -> str:
+    """Say that *variant* cannot be built for PostgreSQL *major*, and what exists instead."""
+    where = ", ".join(f"{m} (exists for: {', '.join('pg' + v for v in versions_with(m)) or 'none'})"
+                      for m in missing)
+    have = [p for p in PRESETS if all(has_patch(x, major) for x in PRESETS[p])]
+    return (f"variant {variant!r} has no patch for PostgreSQL {major}: missing {where}. "
+            f"{patch_dir(major)} has: {', '.join(list_patches(major)) or 'nothing'}; "
+            f"presets buildable for PostgreSQL {major}: {', '.join(have)}. Build it from a "
+            f"source of a version that has it, or port the patch.")
+
+
+def patch_file(name: str, major: str = DEFAULT_MAJOR) -> Path:
+    """Path of the patch *name* for *major*, or :class:`PatchError` listing the known ones."""
+    path = patch_dir(major) / f"{name}.patch"
     if not path.is_file():
+        other = versions_with(name)
+        also = f"; {name!r} exists for: {', '.join('pg' + v for v in other)}" if other else ""
         raise PatchError(
-            f"no patch named {name!r} in {PATCH_DIR}; known patches: "
-            f"{', '.join(list_patches()) or 'none'}", step="patch")
+            f"no patch named {name!r} in {patch_dir(major)}; known patches for PostgreSQL "
+            f"{major}: {', '.join(list_patches(major)) or 'none'}{also}", step="patch")
     return path
 
 
-def read_patch(name: str) -> str:
+def read_patch(name: str, major: str = DEFAULT_MAJOR) -> str:
     """Full text of the patch *name* (header included)."""
-    return patch_file(name).read_text()
+    return patch_file(name, major).read_text()
 
 
 def split_header(patch_text: str) -> str:
@@ -86,18 +131,25 @@ def split_header(patch_text: str) -> str:
     return "\n".join(lines).strip()
 
 
-def patch_header(name: str) -> str:
+def patch_header(name: str, major: str = DEFAULT_MAJOR) -> str:
     """The header of the patch *name* (what it does and why)."""
-    return split_header(read_patch(name))
+    return split_header(read_patch(name, major))
 
 
-def preset_patches(preset: str) -> list[str]:
-    """The ordered patch list of *preset*, or :class:`PatchError` listing the presets."""
+def preset_patches(preset: str, major: str | None = None) -> list[str]:
+    """The ordered patch list of *preset*, or :class:`PatchError` listing the presets.
+
+    With *major*, also checks that every patch exists for that PostgreSQL version."""
     if preset not in PRESETS:
         raise PatchError(
             f"unknown patch preset {preset!r}; known presets: {', '.join(PRESETS)}",
             step="patch")
-    return list(PRESETS[preset])
+    names = list(PRESETS[preset])
+    if major is not None:
+        missing = [n for n in names if not has_patch(n, major)]
+        if missing:
+            raise PatchError(missing_message(preset, missing, major), step="patch")
+    return names
 
 
 @dataclass(frozen=True)
@@ -191,7 +243,7 @@ def parse_patch_output(output: str, patch_text: str) -> list[FailedHunk]:
 
 
 def failure_message(name: str, earlier: list[str], output: str, patch_text: str,
-                    patch_path: Path | None = None) -> str:
+                    patch_path: Path | None = None, major: str | None = None) -> str:
     """Say which patch failed, on top of what, which hunks were rejected, and what to do."""
     problems = parse_patch_output(output, patch_text)
     where = f" on top of {', '.join(earlier)}" if earlier else ""
@@ -208,15 +260,30 @@ def failure_message(name: str, earlier: list[str], output: str, patch_text: str,
     else:
         tail = output.strip().splitlines()
         detail = tail[-1] if tail else "patch gave no output"
+    if major is None and patch_path is not None and patch_path.parent.name[2:].isdigit():
+        major = patch_path.parent.name[2:]
+    major = major or DEFAULT_MAJOR
+    target = TARGET_VERSIONS.get(major, major)
     return (f"patch {name!r} does not apply{where}: {detail}. "
-            f"The patches were written for PostgreSQL {TARGET_VERSION}: build from that "
+            f"The pg{major} patches were written for PostgreSQL {target}: build from that "
             f"source, or rebase the patch onto this one (see the header of "
-            f"{patch_path or PATCH_DIR / (name + '.patch')}); cumulative patches must be applied in "
-            f"the order of PRESETS, e.g. step3 = {' + '.join(PRESETS['step3'])}.")
+            f"{patch_path or patch_dir(major) / (name + '.patch')}); cumulative patches must be "
+            f"applied in the order of PRESETS, e.g. step3 = {' + '.join(PRESETS['step3'])}.")
 
 
-def check_applies(source_dir: str | Path, patch_names: list[str] | tuple[str, ...]) -> None:
+def tree_major(source_dir: str | Path) -> str:
+    """The major version of the PostgreSQL source tree at *source_dir* (from configure)."""
+    from profkit.pg.source import major_version, upstream_version
+
+    return major_version(upstream_version(Path(source_dir)))
+
+
+def check_applies(source_dir: str | Path, patch_names: list[str] | tuple[str, ...],
+                  major: str | None = None) -> None:
     """Check that *patch_names* apply, in order, to the tree at *source_dir*.
+
+    The patches are those of the tree's major version (read from its configure)
+    unless *major* is given.
 
     Works on a scratch copy (the source is never modified): each patch is
     dry-run first, then applied so that the next one sees its result.  Raises
@@ -228,7 +295,8 @@ def check_applies(source_dir: str | Path, patch_names: list[str] | tuple[str, ..
         raise PatchError(
             f"{src} is not a PostgreSQL source tree (no src/include); pass the directory "
             "that holds configure and src/", step="patch")
-    texts = {name: read_patch(name) for name in patch_names}  # unknown names fail early
+    major = major or tree_major(src)
+    texts = {name: read_patch(name, major) for name in patch_names}  # unknown names fail early
     with tempfile.TemporaryDirectory(prefix="profkit-patchcheck-") as tmp:
         tree = Path(tmp) / "src"
         # patch(1) only touches the files named in the diffs: copying just those
@@ -240,12 +308,12 @@ def check_applies(source_dir: str | Path, patch_names: list[str] | tuple[str, ..
         tree.mkdir(exist_ok=True)
         for i, name in enumerate(patch_names):
             base = ["patch", "-p1", "--batch", "--forward", "-d", str(tree),
-                    "-i", str(patch_file(name))]
+                    "-i", str(patch_file(name, major))]
             dry = run([*base, "--dry-run"], check=False, timeout=120,
                       what=f"patch --dry-run {name}")
             output = (dry.stdout or "") + (dry.stderr or "")
             if dry.returncode != 0:
                 raise PatchError(failure_message(name, list(patch_names[:i]), output,
-                                                  texts[name]), step="patch")
+                                                  texts[name], major=major), step="patch")
             if i + 1 < len(patch_names):
                 run(base, timeout=120, what=f"patch {name}")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from profkit import paths
 from profkit.errors import BuildError, CommandFailed, PatchError
-from profkit.pg.source import Source, get_source
+from profkit.pg.source import Source, default_source_for_major, get_source
 from profkit.run import run, which
 
 RECIPE_VERSION = "2"
@@ -48,7 +48,9 @@ BASE_CFLAGS = "-O2 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer"
 # Lazy binding so ltrace sees PLT calls (Ubuntu's toolchain defaults to BIND_NOW).
 BASE_LDFLAGS = "-Wl,-z,lazy"
 BASE_CONFIGURE = ("--enable-depend",)
-CONTRIB = ("pg_stat_statements", "auto_explain")
+# postgres_fdw: the same-answers corpus runs an async Foreign Scan on a loopback server.
+# (CONTRIB is part of every build's cache key: changing it rebuilds every variant.)
+CONTRIB = ("pg_stat_statements", "auto_explain", "postgres_fdw")
 
 Progress = Callable[[str], None]
 
@@ -77,7 +79,7 @@ def _patch_presets() -> dict[str, tuple[tuple[str, ...], str]]:
     return {k: (tuple(v), descr.get(k, "")) for k, v in presets.items()}
 
 
-def presets() -> dict[str, BuildSpec]:
+def _base_presets() -> dict[str, BuildSpec]:
     out = {
         "vanilla": BuildSpec("vanilla", description="unpatched, -O2 -g, frame pointers"),
         "gprof": BuildSpec(
@@ -212,25 +214,90 @@ def define_build(
     return spec
 
 
+# "pg19/step3": the preset step3 built from PostgreSQL 19's source (see split_major)
+_MAJOR_PREFIX = re.compile(r"^pg(\d+)/(.+)$")
+
+
+def split_major(name: str) -> tuple[str | None, str]:
+    """'pg19/step3' -> ('19', 'step3'); 'step3' -> (None, 'step3')."""
+    m = _MAJOR_PREFIX.match(name)
+    return (m.group(1), m.group(2)) if m else (None, name)
+
+
+def _major_spec(major: str, spec: BuildSpec) -> BuildSpec:
+    return BuildSpec(f"pg{major}/{spec.name}", patches=spec.patches,
+                     configure_opts=spec.configure_opts, cflags=spec.cflags, ldflags=spec.ldflags,
+                     description=f"PostgreSQL {major}: {spec.description}")
+
+
+def presets() -> dict[str, BuildSpec]:
+    """Every build preset: the base ones (built from the default source, or from the
+    ``source=`` given) and ``pg<major>/<preset>`` for every major version the patch library
+    has a folder for besides the default one (18), limited to the presets whose patches all
+    exist for that version: the preset built from that major's default source
+    (:func:`profkit.pg.source.default_source_for_major`).  ``pg18/<preset>`` is accepted
+    too (:func:`resolve_spec`) but not listed."""
+    out = _base_presets()
+    try:
+        from profkit import patches as lib
+    except ImportError:
+        return out
+    for major in lib.versions():
+        if major == lib.DEFAULT_MAJOR:
+            continue
+        for spec in list(out.values()):
+            if "/" not in spec.name and all(lib.has_patch(p, major) for p in spec.patches):
+                out[f"pg{major}/{spec.name}"] = _major_spec(major, spec)
+    return out
+
+
 def resolve_spec(name_or_spec: str | BuildSpec) -> BuildSpec:
     if isinstance(name_or_spec, BuildSpec):
         return name_or_spec
     p = presets()
     if name_or_spec in p:
         return p[name_or_spec]
+    major, base = split_major(name_or_spec)
+    if major is not None and base in p:
+        from profkit import patches as lib
+
+        missing = [x for x in p[base].patches if not lib.has_patch(x, major)]
+        if missing:
+            raise PatchError(lib.missing_message(base, missing, major), step="spec")
+        return _major_spec(major, p[base])
     raise BuildError(
         f"unknown build {name_or_spec!r}; known presets: {', '.join(sorted(p))}", step="spec"
     )
+
+
+def resolve_source(name_or_spec: str | BuildSpec, source: str | None = None) -> Source:
+    """The source a build is made from: *source* if given, else the default source of the
+    preset's ``pg<major>/`` prefix, else profkit's default (``$PROFKIT_SOURCE``, Debian's
+    postgresql-18).  A ``pg<major>/`` preset with a source of another major is an error."""
+    name = name_or_spec.name if isinstance(name_or_spec, BuildSpec) else name_or_spec
+    # a named build made with --source keeps it (the command's --source still wins)
+    own = name_or_spec.source if isinstance(name_or_spec, BuildSpec) else None
+    major, _ = split_major(name)
+    if major is None:
+        return get_source(source or own)
+    src = get_source(source or default_source_for_major(major))
+    if src.major != major:
+        raise BuildError(
+            f"build {name!r} is a PostgreSQL {major} build but its source {src.spec} is "
+            f"PostgreSQL {src.version}: drop the pg{major}/ prefix or pass a PostgreSQL "
+            f"{major} source (--source / $PROFKIT_PG{major}_SOURCE)", step="source")
+    return src
 
 
 def patch_path(name: str, major: str) -> Path:
     p = Path(name)
     if p.suffix == ".patch" and p.exists():
         return p.resolve()
-    cand = PATCH_ROOT / f"pg{major}" / f"{name}.patch"
-    if cand.exists():
-        return cand
-    raise PatchError(f"patch {name!r} not found (looked for {cand})", step="patch")
+    from profkit import patches as lib
+
+    if not lib.has_patch(name, major):
+        raise PatchError(lib.missing_message(name, [name], major), step="patch")
+    return lib.patch_file(name, major)
 
 
 @dataclass
@@ -380,9 +447,8 @@ def _safe_name(name: str) -> str:
 def find_build(name_or_spec: str | BuildSpec, source: str | None = None) -> Build | None:
     """The cached build, or None (never builds)."""
     spec = resolve_spec(name_or_spec)
-    src = get_source(source or spec.source)
-    major = src.version.split(".")[0].replace("devel", "")
-    files = [patch_path(p, major) for p in spec.patches]
+    src = resolve_source(spec, source)
+    files = [patch_path(p, src.major) for p in spec.patches]
     key = cache_key(spec, src, files, compiler_identity())
     d = paths.sub("builds") / f"{_safe_name(spec.name)}-{key[:12]}"
     if (d / "COMPLETE").exists():
@@ -400,9 +466,8 @@ def get_build(
     """Return the build, building it first if it is not cached."""
     spec = resolve_spec(name_or_spec)
     say = progress or (lambda s: None)
-    src = get_source(source or spec.source)
-    major = src.version.split(".")[0].replace("devel", "")
-    files = [patch_path(p, major) for p in spec.patches]
+    src = resolve_source(spec, source)
+    files = [patch_path(p, src.major) for p in spec.patches]
     compiler = compiler_identity()
     key = cache_key(spec, src, files, compiler)
     root = paths.sub("builds")

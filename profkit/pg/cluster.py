@@ -191,7 +191,13 @@ class Cluster:
             f.write(f"port = {self.port}\n")
 
     def _launch(self) -> None:
+        # the build's own libpq for the modules that load one (postgres_fdw,
+        # libpqwalreceiver): the install is relocated (DESTDIR), so its rpath names
+        # a directory that does not exist and the system's older libpq would be found
+        libdir = str(self.build.prefix / "lib")
+        ld_path = ":".join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if p)
         self.proc = Background([self.build.postgres, "-D", self.datadir], user=self.os_user,
+                               env={"LD_LIBRARY_PATH": ld_path},
                                cwd=self.dir, stdout_path=self.log_path,
                                stderr_path=self.log_path, stop_signal=signal.SIGINT,
                                stop_timeout=60, what=f"postgres ({self.name})")

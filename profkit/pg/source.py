@@ -3,14 +3,24 @@
 A source is named by a spec string:
 
 - ``debian:postgresql-18`` (default) — the newest ``postgresql-18`` source
-  package of Debian's ``sid`` suite.  The archive URI is read from the
+  package of Debian's ``sid`` suite.  ``debian:postgresql-19`` is derived the
+  same way from the ``experimental`` suite, where Debian carries the next major
+  version before its release (:data:`DEBIAN_SUITES`).  The archive URI is read from the
   machine's own apt configuration; a deb-src entry for it lives in a private
   apt directory under the cache, so the machine's binary package sources are
   untouched.  The pristine ``.orig.tar.*`` is used (its sha256 is checked
   against the ``.dsc``), not the Debian-patched tree.
 - ``git:/path/to/postgresql`` — a local checkout as a hacker on master has it
   (committed state plus uncommitted changes).
-- ``tarball:/path/to/postgresql-18.6.tar.bz2`` — a release tarball.
+- ``tarball:/path/to/postgresql-18.6.tar.bz2`` — a release tarball (or a
+  ``git archive`` of upstream, which lacks the generated files: bison and flex
+  make them).  A relative path is taken from the current directory, else from
+  the project root.
+
+Every source knows its major version (:attr:`Source.major`: 18, 19, ...), which
+selects the patch library's ``patches/pg<major>/`` folder.  The default source
+of a major version is :func:`default_source_for_major`:
+``$PROFKIT_PG<major>_SOURCE``, else ``debian:postgresql-<major>``.
 """
 
 from __future__ import annotations
@@ -26,10 +36,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from profkit import paths
-from profkit.errors import ProfkitError
+from profkit.errors import CommandFailed, ProfkitError
 from profkit.run import run
 
 DEFAULT_SOURCE = "debian:postgresql-18"
+# Debian carries a PostgreSQL major version in sid once it is released, and the
+# next one (beta) in experimental; packages not listed here come from sid.
+DEBIAN_SUITES = {"postgresql-19": "experimental"}
 APT_LISTS_MAX_AGE_S = 24 * 3600
 
 
@@ -49,6 +62,29 @@ class Source:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def major(self) -> str:
+        """The major version: '18' for 18.6, '19' for 19beta1 or 19devel."""
+        return major_version(self.version)
+
+
+def major_version(version: str) -> str:
+    """'18.6' -> '18', '19beta1' -> '19', '19devel' -> '19', '9.6.24' -> '9.6'."""
+    m = re.match(r"^(\d+)(?:\.(\d+))?", version or "")
+    if not m:
+        raise SourceError(f"cannot tell the PostgreSQL major version from {version!r}")
+    if int(m.group(1)) < 10 and m.group(2) is not None:  # 9.6 and older: two-part majors
+        return f"{m.group(1)}.{m.group(2)}"
+    return m.group(1)
+
+
+def default_source_for_major(major: str) -> str:
+    """The source spec used for ``pg<major>/...`` builds: ``$PROFKIT_PG<major>_SOURCE``,
+    else ``debian:postgresql-<major>``."""
+    if not re.fullmatch(r"\d+", major):
+        raise SourceError(f"bad PostgreSQL major version {major!r}: use e.g. 18 or 19")
+    return os.environ.get(f"PROFKIT_PG{major}_SOURCE") or f"debian:postgresql-{major}"
+
 
 def get_source(spec: str | None = None, *, refresh: bool = False) -> Source:
     spec = spec or os.environ.get("PROFKIT_SOURCE") or DEFAULT_SOURCE
@@ -65,11 +101,21 @@ def get_source(spec: str | None = None, *, refresh: bool = False) -> Source:
     if kind == "git":
         return git_source(Path(arg))
     if kind == "tarball":
-        return tarball_source(Path(arg))
+        return tarball_source(_project_relative(arg))
     raise SourceError(
         f"unknown PostgreSQL source {spec!r}: use 'debian:postgresql-18', "
         "'git:/path/to/checkout' or 'tarball:/path/to/postgresql-X.Y.tar.bz2'"
     )
+
+
+def _project_relative(arg: str) -> Path:
+    """A path as given (relative to the current directory) if it exists, else relative to the
+    project root (``tarball:../shared/...`` names the same file from any directory)."""
+    p = Path(arg).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    alt = paths.PROJECT_ROOT / p
+    return alt if alt.exists() else p
 
 
 # ---------------------------------------------------------------------------
@@ -207,14 +253,26 @@ class _PrivateApt:
                 best = v
         return best
 
-    def download(self, package: str, version: str, dest: Path) -> None:
+    def download(self, package: str, version: str, dest: Path, suite: str = "") -> None:
         dest.mkdir(parents=True, exist_ok=True)
-        run(
-            ["apt-get", *self.opts, "source", "--download-only", f"{package}={version}"],
-            cwd=dest,
-            timeout=900,
-            what=f"apt-get source {package}={version}",
-        )
+        try:
+            run(
+                ["apt-get", *self.opts, "source", "--download-only", f"{package}={version}"],
+                cwd=dest,
+                timeout=900,
+                what=f"apt-get source {package}={version}",
+            )
+        except CommandFailed as e:
+            tail = "\n".join(e.output_tail.strip().splitlines()[-4:])
+            major = package.rpartition("-")[2]
+            raise SourceError(
+                f"the archive's {suite or 'deb-src'} index lists {package} {version}, but "
+                f"downloading it failed:\n{tail}\nThe mirror does not serve that source "
+                f"package (experimental is often listed but not mirrored). Use a release "
+                f"tarball or a git checkout instead: --source tarball:/path/to/"
+                f"postgresql-{major}.tar.bz2 or --source git:/path/to/postgresql, or set "
+                f"PROFKIT_PG{major}_SOURCE to one of them for pg{major}/... builds."
+            ) from None
 
 
 def _parse_dsc_sha256(dsc: Path) -> dict[str, str]:
@@ -286,11 +344,23 @@ def upstream_version(tree: Path) -> str:
     raise SourceError(f"{tree}: cannot read PACKAGE_VERSION from configure")
 
 
+def debian_suite(package: str) -> str:
+    """The suite a Debian source package is taken from: $PROFKIT_SRC_SUITE, else
+    :data:`DEBIAN_SUITES` (postgresql-19: experimental), else sid (Ubuntu: devel)."""
+    env = os.environ.get("PROFKIT_SRC_SUITE")
+    if env:
+        return env
+    if _read_os_release().get("ID") == "ubuntu":
+        return "devel"
+    return DEBIAN_SUITES.get(package, "sid")
+
+
 def debian_source(package: str = "postgresql-18", *, refresh: bool = False) -> Source:
-    osr = _read_os_release()
-    suite = os.environ.get("PROFKIT_SRC_SUITE") or ("devel" if osr.get("ID") == "ubuntu" else "sid")
+    suite = debian_suite(package)
     uri, keyring = archive_entry()
-    apt = _PrivateApt(paths.sub("apt"), uri, suite, keyring)
+    # one private apt state per suite, so switching packages does not refetch indexes
+    apt = _PrivateApt(paths.sub("apt" if suite in ("sid", "devel") else f"apt-{suite}"),
+                      uri, suite, keyring)
     apt.update(force=refresh)
     version = apt.newest_version(package)
     meta_file = paths.sub("sources") / f"debian-{package}_{version}.json"
@@ -302,7 +372,7 @@ def debian_source(package: str = "postgresql-18", *, refresh: bool = False) -> S
     upstream_v = version.split("-")[0].split(":")[-1]
     dsc = dl / f"{package}_{version.split(':')[-1]}.dsc"
     if not dsc.exists():
-        apt.download(package, version, dl)
+        apt.download(package, version, dl, suite)
     if not dsc.exists():
         raise SourceError(f"apt-get source did not produce {dsc}")
     sums = _parse_dsc_sha256(dsc)
