@@ -112,7 +112,7 @@ def instrumentation_calls(res: Any, pred: Any, reps: int) -> tuple[Any, list[str
     """
     import pandas as pd
 
-    from profkit.collect.gprof import gprof_artifact, merged_into, predicted_calls
+    from profkit.collect.gprof import merged_into
 
     binary = str(res.run.get("gprof_binary") or res.run.get("build.postgres"))
     rows, notes = [], []
