@@ -91,6 +91,6 @@ def test_cold_build_smoke(cold_build, monkeypatch):
                 assert plan["Actual Rows"] == 1 and plan["Actual Loops"] == 1
                 assert ("Actual Total Time" in plan) == (mode == "analyze_timing")
                 ver = conn.execute("SHOW server_version").fetchone()[0]
-                assert ver == build.version
+                assert build.version == f"PostgreSQL {ver}"
     time.sleep(0.3)
     assert [p for p in pids if alive(p)] == []
