@@ -454,3 +454,18 @@ def test_c_core_limits_keep_the_output(cache_max: int, table_max: int) -> None:
     collapsed, modules, stats = f.result()
     assert {k.decode(): v for k, v in collapsed.items()} == ref.counts
     assert stats["samples"] == ref.samples
+
+
+def test_cli_event_filter_that_matches_nothing_is_an_error() -> None:
+    """The Perl script prints nothing and exits 0 for an event the file lacks; profkit
+    says which events the file has (exit 1), and a present event still folds."""
+    from click.testing import CliRunner
+
+    from profkit.cli import main
+
+    src = str(FIX / "clockloop.perf-script.txt")
+    r = CliRunner().invoke(main, ["parse", "perf-script", "--event-filter", "nosuch", src])
+    assert r.exit_code == 1
+    assert "no sample of event 'nosuch'" in r.output and "cpu-clock:ppp" in r.output
+    r = CliRunner().invoke(main, ["parse", "perf-script", "--event-filter", "cpu-clock:ppp", src])
+    assert r.exit_code == 0 and r.output.endswith("read_clock 17017017\n"), r.output[-200:]

@@ -71,6 +71,12 @@ def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, al
                             context=context, weight="samples" if samples else "period",
                             vdso=vsyms, strict=strict,
                             warn=lambda m: click.echo(m, err=True))
+    if event_filter is not None and fold.samples == 0 and fold.events:
+        # the Perl script prints nothing and exits 0 here: say why instead
+        from profkit.errors import ParseError
+
+        raise ParseError(f"{file}: no sample of event {event_filter!r}; the file has "
+                         f"{', '.join(fold.events)}: pass one of those to --event-filter")
     if functions:
         df = fold.functions_df()
         data = df.drop(columns=["run_id", "build"]).to_csv(index=False, lineterminator="\n")
