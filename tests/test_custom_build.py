@@ -64,6 +64,7 @@ def test_bad_names_refused_before_building(argv, text, unique_name):
     assert "Traceback" not in cp.stderr
 
 
+@pytest.mark.source  # the cache key reads the source identity (downloads it once)
 def test_define_build_persists_spec_and_key_follows_patch_text(tmp_path, unique_name):
     mine = tmp_path / "mine.patch"
     mine.write_text(PATCH.read_text())
