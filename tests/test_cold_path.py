@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,17 +31,15 @@ pytestmark = [pytest.mark.pg, pytest.mark.cold]
 
 
 @pytest.fixture(scope="module")
-def cold_build(tmp_path_factory):
+def cold_build():
     from profkit import paths
 
     warm = paths.cache_dir()
-    cold = tmp_path_factory.mktemp("cold-cache")
-    os.chmod(cold, 0o755)  # postgres (user profkit) must reach the install
-    parent = cold.parent
-    while parent != parent.parent:  # and every folder above it
-        if os.stat(parent).st_mode & 0o005 != 0o005:
-            os.chmod(parent, os.stat(parent).st_mode | 0o005)
-        parent = parent.parent
+    # Not under pytest's basetemp: pytest keeps /tmp/pytest-of-<user> at mode 0700 (and
+    # resets it whenever a session starts), and postgres runs as the user profkit, which
+    # must reach the install. The warm cache's own folder is readable by it already.
+    cold = Path(tempfile.mkdtemp(prefix="cold-cache-", dir=paths.sub("tmp")))
+    os.chmod(cold, 0o755)
     for reused in ("apt", "downloads"):
         (warm / reused).mkdir(exist_ok=True)
         (cold / reused).symlink_to(warm / reused)
@@ -54,7 +54,8 @@ def cold_build(tmp_path_factory):
     builds = [d for d in (cold / "builds").iterdir() if (d / "COMPLETE").exists()]
     assert len(builds) == 1 and builds[0].name.startswith("vanilla-"), builds
     print(f"cold vanilla build: {seconds:.0f} s")
-    return cold, builds[0], env
+    yield cold, builds[0], env
+    shutil.rmtree(cold, ignore_errors=True)
 
 
 def test_cold_build_is_complete_and_new(cold_build):
