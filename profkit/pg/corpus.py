@@ -24,7 +24,7 @@ import pandas as pd
 import psycopg
 from psycopg import sql as pgsql
 
-from profkit.parse.explain import flatten_plan
+from profkit.parse.explain import explain_order, flatten_plan, node_total_times
 
 SETUP = [
     "DROP TABLE IF EXISTS ca, cb, csmall, cbig, cpart",
@@ -268,12 +268,12 @@ def plan_rows(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS,
             explain = _explain(conn, q, t, b)
             nodes = flatten_plan(explain)
             nodes.insert(0, "query", q.name)
-            flags = _preorder(explain, "Async Capable")
+            flags = [n.get("Async Capable") for n in explain_order(explain[0]["Plan"])]
             # flatten_plan's "order" is EXPLAIN's print order: the JSON's pre-order
             nodes["async_capable"] = [flags[o] if 0 <= o < len(flags) else None
                                       for o in nodes["order"]]
             if t:
-                plan = _explain_times(explain)
+                plan = node_total_times(explain)
                 nodes["total_time_ms"] = (plan[: len(nodes)] if len(plan) >= len(nodes)
                                           else plan + [float("nan")] * (len(nodes) - len(plan)))
             if q.triggers:
@@ -281,32 +281,6 @@ def plan_rows(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS,
             nodes.insert(0, "mode", mode)
             frames.append(nodes)
     return pd.concat(frames, ignore_index=True)
-
-
-def _preorder(explain: object, key: str) -> list[object]:
-    """*key* of every node, in pre-order (EXPLAIN's print order)."""
-    out: list[object] = []
-
-    def walk(n: dict) -> None:
-        out.append(n.get(key))
-        for c in n.get("Plans", []) or []:
-            walk(c)
-
-    walk(explain[0]["Plan"])  # type: ignore[index]
-    return out
-
-
-def _explain_times(explain: object) -> list[float]:
-    """Actual Total Time of every node, in EXPLAIN's print order (pre-order)."""
-    out: list[float] = []
-
-    def walk(n: dict) -> None:
-        out.append(float(n.get("Actual Total Time", float("nan"))))
-        for c in n.get("Plans", []) or []:
-            walk(c)
-
-    walk(explain[0]["Plan"])  # type: ignore[index]
-    return out
 
 
 def all_times(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS) -> pd.DataFrame:
