@@ -77,6 +77,32 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path, kwargs, exc, text
     assert time.monotonic() - t0 < 10, "validation must not start clusters or builds"
 
 
+def test_parse_builds_arms_with_settings():
+    """--builds takes timing-accuracy's arm syntax: [LABEL=]PRESET[:GUC=V,...]."""
+    refs = bench.parse_builds("vanilla,pg19sys=pg19/vanilla:timing_clock_source=system,"
+                              "pg19tsc=pg19/vanilla:timing_clock_source=tsc,jit=off,"
+                              "a=step3,pg19/step3")
+    assert [(r.label, r.preset, r.settings) for r in refs] == [
+        ("vanilla", "vanilla", ()),
+        ("pg19sys", "pg19/vanilla", (("timing_clock_source", "system"),)),
+        # jit=off continues pg19tsc's settings; a=step3 names a preset: a new arm
+        ("pg19tsc", "pg19/vanilla", (("timing_clock_source", "tsc"), ("jit", "off"))),
+        ("a", "step3", ()),
+        ("pg19-step3", "pg19/step3", ()),
+    ]
+    # a list keeps each item whole
+    refs = bench.parse_builds(["t=vanilla:work_mem=8MB,jit=off"])
+    assert refs[0].settings_dict == {"work_mem": "8MB", "jit": "off"}
+    for bad, text in (("x=vanilla:nosetting", "is not name=value"),
+                      ("x=vanilla:", "nothing after ':'"),
+                      ("a b=vanilla", "labels: letters"),
+                      ("x=vanilla:work_mem='1'", "may not contain quotes"),
+                      ("x=nopreset:work_mem=1MB", "unknown build 'nopreset'"),
+                      ("pg19/vanilla:a=1,pg19/vanilla:a=2", "given twice")):
+        with pytest.raises(BenchError, match=text):
+            bench.parse_builds(bad)
+
+
 def test_cli_bad_input_exit_code_and_message(tmp_path):
     # (the other bad inputs take the same path: see the parametrized test above)
     for argv, text in ((["--builds", "vanilla,nope"], "unknown build 'nope'"),
@@ -96,6 +122,14 @@ def test_out_dir_not_empty_is_refused(tmp_path):
         bench.run_bench("vanilla", "nested_loop", 0.01, 1, out_dir=tmp_path / "run",
                         progress=None, instructions="none")
     assert (tmp_path / "run" / "timings.csv").read_text() == "keep me\n"
+
+
+@pytest.mark.pg
+def test_arm_setting_the_build_does_not_have_is_a_clear_error(tmp_path, vanilla_build):
+    with pytest.raises(BenchError, match=r"build 'x' \(preset vanilla\) did not start with its "
+                       r"settings no_such_setting=1: is every name a setting of this build"):
+        bench.run_bench("x=vanilla:no_such_setting=1", "nested_loop", 0.01, 1,
+                        out_dir=tmp_path / "run", progress=None, instructions="none")
 
 
 # ---------------------------------------------------------------------------
@@ -122,9 +156,12 @@ def test_choose_instr_scale_shrinks_with_the_square_of_the_scale():
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory, vanilla_build):
-    """`profkit bench` on two labels of vanilla, scale 0.01, 3 reps, callgrind at 0.005."""
+    """`profkit bench` on two labels of vanilla (aa with settings), scale 0.01, 3 reps,
+    callgrind at 0.005."""
     root = tmp_path_factory.mktemp("profiles")
-    argv = [sys.executable, "-m", "profkit", "bench", "--builds", "vanilla,aa=vanilla",
+    # aa: an arm with its own settings, one of them postmaster-context (max_connections)
+    argv = [sys.executable, "-m", "profkit", "bench", "--builds",
+            "vanilla,aa=vanilla:max_connections=42,statement_timeout=600000",
             "--workload", "nested_loop", "--scale", "0.01", "--reps", "3", "--warmup", "1",
             "--instructions", "callgrind", "--instr-scale", "0.005", "--seed", str(SEED),
             "--set", "work_mem=8MB", "--out", str(root)]
@@ -232,6 +269,18 @@ def test_provenance_fields(small_run):
     assert p["scale"] == 0.01 and p["reps"] == 3 and p["order_seed"] == SEED
     assert p["settings"] == {"work_mem": "8MB"}
     assert p["server_settings"]["vanilla"]["work_mem"] == "8192"
+    # the aa arm's own settings: in its cluster (a postmaster-context one too), recorded
+    assert p["builds"]["aa"]["arm_settings"] == {"max_connections": "42",
+                                                 "statement_timeout": "600000"}
+    assert p["builds"]["vanilla"]["arm_settings"] == {}
+    assert p["arm_settings_shown"] == {"aa": {"max_connections": "42",
+                                              "statement_timeout": "10min"}}
+    assert p["server_settings"]["aa"]["max_connections"] == "42"
+    assert p["server_settings"]["vanilla"]["max_connections"] != "42"
+    t = bench.load_timings(small_run["dir"])
+    assert set(t.loc[t["build"] == "aa", "settings"]) == {"max_connections=42,"
+                                                          "statement_timeout=600000"}
+    assert set(t.loc[t["build"] == "vanilla", "settings"]) == {""}
     assert p["command_line"][:2] == ["profkit", "bench"]
     for label in ("vanilla", "aa"):
         b = p["builds"][label]

@@ -71,8 +71,12 @@ def _mode_list(modes: str) -> list[str]:
 
 @click.command("bench")
 @click.option("--builds", default="vanilla", show_default=True,
-              help="Comma-separated build presets; label=preset runs a preset under another "
-                   "name (a=vanilla,b=vanilla: an A/A check of the noise).")
+              metavar="[LABEL=]PRESET[:GUC=V,...],...",
+              help="Comma-separated arms: build presets; label=preset runs a preset under "
+                   "another name (a=vanilla,b=vanilla: an A/A check of the noise); "
+                   ":GUC=V,... gives the arm's cluster its own settings, e.g. "
+                   "pg19sys=pg19/vanilla:timing_clock_source=system,"
+                   "pg19tsc=pg19/vanilla:timing_clock_source=tsc.")
 @click.option("--workload", default="nested_loop", show_default=True,
               help="nested_loop, join_sum, count_star or a workload FILE.toml.")
 @click.option("--query", default=None, help="One of the workload file's named queries "

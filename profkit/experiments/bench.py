@@ -92,7 +92,7 @@ DEFAULT_MODES: tuple[str, ...] = ("plain", "analyze_notiming", "analyze_timing")
 #: position inside its repetition; ``t_start`` the Unix time it started (drift plots).
 TIMINGS_COLUMNS: tuple[str, ...] = (
     *tables.SCHEMAS["timings"], "cpu_ms", "explain_ms", "planning_ms", "slot", "backend_pid",
-    "preset", "t_start",
+    "preset", "t_start", "settings",
 )
 
 # How the work of a workload grows with its scale (nested_loop: |test1⋈test3| × |test2|).
@@ -138,31 +138,42 @@ class ProfilesFull(BenchError):
 
 @dataclass(frozen=True)
 class BuildRef(harness.Arm):
-    """A build in a benchmark: the label its rows carry and the preset it is built from.
+    """A build in a benchmark (an arm): the label its rows carry, the preset it is built
+    from and the server settings its cluster runs with.
 
     ``"step1"`` is label and preset at once; ``"a=vanilla"`` runs preset vanilla under
-    the label ``a`` (two labels on one preset make an A/A run: a check of the noise).
+    the label ``a`` (two labels on one preset make an A/A run: a check of the noise);
+    ``"pg19tsc=pg19/vanilla:timing_clock_source=tsc"`` runs pg19/vanilla with that
+    setting in its cluster's postgresql.conf (every arm has a cluster of its own, so a
+    postmaster-context setting is no different from a session one).
     """
 
     label: str
     preset: str
+    settings: tuple[tuple[str, str], ...] = ()
 
 
-_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _GUC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 
 def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
-    """Build references from ``"vanilla,step1"``, a list of names, or Build objects.
+    """Build references (arms) from ``"vanilla,step1"``, a list of names, or Build objects.
 
-    Raises :class:`BenchError` for an empty list, a duplicate label or an unknown
-    preset (naming the known ones) — before anything is built or started.
+    Each item is ``[LABEL=]PRESET[:GUC=V,...]`` (:func:`harness.split_arm`, the syntax
+    of ``profkit timing-accuracy --arm``). In a comma-separated string an item's
+    settings continue after its ``:`` until the next item that is not ``GUC=V``:
+    ``"vanilla,t=pg19/vanilla:timing_clock_source=tsc,jit=off,step3"`` gives t both
+    settings.
+
+    Raises :class:`BenchError` for an empty list, a duplicate label, a malformed item or
+    setting, or an unknown preset (naming the known ones) — before anything is built or
+    started.
     """
     from profkit.pg.build import Build, presets
 
     items: list[Any]
     if isinstance(builds, str):
-        items = [s for s in (x.strip() for x in builds.split(",")) if s]
+        items = _split_items(builds)
     else:
         items = list(builds)
     if not items:
@@ -175,21 +186,26 @@ def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
         if isinstance(it, BuildRef):
             refs.append(it)
             continue
+        if isinstance(it, harness.Arm):
+            refs.append(BuildRef(it.label, it.preset, it.settings))
+            continue
         if not isinstance(it, str):
             raise BenchError(f"a build is a preset name (str), not {type(it).__name__}: {it!r}")
-        label, sep, preset = it.partition("=")
-        # "pg19/step3" alone is labelled "pg19-step3" (a label names files)
-        label, preset = label.strip(), (preset.strip() if sep else label.strip())
-        if not sep:
-            label = label.replace("/", "-")
-        if not label or not _LABEL.match(label):
-            raise BenchError(f"build label {label!r} may only contain letters, digits and _.+-")
-        refs.append(BuildRef(label, preset))
+        try:
+            label, preset, sets = harness.split_arm(it)
+        except harness.HarnessError as e:
+            raise BenchError(f"build {e}") from None
+        try:
+            settings = parse_settings(sets)
+        except BenchError as e:
+            raise BenchError(f"build {it!r}: {e}") from None
+        refs.append(BuildRef(label, preset, tuple(settings.items())))
     labels = [r.label for r in refs]
     dups = sorted({x for x in labels if labels.count(x) > 1})
     if dups:
         raise BenchError(f"build {', '.join(dups)} given twice; to run one preset twice "
-                         "(an A/A check) give the copies labels: a=vanilla,b=vanilla")
+                         "(an A/A check, or with other settings) give the copies labels: "
+                         "a=vanilla,b=vanilla")
     known = presets()
     unknown = [r.preset for r in refs if r.preset not in known and not
                any(isinstance(i, Build) and i.name == r.preset for i in items)]
@@ -197,6 +213,27 @@ def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
         raise BenchError(f"unknown build {', '.join(map(repr, unknown))}; known presets: "
                          f"{', '.join(sorted(known))} (`profkit build --list`)")
     return refs
+
+
+def _split_items(text: str) -> list[str]:
+    """Comma-separated arms. ``X=Y`` after an arm with settings continues its settings
+    unless Y is a build preset (then it is the arm labelled X): ``GUC=V`` and
+    ``LABEL=PRESET`` look alike."""
+    from profkit.pg.build import presets
+
+    known = presets()
+    out: list[str] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        name, eq, value = part.partition("=")
+        continues = (out and ":" in out[-1] and eq and ":" not in part
+                     and _GUC.match(name.strip()) and value.strip() not in known)
+        if continues:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
 
 
 def parse_settings(items: Sequence[str] | Mapping[str, Any] | None) -> dict[str, str]:
@@ -305,8 +342,11 @@ def load_timings(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
         raise BenchError(f"no timings in {d}: neither {TIMINGS_PARQUET} nor {TIMINGS_CSV} "
                          "(is it a `profkit bench` run directory?)")
     df = pd.read_csv(cv, dtype={"run_id": "string", "build": "string", "workload": "string",
-                                "query": "string", "mode": "string", "preset": "string"})
+                                "query": "string", "mode": "string", "preset": "string",
+                                "settings": "string"})
     df = df.dropna(subset=["rep", "order"])
+    if "settings" in df.columns:
+        df["settings"] = df["settings"].fillna("")
     return tables.validate(df, "timings")
 
 
@@ -409,11 +449,22 @@ class _Runner:
                        settings: Mapping[str, str]) -> None:
         import psycopg
 
+        from profkit.pg.cluster import ClusterError
+
         self.clusters = harness.Clusters(stack, self.out_dir / "logs")
         self.progress.phase("starting clusters and loading data", len(self.req.refs))
         for ref in self.req.refs:
             b = builds[ref.label]
-            cl = self.clusters.start(b, f"bench-{ref.label}", settings, log_name=ref.label)
+            try:
+                cl = self.clusters.start(b, f"bench-{ref.label}",
+                                         {**settings, **ref.settings_dict}, log_name=ref.label)
+            except ClusterError as e:
+                if ref.settings and "configuration" in str(e):
+                    raise BenchError(
+                        f"the cluster of build {ref.label!r} (preset {ref.preset}) did not "
+                        f"start with its settings {_settings_text(ref)}: is every name a "
+                        f"setting of this build (`SHOW ALL` on it)? {e}") from None
+                raise
             t = _Target(ref, b, cl)
             self.targets.append(t)
             stack.callback(self._close, t)
@@ -427,6 +478,17 @@ class _Runner:
                                  f"{self.clusters.log_file(ref.label)}") from e
             self.progress.advance(f"{ref.label}: cluster on port {cl.port}, {self.wl.name} "
                                   f"loaded at scale {self.req.scale}")
+
+    def shown_settings(self) -> dict[str, dict[str, str]]:
+        """``SHOW`` of every arm's own settings, as its server reports them (the check
+        that a setting took: a value it rounds or refuses shows here)."""
+        out: dict[str, dict[str, str]] = {}
+        for t in self.targets:
+            if t.conn is None or not t.ref.settings:
+                continue
+            out[t.ref.label] = {k: str(t.conn.execute(f"SHOW {k}").fetchone()[0])  # type: ignore[index]
+                                for k, _ in t.ref.settings}  # names checked by parse_settings
+        return out
 
     def connect(self, t: _Target) -> None:
         qids = dict(t.qids)
@@ -465,7 +527,7 @@ class _Runner:
             row = {
                 "run_id": self.run_id, "build": t.ref.label, "workload": self.wl.name,
                 "query": _query_name(mode), "mode": mode, "rep": rep, "order": order,
-                **m, "slot": slot, "preset": t.ref.preset,
+                **m, "slot": slot, "preset": t.ref.preset, "settings": _settings_text(t.ref),
             }
             self.rows.append(row)
             assert self.writer is not None
@@ -488,6 +550,11 @@ class _Runner:
         return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
                           f"before are kept in {self.out_dir / TIMINGS_CSV}",
                           run_dir=self.out_dir, rows=kept)
+
+
+def _settings_text(ref: harness.Arm) -> str:
+    """An arm's own settings as ``guc=v,guc=v`` ('' for none)."""
+    return ",".join(f"{k}={v}" for k, v in ref.settings)
 
 
 def _query_name(mode: str) -> str:
@@ -721,7 +788,8 @@ def run_bench(
                 scale=req.scale, reps=req.reps, warmup=req.warmup,
                 modes=list(req.modes), order_seed=seed,
                 settings=dict(req.settings), cluster_settings=cluster_settings,
-                builds={r.label: {**built[r.label].provenance(), "preset": r.preset}
+                builds={r.label: {**built[r.label].provenance(), "preset": r.preset,
+                                  "arm_settings": r.settings_dict}
                         for r in req.refs},
                 source=next(iter(built.values())).source,
                 loadavg_start=list(os.getloadavg()),
@@ -753,6 +821,7 @@ def run_bench(
                                          for t in runner.targets},
                           server_settings={t.ref.label: server_settings(t.conn)
                                            for t in runner.targets if t.conn is not None},
+                          arm_settings_shown=runner.shown_settings(),
                           expected_rows=runner.expected)
                 runner.measure()
                 rows_kept = len(runner.rows)
@@ -837,6 +906,7 @@ def _timings_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         return df
     df = pd.DataFrame(rows, columns=list(TIMINGS_COLUMNS))
     df["preset"] = df["preset"].astype("string")
+    df["settings"] = df["settings"].fillna("").astype("string")
     return tables.validate(df, "timings")
 
 

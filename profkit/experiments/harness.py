@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -69,6 +70,35 @@ class Arm:
     def describe(self) -> str:
         s = ", ".join(f"{k}={v}" for k, v in self.settings)
         return f"{self.label} (preset {self.preset}{'; ' + s if s else ''})"
+
+
+_ARM_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def split_arm(text: str) -> tuple[str, str, list[str]]:
+    """``[LABEL=]PRESET[:GUC=V,...]`` -> (label, preset, ["GUC=V", ...]): the arm syntax
+    of ``profkit bench --builds`` and ``profkit timing-accuracy --arm``.
+
+    Without a label the preset names the arm, "/" read as "-" (a label names files):
+    ``pg19/vanilla:timing_clock_source=tsc`` is labelled ``pg19-vanilla``. The settings
+    are returned unchecked (the caller checks them, e.g. bench.parse_settings).
+
+    >>> split_arm("pg19tsc=pg19/vanilla:timing_clock_source=tsc")
+    ('pg19tsc', 'pg19/vanilla', ['timing_clock_source=tsc'])
+    """
+    head, colon, rest = str(text).strip().partition(":")
+    label, sep, preset = head.partition("=")
+    label, preset = label.strip(), (preset.strip() if sep else label.strip())
+    if not sep:
+        label = label.replace("/", "-")
+    if not label or not _ARM_LABEL.match(label) or not preset:
+        raise HarnessError(
+            f"{text!r}: write PRESET, LABEL=PRESET or LABEL=PRESET:guc=value[,guc=value] "
+            "(labels: letters, digits and _.+-)")
+    items = [x.strip() for x in rest.split(",") if x.strip()]
+    if colon and not items:
+        raise HarnessError(f"{text!r}: nothing after ':' (give guc=value[,guc=value])")
+    return label, preset, items
 
 
 class Clusters:

@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -92,9 +91,6 @@ class TimingAccuracyError(ta.TimingAccuracyError):
 # arms
 
 
-_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
-
-
 class Arm(harness.Arm):
     """A build preset measured under a label, with settings (``name=value``) applied."""
 
@@ -119,17 +115,12 @@ def parse_arm(text: str | Arm) -> Arm:
         return text
     from profkit.experiments.bench import BenchError, parse_settings
 
-    head, _, rest = str(text).strip().partition(":")
-    label, sep, preset = head.partition("=")
-    label, preset = label.strip(), (preset.strip() if sep else label.strip())
-    if not label or not _LABEL.match(label) or not preset:
-        raise TimingAccuracyError(
-            f"arm {text!r}: write PRESET, LABEL=PRESET or LABEL=PRESET:guc=value[,guc=value] "
-            "(labels: letters, digits, _.+-)")
     try:
-        settings = parse_settings([s for s in rest.split(",") if s.strip()])
-    except BenchError as e:
-        raise TimingAccuracyError(f"arm {text!r}: {e}") from None
+        label, preset, items = harness.split_arm(str(text))
+        settings = parse_settings(items)
+    except (harness.HarnessError, BenchError) as e:
+        raise TimingAccuracyError(f"arm {e}" if isinstance(e, harness.HarnessError)
+                                  else f"arm {text!r}: {e}") from None
     return Arm(label, preset, tuple(settings.items()))
 
 

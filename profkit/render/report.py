@@ -231,6 +231,10 @@ def _build_line(info: Any) -> str:
         parts.append(f"CFLAGS `{cflags}`")
     if info.get("key"):
         parts.append(f"key {str(info['key'])[:12]}")
+    arm = info.get("arm_settings")
+    if isinstance(arm, Mapping) and arm:
+        pre = f"preset `{info['preset']}`, " if info.get("preset") else ""
+        parts.append(pre + "settings " + ", ".join(f"`{k}={v}`" for k, v in arm.items()))
     return "; ".join(parts)
 
 
