@@ -24,6 +24,7 @@ import pytest
 import jupytext
 import nbclient
 import nbformat
+from conftest import BUILD_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
@@ -37,6 +38,9 @@ PARAMS: dict[str, dict[str, object]] = {
     "03_instrumentation_calls.py": {"SCALE": 0.2, "BUILDS": ["vanilla", "step3"]},
     "04_clock_calls_per_node.py": {"SCALE": 0.02, "REPS": 5},
     "05_clock_sources.py": {"SCALE": 0.02, "REPS": 5, "CLOCK_LOOPS": 2_000_000},
+    # the named build test_custom_build.py makes from the same patch (cached by then)
+    "06_your_patch.py": {"SCALE": 0.1, "REPS": 5, "INSTR_BUDGET_S": 10.0, "PERF_REPS": 30,
+                         "BUILD_NAME": "test-pk15-double-clock"},
 }
 # The builds each notebook compares at those parameters (conftest builds them first);
 # the test asserts the notebook used exactly these and skipped none.
@@ -46,10 +50,13 @@ NB_BUILDS: dict[str, list[str]] = {
     "03_instrumentation_calls.py": ["vanilla", "step3"],
     "04_clock_calls_per_node.py": ["vanilla"],
     "05_clock_sources.py": ["vanilla", "coarse_clock", "tsc_clock"],
+    "06_your_patch.py": ["vanilla", "test-pk15-double-clock"],
 }
 # builds used besides the compared ones (03's gprof counts on the -pg twins)
 NB_EXTRA_BUILDS: dict[str, list[str]] = {"03_instrumentation_calls.py": ["gprof", "step3+gprof"]}
-TIMEOUT_S: dict[str, int] = {"01_overhead.py": 600, "03_instrumentation_calls.py": 600}
+# 06 builds its patch when the cache lacks it (a ccache build: ~2 min)
+TIMEOUT_S: dict[str, int] = {"01_overhead.py": 600, "03_instrumentation_calls.py": 600,
+                             "06_your_patch.py": 900}
 DEFAULT_TIMEOUT_S = 300
 
 
@@ -98,7 +105,7 @@ def profiles(tmp_path_factory, vanilla_build):
 
 
 def test_every_notebook_has_parameters_and_asserts():
-    assert len(NOTEBOOKS) == 5, NOTEBOOKS
+    assert len(NOTEBOOKS) == 6, NOTEBOOKS
     for name in NOTEBOOKS:
         nb = load(name)
         first_code = next(c for c in nb.cells if c.cell_type == "code")
@@ -125,7 +132,8 @@ def test_ipynb_is_paired_with_py(name):
 
 @pytest.mark.pg
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.builds(*NB_BUILDS.get(n, []), *NB_EXTRA_BUILDS.get(n, [])))
+    pytest.param(n, marks=pytest.mark.builds(*[
+        b for b in (*NB_BUILDS.get(n, []), *NB_EXTRA_BUILDS.get(n, [])) if b in BUILD_ORDER]))
     for n in NOTEBOOKS])
 def test_notebook_runs_and_asserts(name, profiles):
     nb = load(name)
@@ -153,6 +161,32 @@ def test_notebook_runs_and_asserts(name, profiles):
         assert seconds2 < seconds
     if name == "02_flamegraphs.py":
         assert text.count("<iframe srcdoc=") >= 6  # plain, timing, diff, icicle, merged, build diff
+    if name == "06_your_patch.py":
+        _check_your_patch(text, profiles)
+
+
+def _check_your_patch(text: str, profiles: Path) -> None:
+    """06 built (or found) the patch, benched it, drew the diff and counted the calls."""
+    import re
+
+    assert "collected a fresh run" in text
+    # the seed table has a row per build
+    assert "test-pk15-double-clock" in text and "q3_overhead_pct" in text
+    svgs = list((profiles / "flamegraphs").glob("test-pk15-double-clock-vs-vanilla-*.svg"))
+    assert len(svgs) == 1 and "ExecProcNodeInstr" in svgs[0].read_text()
+    m = re.search(r"double clock: \+([\d,]+) clock_gettime calls = InstrStopNode calls "
+                  r"\(([\d,]+)\)", text)
+    assert m, text[-3000:]
+    assert m.group(1) == m.group(2) and int(m.group(1).replace(",", "")) > 100
+    # the bench run it wrote: both builds, 3 modes, callgrind files per build and mode
+    import pandas as pd
+
+    runs = [p for p in (profiles / "06_your_patch").iterdir()
+            if not p.is_symlink() and (p / "instructions.csv").exists()]
+    assert len(runs) == 1, runs
+    instr = pd.read_csv(runs[0] / "instructions.csv")
+    assert sorted(set(instr["build"])) == ["test-pk15-double-clock", "vanilla"]
+    assert len(instr) == 6 and (instr["instructions"] > 0).all()
 
 
 # ---------------------------------------------------------------------------
