@@ -55,7 +55,11 @@ def debian_pg(tmp_path_factory):
             # < 8 MB: no parallel scan
             c.execute("CREATE TABLE t1 AS SELECT a FROM generate_series(1, 100000) a")
             c.execute("ANALYZE t1")
-        yield {"dsn": dsn, "dir": d, "postmaster": pm}
+            # a role without superuser: probe --dsn must not need more
+            c.execute("CREATE ROLE pkuser LOGIN")
+            c.execute("GRANT SELECT ON t1 TO pkuser")
+        yield {"dsn": dsn, "dir": d, "postmaster": pm,
+               "user_dsn": f"host={d} port={PORT} user=pkuser dbname=postgres"}
     finally:
         _as_profkit([str(DEBIAN_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])
         try:
@@ -157,3 +161,131 @@ def test_clock_calls_dsn_on_debian_backend(debian_pg, tmp_path):
     assert row["measured"] == row["predicted"] and row["measured"] >= 2 * 2000, row
     prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert prov["target"]["binary_level"] == "dynsym"
+
+
+# --------------------------------------------------------------------------- probe --dsn/--pid
+
+Q2000 = "SELECT count(*) FROM t1 WHERE a <= 2000"
+
+
+def _settings(dsn: str) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute("SELECT name, setting FROM pg_settings ORDER BY name").fetchall()
+
+
+@pytest.mark.pg
+def test_probe_dsn_on_debian_backend_as_a_plain_role(debian_pg, tmp_path):
+    """EXPLAIN's per-node table for a role without superuser, plus function-level uprobe
+    counts (the stripped binary exports InstrStartNode/InstrStopNode); nothing changed."""
+    before = _settings(debian_pg["dsn"])
+    cp = _cli("probe", "--dsn", debian_pg["user_dsn"], "--sql", Q2000, "--json", "--out",
+              str(tmp_path / "run"), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["binary_level"] == "dynsym"
+    assert "per-node counts need DWARF" in res["allowed"]
+    assert "not visible: ExecProcNodeInstr" in res["allowed"]
+    # pkuser cannot read shared_preload_libraries: said, not guessed silently
+    assert any("shared_preload_libraries is not readable" in n for n in res["notes"])
+    nodes = {n["node_type"]: n for n in res["nodes"]}
+    assert set(nodes) == {"Aggregate", "Seq Scan"}
+    assert nodes["Seq Scan"]["rows"] == 2000 and nodes["Aggregate"]["rows"] == 1
+    assert nodes["Seq Scan"]["parent_id"] == nodes["Aggregate"]["node_id"]
+    assert "exec_calls_measured" not in nodes["Seq Scan"]  # per node needs DWARF
+    fn = {f["function"]: f for f in res["functions"]}
+    # one InstrStartNode per row returned + 1 per node (NULL at the end) + EXPLAIN's bracket
+    assert fn["InstrStartNode"]["calls"] == fn["InstrStartNode"]["predicted"] == 2000 + 1 + 2 + 2
+    assert fn["InstrStopNode"]["calls"] == fn["InstrStartNode"]["calls"]
+    assert fn["clock_gettime"]["calls"] == fn["clock_gettime"]["predicted"] >= 2 * 2000
+    assert fn["ExecProcNodeInstr"]["calls"] is None  # static: not in .dynsym
+    assert (tmp_path / "run" / "plan_nodes.parquet").exists()
+    assert _settings(debian_pg["dsn"]) == before
+
+
+@pytest.mark.pg
+def test_probe_dsn_without_root_is_the_explain_table_only(debian_pg, monkeypatch):
+    """Not root: no uprobes, and it says so; the EXPLAIN table comes all the same."""
+    from profkit.experiments.attach import probe_attached
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    res = probe_attached(dsn=debian_pg["user_dsn"], sql=Q2000, mode="analyze_notiming")
+    assert res.level == "none" and "need root" in res.allowed
+    assert res.functions["calls"].isna().all()
+    rows = res.nodes.set_index("node_type")["rows"]
+    assert rows["Seq Scan"] == 2000 and rows["Aggregate"] == 1
+    assert res.plan[0]["Plan"]["Plans"][0]["Relation Name"] == "t1"
+
+
+@pytest.mark.pg
+def test_probe_and_clock_calls_by_pid(debian_pg, tmp_path):
+    """--pid: counts whatever a busy backend runs for --seconds (here EXPLAIN ANALYZE in a
+    loop: 2005 InstrStartNode calls and 2 InstrEndLoop calls per query)."""
+    import psycopg
+
+    stop = threading.Event()
+    with psycopg.connect(debian_pg["dsn"], autocommit=True) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+        def loop() -> None:
+            while not stop.is_set():
+                conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q2000).fetchall()
+
+        t = threading.Thread(target=loop)
+        t.start()
+        try:
+            time.sleep(0.3)
+            cp = _cli("probe", "--pid", str(pid), "--seconds", "1.5", "--json", "--out",
+                      str(tmp_path / "p"), cwd=tmp_path)
+            cc = _cli("clock-calls", "--pid", str(pid), "--seconds", "1", "--json", "--out",
+                      str(tmp_path / "c"), cwd=tmp_path)
+        finally:
+            stop.set()
+            t.join(60)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["pid"] == pid and res["binary_level"] == "dynsym" and res["nodes"] == []
+    fn = {f["function"]: f["calls"] for f in res["functions"]}
+    assert fn["InstrStartNode"] > 2005 and fn["InstrEndLoop"] >= 2
+    # consistent with the plan's rows: ~1002.5 starts per InstrEndLoop (a query cut by
+    # the window's edges moves it by at most one query's worth)
+    assert abs(fn["InstrStartNode"] - 1002.5 * fn["InstrEndLoop"]) <= 2 * 2005, fn
+    assert abs(fn["InstrStartNode"] - fn["InstrStopNode"]) <= 4, fn
+    assert fn["clock_gettime"] >= 1.9 * fn["InstrStartNode"], fn
+    assert cc.returncode == 0, cc.stderr[-2000:]
+    rows = {r["method"]: r for r in json.loads(cc.stdout)["clock_calls"]}
+    assert set(rows) == {"ltrace", "bcc"}
+    assert rows["ltrace"]["measured"] > 0 and rows["bcc"]["measured"] > rows["ltrace"]["measured"]
+
+
+@pytest.mark.pg
+def test_probe_dsn_with_dwarf_counts_per_node(pg_cluster, _join_sum_loaded, tmp_path):
+    """A profkit build (full DWARF) reached by DSN: per-node counts, equal to the plan's."""
+    dsn = pg_cluster.dsn
+    cp = _cli("probe", "--dsn", dsn, "--workload", "join_sum", "--json", "--out",
+              str(tmp_path / "run"), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["binary_level"] == "dwarf" and "per-node" in res["allowed"]
+    nodes = pd.DataFrame(res["nodes"])
+    assert set(nodes["node_type"]) >= {"Hash Join", "Seq Scan", "Hash"}
+    assert (nodes["exec_calls_measured"] == nodes["exec_calls_predicted"]).all(), nodes
+    assert (nodes["clock_calls_measured"] == nodes["clock_calls_predicted"]).all(), nodes
+    fn = {f["function"]: f for f in res["functions"]}
+    assert fn["ExecProcNodeInstr"]["calls"] == fn["ExecProcNodeInstr"]["predicted"] > 0
+
+
+def test_probe_bad_targets_are_one_line(tmp_path):
+    cp = _cli("probe", "--dsn", f"host={tmp_path} port=1 dbname=x", "--sql", "SELECT 1",
+              cwd=tmp_path)
+    assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert "cannot connect to" in cp.stderr
+    for cmd in (["probe"], ["clock-calls"]):
+        cp = _cli(*cmd, "--pid", str(os.getpid()), "--seconds", "1", cwd=tmp_path)
+        assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+        assert "is not a PostgreSQL backend" in cp.stderr
+    cp = _cli("probe", "--sql", "SELECT 1", cwd=tmp_path)
+    assert cp.returncode == 2 and "--dsn DSN (any server) or --pid PID" in cp.stderr
+    cp = _cli("probe", "--pid", "1", "--sql", "SELECT 1", cwd=tmp_path)
+    assert cp.returncode == 2 and "to run a query use --dsn" in cp.stderr.replace(",", "")

@@ -21,7 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from profkit.errors import ProbeError, ProfkitError
 
@@ -188,3 +191,221 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
     prof = fold_run(load_run(rd.path), binary=exe, check=False)
     rd.finish(status="complete")
     return prof, rep
+
+
+# ---------------------------------------------------------------------------------------
+# probe --dsn / --pid: EXPLAIN's per-node table always, uprobe counts where allowed
+
+# what each function-level count is predicted from (profkit.analyze.predict's totals)
+_PREDICTED_TOTAL = {"InstrStartNode": "instr_start_node", "InstrStopNode": "instr_stop_node",
+                    "ExecProcNodeInstr": "exec_proc_node_instr", "clock_gettime": "clock_reads"}
+
+
+@dataclass
+class AttachedProbe:
+    """What ``profkit probe --dsn`` / ``--pid`` found (see :func:`probe_attached`)."""
+
+    pid: int
+    mode: str | None
+    #: plan_nodes: the EXPLAIN (ANALYZE, FORMAT JSON) nodes with the prediction; measured
+    #: per-node columns only when the binary has DWARF. Empty for --pid.
+    nodes: pd.DataFrame
+    #: function, calls (measured; None: not visible in this binary), predicted, difference
+    functions: pd.DataFrame
+    level: str  # "dwarf" | "dynsym" | "addresses" | "none" (no uprobes were attached)
+    allowed: str  # one line: what the binary and the privileges allowed
+    notes: list[str]
+    tool: str = ""
+    query_ms: float = float("nan")
+    plan: Any = None
+    outside_clock_reads: int | None = None
+
+
+def _can_probe(pid: int) -> tuple[BinaryReport | None, str]:
+    """(report, "") when uprobes can attach to *pid*'s binary, else (report or None, why not)."""
+    import os
+
+    if os.geteuid() != 0:
+        return None, ("uprobe counts need root (or CAP_BPF + CAP_PERFMON): run profkit as root; "
+                      "the EXPLAIN table needs nothing beyond the connecting role")
+    try:
+        exe = check_backend(pid)
+    except AttachError as e:
+        return None, (f"no uprobe counts: {e} (a server on another machine cannot be probed "
+                      "from here; run profkit there)")
+    rep = binary_report(exe)
+    if rep.level == "addresses":
+        return rep, f"no uprobe counts: {rep.describe()}"
+    return rep, ""
+
+
+def _settings_note(conn: Any) -> str | None:
+    row = conn.execute("SELECT count(*) FROM pg_settings WHERE name = "
+                       "'shared_preload_libraries'").fetchone()
+    if row and int(row[0]) == 0:
+        return ("shared_preload_libraries is not readable by this role (superuser or "
+                "pg_read_all_settings can read it): the predictions assume no "
+                "pg_stat_statements")
+    return None
+
+
+def probe_attached(*, dsn: str | None = None, sql: str | None = None, pid: int | None = None,
+                   seconds: float = 10.0, mode: str = "analyze_timing", tool: str = "auto",
+                   force: bool = False, out_dir: Path | None = None, run_id: str = "",
+                   query: str = "", progress: Callable[[str], None] | None = None
+                   ) -> AttachedProbe:
+    """Per-node EXPLAIN table and uprobe counts on a backend profkit did not start.
+
+    ``dsn`` + ``sql``: connect, take ``pg_backend_pid()``, run ``EXPLAIN (ANALYZE, TIMING
+    on/off, FORMAT JSON)`` of *sql* there — the per-node table (rows, loops, predicted
+    InstrStartNode/clock reads per node) needs nothing beyond the connecting role. Where
+    the binary and the privileges allow, uprobes count during that same EXPLAIN: per node
+    with DWARF (:func:`profkit.experiments.probe.probe_nodes`), per function with dynamic
+    symbols only (InstrStartNode/InstrStopNode/InstrEndLoop/MultiExecProcNode and libc's
+    clock_gettime, filtered to the backend's pid). ``pid``: function-level counts of
+    whatever that backend runs for *seconds* (or until it exits); no EXPLAIN. Nothing on
+    the server is changed (no SET, no extension).
+    """
+    import pandas as pd
+
+    from profkit.analyze import predict as P
+    from profkit.collect import bpf
+    from profkit.experiments.probe import EXPLAIN, _baseline, _sql_failed, check_query
+
+    say = progress or (lambda _m: None)
+    if (pid is None) == (dsn is None):
+        raise AttachError("give --pid PID or --dsn DSN (one of them)")
+    if dsn is not None and not sql:
+        raise AttachError("with --dsn, give the query: --sql SELECT... or --workload FILE "
+                          "--query NAME")
+    if pid is not None and sql:
+        raise AttachError("--pid counts what the backend runs for --seconds; to run a query "
+                          "use --dsn")
+    if mode not in ("analyze_timing", "analyze_notiming"):
+        raise AttachError("probe runs EXPLAIN ANALYZE: --mode analyze_timing or "
+                          "analyze_notiming")
+    notes: list[str] = []
+    if pid is not None:
+        if seconds <= 0:
+            raise AttachError(f"--seconds must be > 0, got {seconds:g}")
+        check_backend(pid)  # not a backend: one clear error before anything else
+        rep, why = _can_probe(pid)
+        if why:
+            raise AttachError(why)
+        assert rep is not None
+        fns = _visible_functions(rep)
+        say(rep.describe())
+
+        def wait() -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and Path(f"/proc/{pid}").exists():
+                time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+        res = bpf.probe_query(None, pid=pid, runner=wait, functions=fns, per_node=False,
+                              tool=tool, out_dir=out_dir)
+        functions = pd.DataFrame({"function": fns,
+                                  "calls": pd.array([res.calls(f) for f in fns], dtype="Int64")})
+        return AttachedProbe(pid, None, pd.DataFrame(), functions, rep.level,
+                             _allowed(rep, per_node=False), notes, res.tool, res.query_ms)
+
+    assert dsn is not None and sql is not None
+    conn = connect_dsn(dsn)
+    with conn:
+        check_query(conn, sql)
+        pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        note = _settings_note(conn)
+        if note:
+            notes.append(note)
+        ctx = P.context_from_conn(conn, mode)
+        rep, why = _can_probe(pid)
+        if rep is not None:
+            say(rep.describe())
+        if why:
+            notes.append(why)
+            say(why)
+            import psycopg
+
+            try:
+                t0 = time.perf_counter()
+                plan = conn.execute(EXPLAIN[mode] + sql).fetchone()[0]
+                query_ms = (time.perf_counter() - t0) * 1000
+            except psycopg.Error as e:
+                raise _sql_failed(e, sql) from None
+            pr = P.predict(plan, ctx)
+            table = P.plan_nodes_table(pr, run_id=run_id, query=query or sql)
+            functions = _function_table({}, pr.totals, ())
+            return AttachedProbe(pid, mode, table, functions, rep.level if rep else "none",
+                                 why, notes, "", query_ms, plan)
+        assert rep is not None
+        if rep.level == "dwarf":
+            from profkit.experiments.probe import probe_nodes
+
+            table, res = probe_nodes(conn, sql, mode=mode, tool=tool, force=force,
+                                     out_dir=out_dir, run_id=run_id, query=query)
+            plan = res.query_result[0][0]
+            pr = P.predict(plan, ctx)
+            counts = {f: res.calls(f) for f in res.attached}
+            return AttachedProbe(pid, mode, table, _function_table(counts, pr.totals,
+                                                                   res.attached),
+                                 rep.level, _allowed(rep, per_node=True), notes, res.tool,
+                                 res.query_ms, plan, res.outside_clock_reads)
+        fns = _visible_functions(rep)
+        plan0, base_ms = _baseline(conn, sql)
+        pr0 = P.predict(plan0, ctx)
+        bpf.guard(bpf.estimate_probe_hits(pr0.nodes, fns, per_node=False), base_ms, force=force)
+        say(f"probing backend {pid}: {', '.join(fns)}")
+        res = bpf.probe_query(conn, EXPLAIN[mode] + sql, functions=fns, per_node=False,
+                              tool=tool, out_dir=out_dir)
+        plan = res.query_result[0][0]
+        pr = P.predict(plan, ctx)
+        table = P.plan_nodes_table(pr, run_id=run_id, query=query or sql)
+        counts = {f: res.calls(f) for f in res.attached}
+        functions = _function_table(counts, pr.totals, res.attached)
+        if res.fallback_reason:
+            notes.append(res.fallback_reason)
+        return AttachedProbe(pid, mode, table, functions, rep.level,
+                             _allowed(rep, per_node=False), notes, res.tool, res.query_ms, plan)
+
+
+def _visible_functions(rep: BinaryReport) -> list[str]:
+    """The probe functions the binary defines (all of them with DWARF/.symtab; the exported
+    ones of a stripped binary), then libc's clock_gettime."""
+    from profkit.collect import bpf
+
+    syms = bpf.binary_symbols(rep.path, list(bpf.BINARY_FUNCTIONS))
+    return [f for f in bpf.BINARY_FUNCTIONS if f in syms] + list(bpf.LIBC_FUNCTIONS)
+
+
+def _allowed(rep: BinaryReport, *, per_node: bool) -> str:
+    from profkit.collect import bpf
+
+    have = _visible_functions(rep)
+    hidden = [f for f in bpf.BINARY_FUNCTIONS if f not in have]
+    what = "per-node and per-function counts" if per_node else "per-function counts"
+    s = f"{rep.level}: {what} ({', '.join(have)})"
+    if hidden:
+        s += f"; not visible: {', '.join(hidden)} (static, stripped)"
+    if not per_node:
+        s += ("; per-node counts need DWARF (a -dbgsym package of this version, or a profkit "
+              "build of it)")
+    return s
+
+
+def _function_table(counts: dict[str, int | None], totals: dict[str, Any],
+                    attached: Any) -> pd.DataFrame:
+    import pandas as pd
+
+    from profkit.collect import bpf
+
+    rows = []
+    for fn in (*bpf.BINARY_FUNCTIONS, *bpf.LIBC_FUNCTIONS):
+        pred = totals.get(_PREDICTED_TOTAL.get(fn, ""))
+        got = counts.get(fn) if fn in attached else None
+        rows.append({"function": fn, "calls": got,
+                     "predicted": int(pred) if pred is not None else None,
+                     "difference": (got - int(pred)) if got is not None and pred is not None
+                     else None})
+    df = pd.DataFrame(rows)
+    for c in ("calls", "predicted", "difference"):
+        df[c] = pd.array(df[c], dtype="Int64")
+    return df
