@@ -148,3 +148,93 @@ def test_record_a_real_backend_with_only_dash_and_perf_then_import(tmp_path, van
     svg = rd.file("flamegraph.svg").read_text()
     assert "generate_series_step_int4" in svg and f"pid {pid}" in svg
     assert json.loads(rd.file("provenance.json").read_text())["status"] == "complete"
+
+
+# --------------------------------------------------------------------------- one query
+
+PSQL = Path("/usr/lib/postgresql/15/bin/psql")  # Debian's psql binary (not the perl wrapper)
+
+
+def _query_bin_dir(tmp_path: Path) -> Path:
+    d = _bin_dir(tmp_path)
+    assert PSQL.exists(), "Debian's postgresql-client-15 is not installed (setup-system.sh)"
+    (d / "psql").symlink_to(PSQL)
+    for tool in ("mkfifo", "tail"):
+        (d / tool).symlink_to(shutil.which(tool))
+    return d
+
+
+def _record_query(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    d = tmp_path / "bin"
+    return subprocess.run([str(d / "dash"), str(SCRIPT), *args],
+                          env={"PATH": str(d), "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_query_mode_needs_psql_and_a_query_file(tmp_path):
+    d = _bin_dir(tmp_path)  # no psql, mkfifo, tail
+    q = tmp_path / "q.sql"
+    q.write_text("SELECT 1\n")
+    cp = subprocess.run([str(d / "dash"), str(SCRIPT), "--query-file", str(q)],
+                        env={"PATH": str(d)}, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 1 and "psql is not on the PATH" in cp.stderr, cp.stderr
+    for args, text in ((["--query-file", str(tmp_path / "none.sql")], "not found"),
+                       (["1", "--", "-h", "x"], "need --query-file"),
+                       (["1", "--query-file", str(q)], "not both")):
+        cp = subprocess.run([str(d / "dash"), str(SCRIPT), *args], env={"PATH": str(d)},
+                            capture_output=True, text=True, timeout=60)
+        assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+        assert text in cp.stderr, cp.stderr
+
+
+@pytest.mark.pg
+def test_record_one_query_through_psql_then_import(tmp_path, vanilla_build):
+    """--query-file: psql's own session, its backend recorded for exactly that query;
+    only dash, perf, psql, tar, gzip and coreutils on the PATH."""
+    from profkit.pg.cluster import Cluster
+    from profkit.rundir import load_run
+
+    _query_bin_dir(tmp_path)
+    q = tmp_path / "q.sql"
+    q.write_text("SELECT pg_backend_pid() AS pid, count(*) AS n\n"
+                 "FROM generate_series(1, 3000000) AS g")  # no newline at the end
+    bad = tmp_path / "bad.sql"
+    bad.write_text("SELECT nosuchcolumn FROM pg_class")
+    tarball = tmp_path / "q.tar.gz"
+    with Cluster(vanilla_build, name="pk15-record-q") as cl:
+        dsn = cl.dsn
+        cp = _record_query(tmp_path, "--query-file", str(q), "-o", str(tarball), "--", dsn)
+        failed = _record_query(tmp_path, "--query-file", str(bad), "-o",
+                               str(tmp_path / "bad.tar.gz"), "--", dsn)
+    assert cp.returncode == 0, cp.stderr
+    assert failed.returncode == 1 and len(failed.stderr.strip().splitlines()) == 1
+    assert 'column "nosuchcolumn" does not exist' in failed.stderr, failed.stderr
+    assert not (tmp_path / "bad.tar.gz").exists()
+    bad_dsn = _record_query(tmp_path, "--query-file", str(q), "--", f"host={tmp_path} port=1")
+    assert bad_dsn.returncode == 1 and "psql ended before it connected" in bad_dsn.stderr
+    assert not list(tmp_path.glob("pk-record-*")), "the script's temp dirs are removed"
+
+    out = tmp_path / "profiles"
+    imp = subprocess.run([sys.executable, "-m", "profkit", "import", str(tarball), "--out",
+                          str(out), "--flamegraphs", str(tmp_path / "fg")],
+                         capture_output=True, text=True, timeout=300)
+    assert imp.returncode == 0, imp.stderr
+    rd = load_run(out / "latest")
+    cap = rd.provenance["capture"]
+    assert cap["what"] == "query"
+    # the query ran in the recorded backend: it printed that backend's pid
+    pid_out, n_out = rd.file("query-output.txt").read_text().split()[0].split("|")
+    assert pid_out == cap["pid"] and n_out == "3000000"
+    assert rd.provenance["query"] == q.read_text().strip()
+    assert cap["postgres_version"].startswith("postgres (PostgreSQL) 18")
+    fn = pd.read_parquet(rd.file("functions.parquet"))
+    assert fn["self"].sum() > 100, fn["self"].sum()
+    names = set(fn["function"])
+    assert "generate_series_step_int4" in names and "ExecAgg" in names, sorted(names)[:50]
+    folded = rd.file("stacks.folded").read_text().splitlines()
+    weight = {ln.rpartition(" ")[0]: float(ln.rpartition(" ")[2]) for ln in folded}
+    in_executor = sum(w for s, w in weight.items() if "standard_ExecutorRun" in s)
+    # perf ran for that query only: (nearly) every sample is in its execution
+    assert in_executor / sum(weight.values()) > 0.9
+    svg = rd.file("flamegraph.svg").read_text()
+    assert "generate_series_step_int4" in svg and "ExecAgg" in svg

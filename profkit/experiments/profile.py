@@ -268,6 +268,8 @@ CAPTURE_FILES = {
     "buildid-list.txt": "perf buildid-list where it was recorded",
     "vdso.so": "the recording kernel's vDSO image, to name [vdso] frames",
     "capture.txt": "pk-record.sh's provenance (uname, perf, PostgreSQL, clocksource)",
+    "query.sql": "the query recorded (pk-record.sh --query-file)",
+    "query-output.txt": "the query's output as psql printed it (pk-record.sh --query-file)",
 }
 
 
@@ -317,13 +319,18 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
         if not facts.get("format", "").startswith("pk-record"):
             raise ProfkitError(f"{src}: capture.txt is not pk-record.sh's (no format line)")
         host = facts.get("hostname", "remote")
+        one_query = facts.get("what") == "query"
+        span = "one query" if one_query else f"{facts.get('seconds', '?')} s"
+        query = ((cap / "query.sql").read_text(errors="replace").strip()
+                 if one_query and (cap / "query.sql").is_file() else None)
         rd = new_run("perf", base=base, workload=None, mode=None,
                      run_id=None, tools=(),
                      imported_from=str(src.resolve()), capture=facts,
                      tool_summary=f"perf record -F {facts.get('freq', '?')} -g -p "
-                                  f"{facts.get('pid', '?')} ({facts.get('seconds', '?')} s, "
-                                  "scripts/pk-record.sh)",
-                     query_name=f"pid {facts.get('pid', '?')} on {host}")
+                                  f"{facts.get('pid', '?')} ({span}, scripts/pk-record.sh)",
+                     query_name=(f"query on pid {facts.get('pid', '?')} on {host}" if one_query
+                                 else f"pid {facts.get('pid', '?')} on {host}"),
+                     **({"query": query} if query is not None else {}))
         # the machine is the one recorded on, not this one
         rd.update(machine={"kernel": facts.get("kernel"), "uname": facts.get("uname"),
                            "clocksource": facts.get("clocksource"),
