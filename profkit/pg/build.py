@@ -481,7 +481,40 @@ def get_build(
         return _do_build(spec, src, files, compiler, key, d, say, jobs or os.cpu_count() or 2)
 
 
-def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path) -> list[dict]:
+def _is_users_patch(pf: Path) -> bool:
+    """A patch of a named build (copied under <cache>/specs/NAME/), not the library's."""
+    try:
+        return pf.resolve().is_relative_to(specs_dir().resolve())
+    except OSError:
+        return False
+
+
+def _users_patch_message(pf: Path, earlier: list[str], output: str, text: str,
+                         source: Source | None) -> str:
+    """The library's hunk report, with advice for a patch the user wrote."""
+    from profkit.patches import parse_patch_output
+
+    parts = []
+    for h in parse_patch_output(output, text):
+        if h.number is None:
+            parts.append(f"{h.file}: {h.reason}")
+        else:
+            parts.append(f"{h.file} hunk #{h.number}"
+                         + (f" (at line {h.line})" if h.line is not None else "")
+                         + (f" {h.header}" if h.header else ""))
+    tail = output.strip().splitlines()
+    detail = "; ".join(parts) or (tail[-1] if tail else "patch gave no output")
+    where = f" on top of {', '.join(earlier)}" if earlier else ""
+    onto = (f"PostgreSQL {source.version} ({source.spec})" if source is not None
+            else "this source")
+    return (f"your patch {pf.name} ({pf}) does not apply to {onto}{where}: {detail}. Rebase "
+            "it onto that source (a `git diff` against it, applied with patch -p1), or build "
+            "from the tree it was made against: profkit build NAME --patch FILE --source "
+            "git:/path/to/checkout")
+
+
+def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path,
+                   source: Source | None = None) -> list[dict]:
     from profkit.patches import failure_message
 
     applied: list[dict] = []
@@ -492,17 +525,14 @@ def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path) -> list[di
         with open(log_path, "a") as log:
             log.write(f"$ patch -p1 < {pf.name} (dry run)\n{output}\n")
         if dry.returncode != 0:
-            raise PatchError(
-                failure_message(
-                    pf.stem,
-                    [a["name"] for a in applied],
-                    output,
-                    pf.read_text(errors="replace"),
-                    patch_path=pf,
-                ),
-                step="patch",
-                log_path=str(log_path),
-            )
+            text = pf.read_text(errors="replace")
+            if _is_users_patch(pf):
+                msg = _users_patch_message(pf, [a["name"] for a in applied], output, text,
+                                           source)
+            else:
+                msg = failure_message(pf.stem, [a["name"] for a in applied], output, text,
+                                      patch_path=pf)
+            raise PatchError(msg, step="patch", log_path=str(log_path))
         run(base, timeout=120, stdout_path=log_path, merge_stderr=True)
         applied.append({"name": pf.stem, "file": str(pf), "sha256": _sha256(pf),
                         "text": pf.read_text(errors="replace")})
@@ -559,7 +589,7 @@ def _do_build(
         applied = []
         if files:
             say(f"{spec.name}: applying {', '.join(f.stem for f in files)}")
-            applied = _apply_patches(d / "src", files, log_path)
+            applied = _apply_patches(d / "src", files, log_path, src)
         timings["prepare_s"] = time.monotonic() - t0
 
         def in_tree(argv: list[str], timeout: float, what: str) -> None:
