@@ -281,6 +281,11 @@ def test_probe_bad_targets_are_one_line(tmp_path):
               cwd=tmp_path)
     assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
     assert "cannot connect to" in cp.stderr
+    cp = _cli("clock-calls", "--dsn", f"host={tmp_path} port=1 dbname=x", "--sql", "SELECT 1",
+              cwd=tmp_path)
+    assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert "cannot connect to" in cp.stderr and "check host, port" in cp.stderr
+    assert not list(tmp_path.glob("*/provenance.json")), "no run directory for a bad target"
     for cmd in (["probe"], ["clock-calls"]):
         cp = _cli(*cmd, "--pid", str(os.getpid()), "--seconds", "1", cwd=tmp_path)
         assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr

@@ -119,9 +119,16 @@ def test_duplicate_patch_names_and_own_base(tmp_path, unique_name):
 def test_patch_that_does_not_apply_names_the_hunk(unique_name):
     cp = _cli("build", unique_name, "--patch", str(FIXTURES / "broken.patch"), timeout=1800)
     assert cp.returncode == 1, cp.stderr
-    err = " ".join(cp.stderr.split())
-    assert "broken.patch" in err and "src/backend/executor/execProcnode.c" in err
+    lines = cp.stderr.strip().splitlines()
+    # progress lines ("• NAME: copying source ...") then the error, on one line
+    assert all(ln.startswith("•") for ln in lines[:-1]), lines
+    err = lines[-1]
+    assert err.startswith("profkit: build ") and "your patch broken.patch" in err
+    assert "src/backend/executor/execProcnode.c" in err
     assert "hunk #2" in err and "@@ -455,6 +456,7 @@" in err
+    # what to do, for a patch of one's own (not the library's advice about presets)
+    assert "Rebase it onto that source" in err and "--source git:" in err
+    assert "PRESETS" not in err
     assert "Traceback" not in cp.stderr
 
 
@@ -174,3 +181,118 @@ def test_a_named_base_is_copied_not_referenced(tmp_path, unique_name):
 
         (B.specs_dir() / f"{base}.json").unlink(missing_ok=True)
         shutil.rmtree(B.specs_dir() / base, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- --source git:PATH
+
+_GIT_ENV = {"GIT_AUTHOR_NAME": "profkit test", "GIT_AUTHOR_EMAIL": "test@profkit.invalid",
+            "GIT_COMMITTER_NAME": "profkit test", "GIT_COMMITTER_EMAIL": "test@profkit.invalid",
+            # fixed dates: the same tree is the same commit on every run, so the build's
+            # cache key (which holds the commit) is too, and a rerun finds the build cached
+            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+
+
+def _git(d: Path, *args: str) -> str:
+    import os
+
+    cp = subprocess.run(["git", "-C", str(d), *args], capture_output=True, text=True,
+                        timeout=300, env={**os.environ, **_GIT_ENV})
+    assert cp.returncode == 0, cp.stderr
+    return cp.stdout.strip()
+
+
+def _commit_tree(d: Path, message: str) -> str:
+    _git(d, "init", "-q", "-b", "master")
+    _git(d, "add", "-A")
+    _git(d, "commit", "-q", "-m", message)
+    return _git(d, "rev-parse", "HEAD")
+
+
+def test_git_source_is_identified_by_commit_and_content(tmp_path):
+    """A checkout is its commit plus uncommitted changes: the same content at another path
+    is the same source (one cache entry); an edit, committed or not, is another."""
+    from profkit.pg.source import SourceError, get_source
+
+    a = tmp_path / "a"
+    (a / "src").mkdir(parents=True)
+    (a / "configure").write_text("#!/bin/sh\nPACKAGE_VERSION='19devel'\n")
+    (a / "src" / "x.c").write_text("int x;\n")
+    head = _commit_tree(a, "one")
+    s1 = get_source(f"git:{a}")
+    assert (s1.kind, s1.version, s1.major) == ("git", "19devel", "19")
+    assert head in s1.detail and s1.path == str(a.resolve())
+    assert get_source(f"git:{a}").identity == s1.identity
+    b = tmp_path / "b"
+    _git(tmp_path, "clone", "-q", str(a), str(b))
+    assert get_source(f"git:{b}").identity == s1.identity  # by content, not by path
+    (a / "src" / "x.c").write_text("int x = 1;\n")  # uncommitted work counts
+    s2 = get_source(f"git:{a}")
+    assert s2.identity != s1.identity and s2.detail.startswith(_git(a, "describe", "--always",
+                                                                    "--dirty"))
+    (a / "src" / "new.c").write_text("int y;\n")  # so do untracked files
+    assert get_source(f"git:{a}").identity not in (s1.identity, s2.identity)
+    _git(a, "checkout", "-q", "--", ".")
+    (a / "src" / "new.c").unlink()
+    assert get_source(f"git:{a}").identity == s1.identity
+    # not a checkout / configured in-tree: one line saying what to do
+    with pytest.raises(SourceError, match="is not a git checkout"):
+        get_source(f"git:{tmp_path}")
+    (b / "GNUmakefile").write_text("")
+    with pytest.raises(SourceError, match="run `make distclean` there first"):
+        get_source(f"git:{b}")
+
+
+@pytest.mark.pg
+@pytest.mark.slow
+@pytest.mark.builds("pg19/vanilla")  # its objects are this build's ccache hits
+def test_build_from_a_git_checkout(tmp_path_factory):
+    """`profkit build NAME --patch P --source git:CHECKOUT` on a checkout of PostgreSQL 19
+    (the shared 19beta1 tarball committed to git; the patch made with `git diff` there, as
+    a hacker does). Same objects as pg19/vanilla but instrument.c: ccache hits."""
+    import os
+    import shutil
+
+    from conftest import PG19_TARBALL
+
+    from profkit.pg.source import get_source
+
+    d = tmp_path_factory.mktemp("pg-git") / "postgresql"
+    # the tarball as profkit extracted it once (cheaper than decompressing it again)
+    tree = get_source(f"tarball:{PG19_TARBALL}").path
+    cp = subprocess.run(["cp", "-a", tree, str(d)], capture_output=True, text=True, timeout=600)
+    assert cp.returncode == 0, cp.stderr
+    head = _commit_tree(d, "postgresql-19beta1")
+    c = d / "src" / "backend" / "executor" / "instrument.c"
+    once = "\t\tINSTR_TIME_SET_CURRENT_FAST(endtime);\n"
+    text = c.read_text()
+    assert text.count(once) == 1
+    c.write_text(text.replace(once, once + "\t\t/* profkit test: a second clock read per stop */\n"
+                              + once))
+    patch = d.parent / "double-clock-19.patch"
+    patch.write_text(_git(d, "diff") + "\n")
+    _git(d, "checkout", "-q", "--", ".")
+    name = "test-pk15-git19"
+    try:
+        cp = _cli("build", name, "--patch", str(patch), "--source", f"git:{d}", timeout=3600)
+        assert cp.returncode == 0, cp.stderr[-3000:]
+        built = B.find_build(name)
+        assert built is not None
+        assert built.source["kind"] == "git" and head in built.source["detail"]
+        assert built.version.endswith("19beta1"), built.version
+        assert "a second clock read" in (built.src_tree / c.relative_to(d)).read_text()
+        hits = (built.timings["ccache"]["direct_cache_hit"]
+                + built.timings["ccache"]["preprocessed_cache_hit"])
+        print(f"the build took {sum(v for k, v in built.timings.items() if k.endswith('_s')):.0f}"
+              f" s when made: ccache hits {hits}, misses {built.timings['ccache']['cache_miss']}")
+        assert hits > 10 * built.timings["ccache"]["cache_miss"]
+        v = subprocess.run([str(built.postgres), "--version"], capture_output=True, text=True)
+        assert v.stdout.strip() == "postgres (PostgreSQL) 19beta1"
+        # cached by content: a clone of the checkout elsewhere finds the same build
+        clone = d.parent / "clone"
+        _git(d.parent, "clone", "-q", str(d), str(clone))
+        again = B.find_build(B.resolve_spec(name), source=f"git:{clone}")
+        assert again is not None and again.dir == built.dir
+        assert os.path.samefile(again.postgres, built.postgres)
+    finally:
+        (B.specs_dir() / f"{name}.json").unlink(missing_ok=True)
+        shutil.rmtree(B.specs_dir() / name, ignore_errors=True)

@@ -123,6 +123,30 @@ def test_cli_reports_bad_file_before_anything_starts(tmp_path):
                                     or "has no query 'nope'" in lines[0]), cp.stderr
 
 
+def test_cli_syntax_error_and_unknown_key_are_one_line_everywhere(tmp_path):
+    """Every command taking --workload FILE.toml stops at a bad file with one line naming
+    the file (and line:column, or the allowed keys), before it builds, connects or probes."""
+    syntax = _write(tmp_path, 'name = "x"\n[queries]\nq = "SELECT 1\n', "syntax.toml")
+    unknown = _write(tmp_path, 'name = "x"\nsetpu = []\n[queries]\nq = "SELECT 1"\n',
+                     "unknown.toml")
+    dsn = f"host={tmp_path} port=1 dbname=x"  # never reached: the file is read first
+    # (bench with an unknown key: test_cli_reports_bad_file_before_anything_starts)
+    cases = [(argv, f"{syntax}:3:") for argv in (
+        ["bench", "--workload", str(syntax), "--scale", "0.01"],
+        ["gprof", "vanilla", "--workload", str(syntax)],
+        ["probe", "--dsn", dsn, "--workload", str(syntax)],
+        ["clock-calls", "--dsn", dsn, "--workload", str(syntax)],
+        ["perf", "--dsn", dsn, "--workload", str(syntax)])]
+    cases.append((["probe", "--dsn", dsn, "--workload", str(unknown)],
+                  "unknown key 'setpu'; allowed: "))
+    for argv, want in cases:
+        cp = subprocess.run([sys.executable, "-m", "profkit", *argv], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+        lines = cp.stderr.strip().splitlines()
+        assert cp.returncode == 1 and len(lines) == 1, (argv, cp.stderr)
+        assert want in lines[0] and "cannot connect" not in lines[0], (argv, lines[0])
+
+
 @pytest.mark.pg
 def test_bench_and_perf_on_a_user_workload_file(tmp_path, vanilla_build):
     p = _write(tmp_path, MINE + '\n', "mine.toml")
