@@ -110,6 +110,11 @@ def test_duplicate_patch_names_and_own_base(tmp_path, unique_name):
         B.define_build(unique_name, [tmp_path / "x.patch", tmp_path / "a" / "x.patch"])
     with pytest.raises(PatchError, match="not found"):
         B.define_build(unique_name, [tmp_path / "missing.diff"])
+    (tmp_path / "notes.patch").write_text("I meant to paste the diff here\n")
+    cp = _cli("build", unique_name, "--patch", str(tmp_path / "notes.patch"))
+    assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert "is not a unified diff" in cp.stderr and "git diff > my.patch" in cp.stderr
+    assert not (B.specs_dir() / f"{unique_name}.json").exists()
 
 
 # --------------------------------------------------------------------------- real builds
@@ -173,7 +178,7 @@ def test_a_named_base_is_copied_not_referenced(tmp_path, unique_name):
         spec = B.define_build(unique_name, [two], base=base)
         assert [Path(p).name for p in spec.patches] == ["one.patch", "two.patch"]
         assert all(str(B.specs_dir() / unique_name) in p for p in spec.patches)
-        one.write_text("changed\n")
+        one.write_text(PATCH.read_text().replace("second clock", "third clock"))
         B.define_build(base, [one])  # redefining the base leaves this build as it was
         assert Path(spec.patches[0]).read_text() == PATCH.read_text()
     finally:

@@ -177,6 +177,10 @@ def define_build(
         if not p.is_file():
             raise PatchError(f"patch file {str(pf)!r} not found: give the path of a unified "
                              "diff (git diff > my.patch)", step="patch")
+        if not _looks_like_a_diff(p):
+            raise PatchError(f"patch file {str(pf)!r} is not a unified diff (no ---/+++/@@ "
+                             "lines): make it with `git diff > my.patch` or `diff -u`",
+                             step="patch")
         srcs.append(p.resolve())
     stems = [p.stem for p in (*inherited, *srcs)]
     if len(set(stems)) != len(stems):
@@ -212,6 +216,17 @@ def define_build(
     doc["base"] = base
     (d / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     return spec
+
+
+def _looks_like_a_diff(p: Path) -> bool:
+    """A unified diff has a ``--- a/...`` / ``+++ b/...`` pair and at least one hunk."""
+    try:
+        lines = p.read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    return (any(ln.startswith("--- ") for ln in lines) and any(ln.startswith("+++ ")
+                                                              for ln in lines)
+            and any(ln.startswith("@@ ") for ln in lines))
 
 
 # "pg19/step3": the preset step3 built from PostgreSQL 19's source (see split_major)
