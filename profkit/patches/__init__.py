@@ -44,6 +44,8 @@ PRESETS: dict[str, list[str]] = {
     "coarse_clock": ["coarse_clock"],
     "tsc_clock": ["tsc_clock"],
     "sampled_timing": ["sampled_timing"],
+    # PostgreSQL 19 only (pg19/fast_timing): lean TIMING wrappers on upstream's TSC clock
+    "fast_timing": ["fast_timing"],
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -58,6 +60,8 @@ DESCRIPTIONS: dict[str, str] = {
     "tsc_clock": "instr_time reads the TSC (GUC instr_clock_source, default auto = rdtsc)",
     "sampled_timing": "EXPLAIN ANALYZE times 1 of N calls per node "
                       "(GUC explain_timing_sample_rate, default 100)",
+    "fast_timing": "lean ExecProcNode timing wrappers (clock chosen once per node, RDTSC "
+                   "direct, start time in a register) for TIMING without BUFFERS/WAL",
 }
 
 # GUCs a patch adds: patch -> {name: default}.  Lets callers record them in provenance.
