@@ -1,0 +1,213 @@
+"""pg19/fast_timing: which wrapper runs when, and that its per-node times are sane.
+
+The patch (profkit/patches/pg19/fast_timing.patch) installs a lean wrapper
+(ExecProcNodeInstrTsc / ExecProcNodeInstrSystem) on a node whose instrumentation
+needs only the timer, and keeps ExecProcNodeInstr() for everything else.  Which
+wrapper runs is counted exactly with bcc uprobes on the real backend (one hit per
+ExecProcNode call: rows + loops per node, from the plan itself).  The same-answers
+corpus (tests/test_same_answers.py) checks its rows and loops in all four modes.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import pytest
+
+from profkit.pg.build import get_build
+from profkit.pg.cluster import Cluster
+from profkit.pg.workloads import get_workload
+
+pytestmark = [pytest.mark.pg, pytest.mark.builds("pg19/fast_timing")]
+
+WRAPPERS = ("ExecProcNodeInstrTsc", "ExecProcNodeInstrSystem", "ExecProcNodeInstr")
+SCALE = 0.02  # nested_loop: 800,000 rows through the nested loop, ~50 ms with TIMING
+
+
+@pytest.fixture(scope="module")
+def fast_cluster():
+    build = get_build("pg19/fast_timing", progress=print)
+    with Cluster(build, name="test-fast-timing") as cl:
+        with cl.connect() as conn:
+            get_workload("nested_loop").load(conn, SCALE)
+        yield build, cl
+
+
+@pytest.fixture(scope="module")
+def fast_conn(fast_cluster):
+    """The backend the uprobes count (they stay attached for the module)."""
+    build, cl = fast_cluster
+    with cl.connect() as conn:
+        conn.autocommit = True
+        yield build, conn
+
+
+@pytest.fixture
+def timed_conn(fast_cluster):
+    """Another backend, for times: a uprobe on the counted backend costs ~1 µs a call,
+    which would land in the parent node's time."""
+    build, cl = fast_cluster
+    with cl.connect() as conn:
+        conn.autocommit = True
+        yield build, conn
+
+
+class _Counter:
+    """bcc uprobes on the three wrappers, counting calls made by one backend."""
+
+    PROG = """
+#include <uapi/linux/ptrace.h>
+BPF_ARRAY(hits, u64, 3);
+static inline int bump(u32 k) {
+    if ((bpf_get_current_pid_tgid() >> 32) != __PID__) return 0;
+    u64 *v = hits.lookup(&k);
+    if (v) __sync_fetch_and_add(v, 1);
+    return 0;
+}
+int on_0(struct pt_regs *ctx) { return bump(0); }
+int on_1(struct pt_regs *ctx) { return bump(1); }
+int on_2(struct pt_regs *ctx) { return bump(2); }
+"""
+
+    def __init__(self, binary: str, pid: int) -> None:
+        from profkit.collect import kheaders
+
+        bcc = kheaders.import_bcc()
+        env = kheaders.ensure_bcc_env()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            self.b = bcc.BPF(text=self.PROG.replace("__PID__", str(pid)).encode(),
+                             cflags=["-Wno-duplicate-decl-specifier"])
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        try:
+            for i, fn in enumerate(WRAPPERS):
+                self.b.attach_uprobe(name=binary.encode(), sym=fn.encode(),
+                                     fn_name=f"on_{i}".encode(), pid=pid)
+        except Exception:
+            self.b.cleanup()
+            raise
+
+    def read(self) -> dict[str, int]:
+        hits = self.b[b"hits"]
+        out = {fn: int(hits[hits.Key(i)].value) for i, fn in enumerate(WRAPPERS)}
+        for i in range(len(WRAPPERS)):
+            hits[hits.Key(i)] = hits.Leaf(0)
+        return out
+
+    def close(self) -> None:
+        self.b.cleanup()
+
+
+@pytest.fixture(scope="module")
+def counter(fast_conn):
+    build, conn = fast_conn
+    c = _Counter(str(build.postgres), conn.info.backend_pid)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _explain(conn, sql: str, opts: str) -> dict:
+    row = conn.execute(f"EXPLAIN (ANALYZE, {opts}, FORMAT JSON) {sql}").fetchone()
+    doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return doc[0]
+
+
+def _nodes(plan: dict) -> list[dict]:
+    out = [plan]
+    for c in plan.get("Plans", []) or []:
+        out += _nodes(c)
+    return out
+
+
+def _calls(doc: dict) -> int:
+    """ExecProcNode calls the plan implies: rows + loops per node (each loop ends with
+    one call that returns no tuple)."""
+    return sum(int(n["Actual Rows"]) + int(n["Actual Loops"]) for n in _nodes(doc["Plan"]))
+
+
+SMALL = "SELECT count(*) FROM generate_series(1, 1000) AS g WHERE g % 3 = 0"
+
+
+@pytest.mark.parametrize("opts, clock, expect", [
+    ("TIMING TRUE, BUFFERS FALSE", "tsc", "ExecProcNodeInstrTsc"),
+    ("TIMING TRUE, BUFFERS FALSE", "system", "ExecProcNodeInstrSystem"),
+    # the lean wrappers only know the timer: BUFFERS, or no timer, keep upstream's
+    ("TIMING TRUE, BUFFERS TRUE", "tsc", "ExecProcNodeInstr"),
+    ("TIMING FALSE, BUFFERS FALSE", "tsc", "ExecProcNodeInstr"),
+])
+def test_wrapper_chosen_per_instrumentation(fast_conn, counter, opts, clock, expect):
+    _build, conn = fast_conn
+    conn.execute(f"SET timing_clock_source = {clock}")
+    try:
+        counter.read()
+        doc = _explain(conn, SMALL, opts)
+        got = counter.read()
+    finally:
+        conn.execute("RESET timing_clock_source")
+    calls = _calls(doc)
+    # Aggregate: 1 row + 1 loop; Function Scan: 333 rows + 1 loop
+    assert calls == 2 + 334
+    assert got == {fn: (calls if fn == expect else 0) for fn in WRAPPERS}
+    assert _nodes(doc["Plan"])[1]["Actual Rows"] == 333
+    if "TIMING TRUE" in opts:
+        assert doc["Plan"]["Actual Total Time"] > 0
+
+
+@pytest.mark.parametrize("clock", ["tsc", "system"])
+def test_node_times_nest_and_add_up(timed_conn, clock):
+    """Per-node times of the lean wrappers on nested_loop (~50 ms): every node's
+    inclusive time (total × loops) covers its children's, and the root's is
+    EXPLAIN's Execution Time less executor start-up and shut-down."""
+    _build, conn = timed_conn
+    conn.execute(f"SET timing_clock_source = {clock}")
+    try:
+        doc = _explain(conn, get_workload("nested_loop").query("plain"),
+                       "TIMING TRUE, BUFFERS FALSE")
+    finally:
+        conn.execute("RESET timing_clock_source")
+
+    def check(node: dict) -> None:
+        incl = node["Actual Total Time"] * node["Actual Loops"]
+        assert node["Actual Startup Time"] <= node["Actual Total Time"]
+        kids = node.get("Plans", []) or []
+        for k in kids:
+            # EXPLAIN rounds per-loop times to 1 µs: allow that per loop
+            slack = 0.0005 * (node["Actual Loops"] + k["Actual Loops"])
+            assert incl + slack >= k["Actual Total Time"] * k["Actual Loops"], (node, k)
+            check(k)
+
+    root = doc["Plan"]
+    check(root)
+    nl = root["Plans"][0]
+    assert nl["Node Type"] == "Nested Loop" and nl["Actual Rows"] == 800_000
+    mat = next(n for n in _nodes(root) if n["Node Type"] == "Materialize")
+    assert mat["Actual Rows"] == 800 and mat["Actual Loops"] == 1000  # per loop
+    # the children's time is a large, real share of the join's: not zero, not all
+    child_sum = sum(k["Actual Total Time"] * k["Actual Loops"] for k in nl["Plans"])
+    assert 0.2 * nl["Actual Total Time"] < child_sum < nl["Actual Total Time"]
+    exec_ms = doc["Execution Time"]
+    assert root["Actual Total Time"] <= exec_ms
+    assert exec_ms - root["Actual Total Time"] < max(1.0, 0.05 * exec_ms)
+
+
+def test_clock_switch_between_queries(timed_conn):
+    """The clock is chosen per node when the query starts: switching the GUC between
+    queries gives each query the clock in effect (ticks and their conversion agree:
+    the Execution Time and root time stay within each other's bounds)."""
+    _build, conn = timed_conn
+    with contextlib.ExitStack() as stack:
+        stack.callback(conn.execute, "RESET timing_clock_source")
+        for clock in ("tsc", "system", "tsc"):
+            conn.execute(f"SET timing_clock_source = {clock}")
+            assert conn.execute("SHOW timing_clock_source").fetchone()[0] == clock
+            doc = _explain(conn, SMALL, "TIMING TRUE, BUFFERS FALSE")
+            assert 0 < doc["Plan"]["Actual Total Time"] <= doc["Execution Time"] < 1000
