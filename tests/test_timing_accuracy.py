@@ -428,6 +428,18 @@ def test_parse_arm_forms_and_errors():
         check_arms(["vanilla", "nosuchpreset"], "vanilla")
     with pytest.raises(TimingAccuracyError, match="add a variant"):
         check_arms(["vanilla"], "vanilla")
+    # labels the run's CSV files would read back as missing values
+    for word in ("null", "NA", "nan", "None"):
+        with pytest.raises(TimingAccuracyError, match="missing value"):
+            parse_arm(f"{word}=vanilla")
+    # PostgreSQL 19 presets, with a session setting
+    assert parse_arm("p=pg19/vanilla:timing_clock_source=tsc") == Arm(
+        "p", "pg19/vanilla", (("timing_clock_source", "tsc"),))
+    assert [(a.label, a.preset) for a in check_arms(["vanilla", "pg19/fast_timing"],
+                                                    "vanilla")] == [
+        ("vanilla", "vanilla"), ("pg19-fast_timing", "pg19/fast_timing")]
+    # a bare pg19/ preset as the baseline is its label
+    assert len(check_arms(["pg19/vanilla", "pg19/fast_timing"], "pg19/vanilla")) == 2
 
 
 def test_analyze_run_from_files(tmp_path):

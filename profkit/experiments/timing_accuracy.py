@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -91,6 +92,11 @@ class TimingAccuracyError(ta.TimingAccuracyError):
 # arms
 
 
+# what pandas.read_csv reads as missing by default (lower-cased)
+_MISSING_WORDS = frozenset({"na", "n/a", "nan", "-nan", "null", "none", "<na>", "-1.#ind",
+                            "1.#qnan", "#na", "#n/a", "1.#ind", "-1.#qnan", "-na", "#n/a n/a"})
+
+
 class Arm(harness.Arm):
     """A build preset measured under a label, with settings (``name=value``) applied."""
 
@@ -121,6 +127,10 @@ def parse_arm(text: str | Arm) -> Arm:
     except (harness.HarnessError, BenchError) as e:
         raise TimingAccuracyError(f"arm {e}" if isinstance(e, harness.HarnessError)
                                   else f"arm {text!r}: {e}") from None
+    if label.lower() in _MISSING_WORDS:
+        # the run's CSV files would read back as a missing value, not as this arm
+        raise TimingAccuracyError(f"arm {text!r}: the label {label!r} reads back from CSV as "
+                                  "a missing value; choose another label")
     return Arm(label, preset, tuple(settings.items()))
 
 
@@ -139,6 +149,8 @@ def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
     if bad:
         raise TimingAccuracyError(f"unknown build preset(s) {', '.join(bad)}; known: "
                                   f"{', '.join(sorted(known))}")
+    if baseline not in labels and baseline.replace("/", "-") in labels:
+        baseline = baseline.replace("/", "-")  # named by its preset: "pg19/vanilla"
     if baseline not in labels:
         raise TimingAccuracyError(f"the baseline {baseline!r} is not among the arms "
                                   f"({', '.join(labels)}): every comparison needs it")
@@ -439,6 +451,8 @@ def run_timing_accuracy(
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise TimingAccuracyError(f"warmup must be an integer >= 0, got {warmup!r}")
     arm_list = check_arms(arms, baseline)
+    if baseline not in {a.label for a in arm_list}:
+        baseline = baseline.replace("/", "-")  # check_arms accepted it as a bare pg19/ preset
     sc = check_scales(DEFAULT_SCALES if scales is None else scales)
     builds, skipped = resolve_builds(arm_list, build_missing=build_missing, baseline=baseline,
                                      progress=say)
