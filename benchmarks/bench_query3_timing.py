@@ -159,7 +159,8 @@ def render(df: pd.DataFrame) -> str:
              f"{df.attrs.get('baseline')} and vs {REFERENCE}; target: best ≤ +{TARGET_PCT:g}% "
              "over plain", "",
              "| arm | PG | plain ms | Q3 vs own plain | Q3 vs vanilla plain | node err vs base "
-             "median / worst | vs ref median / worst | clock reads/row | ns/read (loop) |",
+             "median \\|err\\| / worst | vs ref median \\|err\\| / worst | clock reads/row "
+             "| ns/read (loop) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         lines.append(

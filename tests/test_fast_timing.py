@@ -1,8 +1,9 @@
 """pg19/fast_timing: which wrapper runs when, and that its per-node times are sane.
 
 The patch (profkit/patches/pg19/fast_timing.patch) installs a lean wrapper
-(ExecProcNodeInstrTsc / ExecProcNodeInstrSystem) on a node whose instrumentation
-needs only the timer, and keeps ExecProcNodeInstr() for everything else.  Which
+(ExecProcNodeInstrTsc / ExecProcNodeInstrSystem, and their *Usage siblings for
+BUFFERS/WAL) on a node whose instrumentation needs the timer, and keeps
+ExecProcNodeInstr() for the rest (TIMING FALSE; async nodes).  Which
 wrapper runs is counted exactly with bcc uprobes on the real backend (one hit per
 ExecProcNode call: rows + loops per node, from the plan itself).  The same-answers
 corpus (tests/test_same_answers.py) checks its rows and loops in all four modes.
@@ -21,7 +22,8 @@ from profkit.pg.workloads import get_workload
 
 pytestmark = [pytest.mark.pg, pytest.mark.builds("pg19/fast_timing")]
 
-WRAPPERS = ("ExecProcNodeInstrTsc", "ExecProcNodeInstrSystem", "ExecProcNodeInstr")
+WRAPPERS = ("ExecProcNodeInstrTsc", "ExecProcNodeInstrSystem", "ExecProcNodeInstrTscUsage",
+            "ExecProcNodeInstrSystemUsage", "ExecProcNodeInstr")
 SCALE = 0.02  # nested_loop: 800,000 rows through the nested loop, ~50 ms with TIMING
 
 
@@ -58,7 +60,7 @@ class _Counter:
 
     PROG = """
 #include <uapi/linux/ptrace.h>
-BPF_ARRAY(hits, u64, 3);
+BPF_ARRAY(hits, u64, 5);
 static inline int bump(u32 k) {
     if ((bpf_get_current_pid_tgid() >> 32) != __PID__) return 0;
     u64 *v = hits.lookup(&k);
@@ -68,6 +70,8 @@ static inline int bump(u32 k) {
 int on_0(struct pt_regs *ctx) { return bump(0); }
 int on_1(struct pt_regs *ctx) { return bump(1); }
 int on_2(struct pt_regs *ctx) { return bump(2); }
+int on_3(struct pt_regs *ctx) { return bump(3); }
+int on_4(struct pt_regs *ctx) { return bump(4); }
 """
 
     def __init__(self, binary: str, pid: int) -> None:
@@ -140,8 +144,11 @@ SMALL = "SELECT count(*) FROM generate_series(1, 1000) AS g WHERE g % 3 = 0"
 @pytest.mark.parametrize("opts, clock, expect", [
     ("TIMING TRUE, BUFFERS FALSE", "tsc", "ExecProcNodeInstrTsc"),
     ("TIMING TRUE, BUFFERS FALSE", "system", "ExecProcNodeInstrSystem"),
-    # the lean wrappers only know the timer: BUFFERS, or no timer, keep upstream's
-    ("TIMING TRUE, BUFFERS TRUE", "tsc", "ExecProcNodeInstr"),
+    # BUFFERS (EXPLAIN ANALYZE's default) and WAL: the lean wrappers that snapshot usage
+    ("TIMING TRUE, BUFFERS TRUE", "tsc", "ExecProcNodeInstrTscUsage"),
+    ("TIMING TRUE, BUFFERS FALSE, WAL TRUE", "system", "ExecProcNodeInstrSystemUsage"),
+    # no timer: upstream's wrapper
+    ("TIMING FALSE, BUFFERS TRUE", "tsc", "ExecProcNodeInstr"),
     ("TIMING FALSE, BUFFERS FALSE", "tsc", "ExecProcNodeInstr"),
 ])
 def test_wrapper_chosen_per_instrumentation(fast_conn, counter, opts, clock, expect):
@@ -160,6 +167,34 @@ def test_wrapper_chosen_per_instrumentation(fast_conn, counter, opts, clock, exp
     assert _nodes(doc["Plan"])[1]["Actual Rows"] == 333
     if "TIMING TRUE" in opts:
         assert doc["Plan"]["Actual Total Time"] > 0
+
+
+def _usage(plan: dict) -> list[tuple]:
+    keys = ("Shared Hit Blocks", "Shared Read Blocks", "Shared Dirtied Blocks",
+            "Local Hit Blocks", "Temp Read Blocks", "Temp Written Blocks", "WAL Records")
+    return [(n["Node Type"], *(n.get(k) for k in keys)) for n in _nodes(plan)]
+
+
+def test_buffers_and_wal_counted_like_upstream(timed_conn):
+    """The *Usage wrappers' buffer and WAL counts per node equal ExecProcNodeInstr()'s
+    (TIMING FALSE runs upstream's wrapper): warm cache, the same plan, fresh inserts."""
+    _build, conn = timed_conn
+    q = get_workload("nested_loop").query("plain")
+    _explain(conn, q, "TIMING FALSE, BUFFERS TRUE")  # warm the cache
+    lean = _explain(conn, q, "TIMING TRUE, BUFFERS TRUE")["Plan"]
+    upstream = _explain(conn, q, "TIMING FALSE, BUFFERS TRUE")["Plan"]
+    assert _usage(lean) == _usage(upstream)
+    assert lean["Shared Hit Blocks"] > 0
+    conn.execute("DROP TABLE IF EXISTS ft_wal")
+    conn.execute("CREATE TABLE ft_wal (i int)")
+    ins = "INSERT INTO ft_wal SELECT g FROM generate_series(1, 500) AS g"
+    walled = []
+    for opts in ("TIMING TRUE, WAL TRUE, BUFFERS FALSE", "TIMING FALSE, WAL TRUE, BUFFERS FALSE"):
+        conn.execute("TRUNCATE ft_wal")
+        walled.append(_explain(conn, ins, opts)["Plan"])
+    assert walled[0]["WAL Records"] == walled[1]["WAL Records"] >= 500
+    assert _usage(walled[0]) == _usage(walled[1])
+    conn.execute("DROP TABLE ft_wal")
 
 
 @pytest.mark.parametrize("clock", ["tsc", "system"])

@@ -61,7 +61,7 @@ DESCRIPTIONS: dict[str, str] = {
     "sampled_timing": "EXPLAIN ANALYZE times 1 of N calls per node "
                       "(GUC explain_timing_sample_rate, default 100)",
     "fast_timing": "lean ExecProcNode timing wrappers (clock chosen once per node, RDTSC "
-                   "direct, start time in a register) for TIMING without BUFFERS/WAL",
+                   "direct, start time in a register) for TIMING (BUFFERS/WAL too)",
 }
 
 # GUCs a patch adds: patch -> {name: default}.  Lets callers record them in provenance.
