@@ -791,7 +791,8 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     md = render_md.timing_accuracy_report(title="Timing accuracy of the clock-source variants",
                             facts=facts, verdict_df=verd, cost=cost, truth=truth,
                             accuracy=acc, mismatches=mism, grid=grid, baseline=baseline,
-                            cost_wall=cost_wall, min_node_ms=mnm, tol_pct=tol, reference=ref)
+                            cost_wall=cost_wall, min_node_ms=mnm, tol_pct=tol, reference=ref,
+                            row_references=same_version)
     md += _vanilla_plain_section(cost_vanilla, versions)
     report = out / "report.md"
     report.write_text(md)
