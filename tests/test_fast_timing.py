@@ -197,6 +197,17 @@ def test_buffers_and_wal_counted_like_upstream(timed_conn):
     conn.execute("DROP TABLE ft_wal")
 
 
+def _check_nesting(node: dict) -> None:
+    """Every node's inclusive time (total × loops) covers each child's."""
+    incl = node["Actual Total Time"] * node["Actual Loops"]
+    assert node["Actual Startup Time"] <= node["Actual Total Time"]
+    for k in node.get("Plans", []) or []:
+        # EXPLAIN rounds per-loop times to 1 µs: allow that per loop
+        slack = 0.0005 * (node["Actual Loops"] + k["Actual Loops"])
+        assert incl + slack >= k["Actual Total Time"] * k["Actual Loops"], (node, k)
+        _check_nesting(k)
+
+
 @pytest.mark.parametrize("clock", ["tsc", "system"])
 def test_node_times_nest_and_add_up(timed_conn, clock):
     """Per-node times of the lean wrappers on nested_loop (~50 ms): every node's
@@ -205,23 +216,17 @@ def test_node_times_nest_and_add_up(timed_conn, clock):
     _build, conn = timed_conn
     conn.execute(f"SET timing_clock_source = {clock}")
     try:
-        doc = _explain(conn, get_workload("nested_loop").query("plain"),
-                       "TIMING TRUE, BUFFERS FALSE")
+        # three runs: the nesting holds in each; the gap to Execution Time is taken from
+        # the least disturbed (a preemption outside the root's window widens it)
+        docs = [_explain(conn, get_workload("nested_loop").query("plain"),
+                         "TIMING TRUE, BUFFERS FALSE") for _ in range(3)]
     finally:
         conn.execute("RESET timing_clock_source")
-
-    def check(node: dict) -> None:
-        incl = node["Actual Total Time"] * node["Actual Loops"]
-        assert node["Actual Startup Time"] <= node["Actual Total Time"]
-        kids = node.get("Plans", []) or []
-        for k in kids:
-            # EXPLAIN rounds per-loop times to 1 µs: allow that per loop
-            slack = 0.0005 * (node["Actual Loops"] + k["Actual Loops"])
-            assert incl + slack >= k["Actual Total Time"] * k["Actual Loops"], (node, k)
-            check(k)
+    for doc in docs:
+        _check_nesting(doc["Plan"])
+    doc = min(docs, key=lambda d: d["Execution Time"] - d["Plan"]["Actual Total Time"])
 
     root = doc["Plan"]
-    check(root)
     nl = root["Plans"][0]
     assert nl["Node Type"] == "Nested Loop" and nl["Actual Rows"] == 800_000
     mat = next(n for n in _nodes(root) if n["Node Type"] == "Materialize")
