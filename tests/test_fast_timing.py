@@ -1,4 +1,4 @@
-"""pg19/fast_timing: which wrapper runs when, and that its per-node times are sane.
+"""fast_timing (pg19/ and pg18/): which wrapper runs when, and that its per-node times are sane.
 
 The patch (profkit/patches/pg19/fast_timing.patch) installs a lean wrapper
 (ExecProcNodeInstrTsc / ExecProcNodeInstrSystem, and their *Usage siblings for
@@ -7,6 +7,8 @@ ExecProcNodeInstr() for the rest (TIMING FALSE; async nodes).  Which
 wrapper runs is counted exactly with bcc uprobes on the real backend (one hit per
 ExecProcNode call: rows + loops per node, from the plan itself).  The same-answers
 corpus (tests/test_same_answers.py) checks its rows and loops in all four modes.
+The PostgreSQL 18 port (ExecProcNodeInstrTimer / ...TimerUsage, clock_gettime) gets
+the same wrapper count and nesting check at the end.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from profkit.pg.build import get_build
 from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import get_workload
 
-pytestmark = [pytest.mark.pg, pytest.mark.builds("pg19/fast_timing")]
+pytestmark = pytest.mark.pg
+pg19 = pytest.mark.builds("pg19/fast_timing")
 
 WRAPPERS = ("ExecProcNodeInstrTsc", "ExecProcNodeInstrSystem", "ExecProcNodeInstrTscUsage",
             "ExecProcNodeInstrSystemUsage", "ExecProcNodeInstr")
@@ -74,7 +77,9 @@ int on_3(struct pt_regs *ctx) { return bump(3); }
 int on_4(struct pt_regs *ctx) { return bump(4); }
 """
 
-    def __init__(self, binary: str, pid: int) -> None:
+    def __init__(self, binary: str, pid: int, functions: tuple[str, ...] = WRAPPERS) -> None:
+        assert len(functions) <= 5
+        self.functions = functions
         from profkit.collect import kheaders
 
         bcc = kheaders.import_bcc()
@@ -91,7 +96,7 @@ int on_4(struct pt_regs *ctx) { return bump(4); }
                 else:
                     os.environ[k] = v
         try:
-            for i, fn in enumerate(WRAPPERS):
+            for i, fn in enumerate(functions):
                 self.b.attach_uprobe(name=binary.encode(), sym=fn.encode(),
                                      fn_name=f"on_{i}".encode(), pid=pid)
         except Exception:
@@ -100,8 +105,8 @@ int on_4(struct pt_regs *ctx) { return bump(4); }
 
     def read(self) -> dict[str, int]:
         hits = self.b[b"hits"]
-        out = {fn: int(hits[hits.Key(i)].value) for i, fn in enumerate(WRAPPERS)}
-        for i in range(len(WRAPPERS)):
+        out = {fn: int(hits[hits.Key(i)].value) for i, fn in enumerate(self.functions)}
+        for i in range(len(self.functions)):
             hits[hits.Key(i)] = hits.Leaf(0)
         return out
 
@@ -141,6 +146,7 @@ def _calls(doc: dict) -> int:
 SMALL = "SELECT count(*) FROM generate_series(1, 1000) AS g WHERE g % 3 = 0"
 
 
+@pg19
 @pytest.mark.parametrize("opts, clock, expect", [
     ("TIMING TRUE, BUFFERS FALSE", "tsc", "ExecProcNodeInstrTsc"),
     ("TIMING TRUE, BUFFERS FALSE", "system", "ExecProcNodeInstrSystem"),
@@ -175,6 +181,7 @@ def _usage(plan: dict) -> list[tuple]:
     return [(n["Node Type"], *(n.get(k) for k in keys)) for n in _nodes(plan)]
 
 
+@pg19
 def test_buffers_and_wal_counted_like_upstream(timed_conn):
     """The *Usage wrappers' buffer and WAL counts per node equal ExecProcNodeInstr()'s
     (TIMING FALSE runs upstream's wrapper): warm cache, the same plan, fresh inserts."""
@@ -208,6 +215,7 @@ def _check_nesting(node: dict) -> None:
         _check_nesting(k)
 
 
+@pg19
 @pytest.mark.parametrize("clock", ["tsc", "system"])
 def test_node_times_nest_and_add_up(timed_conn, clock):
     """Per-node times of the lean wrappers on nested_loop (~50 ms): every node's
@@ -239,6 +247,7 @@ def test_node_times_nest_and_add_up(timed_conn, clock):
     assert exec_ms - root["Actual Total Time"] < max(1.0, 0.05 * exec_ms)
 
 
+@pg19
 def test_clock_switch_between_queries(timed_conn):
     """The clock is chosen per node when the query starts: switching the GUC between
     queries gives each query the clock in effect (ticks and their conversion agree:
@@ -251,3 +260,37 @@ def test_clock_switch_between_queries(timed_conn):
             assert conn.execute("SHOW timing_clock_source").fetchone()[0] == clock
             doc = _explain(conn, SMALL, "TIMING TRUE, BUFFERS FALSE")
             assert 0 < doc["Plan"]["Actual Total Time"] <= doc["Execution Time"] < 1000
+
+
+# ---------------------------------------------------------------------------
+# PostgreSQL 18 (profkit/patches/pg18/fast_timing.patch): clock_gettime, static wrappers
+
+PG18_WRAPPERS = ("ExecProcNodeInstrTimer", "ExecProcNodeInstrTimerUsage", "ExecProcNodeInstr")
+
+
+@pytest.mark.builds("fast_timing")
+def test_pg18_wrapper_choice_and_nesting():
+    build = get_build("fast_timing", progress=print)
+    with Cluster(build, name="test-fast-timing-18") as cl:
+        with cl.connect() as conn:
+            conn.autocommit = True
+            get_workload("nested_loop").load(conn, SCALE)
+            # times first, with no uprobe on this backend
+            doc = _explain(conn, get_workload("nested_loop").query("plain"),
+                           "TIMING TRUE, BUFFERS FALSE")
+            _check_nesting(doc["Plan"])
+            assert doc["Plan"]["Plans"][0]["Actual Rows"] == 800_000
+            assert 0 < doc["Plan"]["Actual Total Time"] <= doc["Execution Time"]
+            c = _Counter(str(build.postgres), conn.info.backend_pid, PG18_WRAPPERS)
+            try:
+                for opts, expect in (("TIMING TRUE, BUFFERS FALSE", "ExecProcNodeInstrTimer"),
+                                     ("TIMING TRUE, BUFFERS TRUE", "ExecProcNodeInstrTimerUsage"),
+                                     ("TIMING FALSE, BUFFERS TRUE", "ExecProcNodeInstr")):
+                    c.read()
+                    small = _explain(conn, SMALL, opts)
+                    got = c.read()
+                    calls = _calls(small)
+                    assert calls == 2 + 334
+                    assert got == {fn: (calls if fn == expect else 0) for fn in PG18_WRAPPERS}
+            finally:
+                c.close()

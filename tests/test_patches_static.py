@@ -33,14 +33,14 @@ def _source() -> Path:
 
 def test_library_has_every_variant():
     assert ALL == sorted(["step1", "step2", "step3", "step4", "step5", "coarse_clock",
-                          "tsc_clock", "sampled_timing"])
+                          "tsc_clock", "sampled_timing", "fast_timing"])
     # every preset names patches that exist for some version, cumulative chains in order
     every = {n for v in patches.versions() for n in patches.list_patches(v)}
     for preset, names in patches.PRESETS.items():
         assert set(names) <= every, preset
-    # a PostgreSQL 19-only variant
+    # the timing variant exists for both versions
     assert patches.PRESETS["fast_timing"] == ["fast_timing"]
-    assert patches.versions_with("fast_timing") == ["19"]
+    assert patches.versions_with("fast_timing") == ["18", "19"]
     assert patches.PRESETS["step3"] == ["step1", "step2", "step3"]
     assert patches.PRESETS["vanilla"] == []
 
