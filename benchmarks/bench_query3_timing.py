@@ -4,6 +4,8 @@ One ``profkit timing-accuracy`` run (plain, TIMING FALSE and TIMING TRUE of the
 nested_loop query, interleaved, backend CPU time from /proc/PID/schedstat) of:
 
 - ``vanilla`` and ``tsc_clock`` (PostgreSQL 18: clock_gettime, and profkit's TSC backport),
+  ``pg18fast`` (pg18/fast_timing: the lean wrappers, clock_gettime) and, with
+  ``--tsc-fast NAME``, ``tscfast`` (a named build of tsc_clock + pg18/fast_timing.patch),
 - ``pg19sys`` / ``pg19tsc``: PostgreSQL 19 vanilla with ``timing_clock_source`` = system / tsc
   (upstream's TSC clock: the anchor),
 - ``fast``: ``pg19/fast_timing`` (profkit's lean TIMING wrappers on upstream's TSC clock),
@@ -24,7 +26,8 @@ Usage::
     .venv/bin/profkit build ft_nullclock --base pg19/fast_timing \\
         --source tarball:../shared/pg-sources/postgresql-19beta1.tar.bz2 \\
         --patch benchmarks/patches/pg19_fast_timing_null_clock.patch
-    .venv/bin/python benchmarks/bench_query3_timing.py --null-clock ft_nullclock
+    .venv/bin/profkit build tsc_fast --base tsc_clock --patch profkit/patches/pg18/fast_timing.patch
+    .venv/bin/python benchmarks/bench_query3_timing.py --null-clock ft_nullclock --tsc-fast tsc_fast
     .venv/bin/python benchmarks/bench_query3_timing.py --run /tmp/q3   # re-read a run
 """
 from __future__ import annotations
@@ -40,12 +43,13 @@ import pandas as pd
 TARGET_PCT = 15.0
 BASELINE = "pg19tsc"
 REFERENCE = "pg19sys"
-ARMS = ["vanilla", "tsc_clock",
+ARMS = ["vanilla", "tsc_clock", "pg18fast=fast_timing",
         "pg19sys=pg19/vanilla:timing_clock_source=system",
         "pg19tsc=pg19/vanilla:timing_clock_source=tsc",
         "fast=pg19/fast_timing:timing_clock_source=tsc"]
 # the clock each arm reads per node transition, as clock_cost.csv names it
 CLOCK_OF = {"vanilla": "clock_monotonic", "pg19sys": "clock_monotonic", "tsc_clock": "rdtsc",
+            "pg18fast": "clock_monotonic", "tscfast": "rdtsc",
             "pg19tsc": "rdtsc", "fast": "rdtsc", "nullclk": None}
 MULTIEXEC = {"Hash", "Bitmap Index Scan", "BitmapAnd", "BitmapOr"}
 
@@ -190,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--null-clock", default="",
                     help="named build of fast_timing + the null-clock patch (adds arm null)")
+    ap.add_argument("--tsc-fast", default="",
+                    help="named build of tsc_clock + pg18/fast_timing.patch (adds arm tscfast)")
     ap.add_argument("--min-node-ms", type=float, default=1.0)
     args = ap.parse_args(argv)
     from profkit.experiments.timing_accuracy import analyze_run, run_timing_accuracy
@@ -201,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         arms = list(ARMS)
         if args.null_clock:
             arms.append(f"nullclk={args.null_clock}:timing_clock_source=tsc")
+        if args.tsc_fast:
+            arms.append(f"tscfast={args.tsc_fast}")
         res = run_timing_accuracy(arms, {"nested_loop": args.scale}, reps=args.reps,
                                   baseline=BASELINE, out_dir=args.out,
                                   min_node_ms=args.min_node_ms,
