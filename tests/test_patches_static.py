@@ -33,10 +33,14 @@ def _source() -> Path:
 
 def test_library_has_every_variant():
     assert ALL == sorted(["step1", "step2", "step3", "step4", "step5", "coarse_clock",
-                          "tsc_clock", "sampled_timing"])
-    # every preset names existing patches, cumulative chains in order
+                          "tsc_clock", "sampled_timing", "fast_timing"])
+    # every preset names patches that exist for some version, cumulative chains in order
+    every = {n for v in patches.versions() for n in patches.list_patches(v)}
     for preset, names in patches.PRESETS.items():
-        assert set(names) <= set(ALL), preset
+        assert set(names) <= every, preset
+    # the timing variant exists for both versions
+    assert patches.PRESETS["fast_timing"] == ["fast_timing"]
+    assert patches.versions_with("fast_timing") == ["18", "19"]
     assert patches.PRESETS["step3"] == ["step1", "step2", "step3"]
     assert patches.PRESETS["vanilla"] == []
 
@@ -96,7 +100,9 @@ def test_unknown_names_give_clear_errors(tmp_path):
 
 
 @pytest.mark.source
-@pytest.mark.parametrize("preset", [p for p in patches.PRESETS if patches.PRESETS[p]])
+@pytest.mark.parametrize("preset", [p for p in patches.PRESETS if patches.PRESETS[p]
+                                    and all(patches.has_patch(n, "18")
+                                            for n in patches.PRESETS[p])])
 def test_presets_apply_in_order(preset):
     src = _source()
     patches.check_applies(src, patches.PRESETS[preset])
@@ -167,7 +173,8 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
 
 def test_library_is_version_aware():
     assert patches.versions() == ["18", "19"]
-    assert patches.list_patches("19") == ["step1", "step2", "step3", "step4", "step5"]
+    assert patches.list_patches("19") == ["fast_timing", "step1", "step2", "step3", "step4",
+                                          "step5"]
     # PostgreSQL 19's step1 only moves the functions (19 already inlines them in instrument.c)
     pg19 = patches.read_patch("step1", "19")
     assert "NodeInstrumentation" in pg19 and "PostgreSQL 19" in patches.patch_header("step1", "19")
@@ -179,8 +186,8 @@ def test_library_is_version_aware():
     msg = str(exc.value)
     assert "variant 'tsc_clock' has no patch for PostgreSQL 19" in msg
     assert "tsc_clock (exists for: pg18)" in msg
-    assert "step1, step2, step3, step4, step5" in msg
-    assert "vanilla, step1, step2, step3, step4, step5" in msg
+    assert "fast_timing, step1, step2, step3, step4, step5" in msg
+    assert "vanilla, step1, step2, step3, step4, step5, fast_timing" in msg
     with pytest.raises(PatchError, match=r"'tsc_clock' exists for: pg18"):
         patches.patch_file("tsc_clock", "19")
 

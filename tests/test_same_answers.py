@@ -18,19 +18,22 @@ import os
 
 import pytest
 
-from profkit.patches import PRESETS
+from profkit.patches import PRESETS, has_patch
 from profkit.pg import corpus
 from profkit.pg.build import get_build, split_major
 from profkit.pg.cluster import Cluster
 
 pytestmark = pytest.mark.pg
 
-PG18_VARIANTS = [name for name in PRESETS if name != "vanilla"]
-# PostgreSQL 19 in `make test`: the variant that carries every change (step5 = step1 + step4
-# + step5) against pg19/vanilla, to keep a cold suite inside its time budget; the others run
-# with PROFKIT_TEST_PG19_VARIANTS=step1,step2,step3,step4,step5 (and `profkit regress`).
+PG18_VARIANTS = [name for name in PRESETS if name != "vanilla"
+                 and all(has_patch(p, "18") for p in PRESETS[name])]
+# PostgreSQL 19 in `make test`: the variant that carries every row-counting change (step5 =
+# step1 + step4 + step5) and the timing variant (fast_timing) against pg19/vanilla, to keep a
+# cold suite inside its time budget; the others run with
+# PROFKIT_TEST_PG19_VARIANTS=step1,step2,step3,step4,step5,fast_timing (and `profkit regress`).
 PG19_VARIANTS = [f"pg19/{name}" for name in
-                 os.environ.get("PROFKIT_TEST_PG19_VARIANTS", "step5").split(",") if name]
+                 os.environ.get("PROFKIT_TEST_PG19_VARIANTS", "step5,fast_timing").split(",")
+                 if name]
 MODES = list(corpus.MODES)
 
 

@@ -148,6 +148,106 @@ def test_compare_rows_detects_differences():
         ta.compare_rows(nodes, "nope")
 
 
+def _other_version_plan(rep: int) -> list:
+    """join_sum's plan with the Hash side replaced: Aggregate -> Hash Join -> (Seq Scan,
+    Index Only Scan), 4 nodes, as another PostgreSQL version's planner might choose."""
+    j = _jitter(rep, 0.5)
+    plan = _node("Aggregate", j["agg"], plans=[
+        _node("Hash Join", j["join"], rows=100, plans=[
+            _node("Seq Scan", j["scan"], rows=1000, **{"Parent Relationship": "Outer"}),
+            _node("Index Only Scan", 0.3, rows=100, **{"Parent Relationship": "Inner"})],
+            **{"Parent Relationship": "Outer"})])
+    return [{"Plan": plan, "Planning Time": 0.1, "Execution Time": j["agg"]}]
+
+
+def _with_other_version(nodes: pd.DataFrame, arm: str, reps: int = 7) -> pd.DataFrame:
+    frames = [nodes]
+    for rep in range(1, reps + 1):
+        for mode in ("analyze_notiming", "analyze_timing"):
+            df = ta.node_times(_other_version_plan(rep))
+            df["workload"], df["arm"], df["preset"] = "join_sum", arm, arm
+            df["mode"], df["rep"], df["order"], df["run_id"] = mode, rep, 1000 + rep, "r"
+            frames.append(df)
+    return ta.validate_nodes(pd.concat(frames, ignore_index=True))
+
+
+def test_node_paths_place_in_plan():
+    nodes = _nodes_table({"vanilla": _jitter}, reps=1, modes=("analyze_timing",))
+    paths = ta.node_paths(nodes).tolist()
+    assert paths == ["0:Aggregate", "0:Aggregate/0:Hash Join",
+                     "0:Aggregate/0:Hash Join/0:Seq Scan", "0:Aggregate/0:Hash Join/1:Hash",
+                     "0:Aggregate/0:Hash Join/1:Hash/0:Seq Scan"]
+    assert ta.node_paths(nodes.iloc[:0]).empty
+
+
+def test_other_version_compared_on_the_common_part_of_the_plan():
+    nodes = _nodes_table({"vanilla": _jitter, "x": _jitter}, reps=7,
+                         modes=("analyze_notiming", "analyze_timing"))
+    both = _with_other_version(nodes, "v19")
+    # against the baseline, the other planner's plan is a shape mismatch ...
+    m = ta.compare_rows(both, "vanilla")
+    assert set(m["arm"]) == {"v19"} and set(m["field"]) == {"plan shape"}
+    # ... against a reference of its own version it is not, and x still is checked
+    assert ta.compare_rows(both, "vanilla", {"v19": "v19", "x": "vanilla"}).empty
+    acc = ta.node_accuracy(both, "vanilla")
+    inc = acc[(acc["arm"] == "v19") & (acc["metric"] == ta.INCLUSIVE)].set_index("node_id")
+    # Aggregate, Hash Join, the outer Seq Scan match; the Index Only Scan has no
+    # counterpart (the baseline has a Hash there) and is left out
+    assert inc.index.tolist() == [0, 1, 2]
+    assert inc["ratio"].tolist() == pytest.approx([0.5] * 3)
+    assert len(acc[acc["arm"] == "x"]) == 2 * 5
+
+
+def test_cost_against_another_arms_plain():
+    # "slow" slows its own plain query by 25 %: against its own plain, TIMING TRUE
+    # costs 20 %; against vanilla's plain 50 %
+    t = _timings({"vanilla": (8.0, 10.0, 16.0), "slow": (10.0, 11.0, 12.0)})
+    c = ta.cost_vs_plain_of(t, {"vanilla": "vanilla", "slow": "vanilla"},
+                            n_resamples=199).set_index("arm")
+    assert c.loc["slow", "plain_of"] == "vanilla"
+    assert c.loc["slow", "plain_of_ms"] == pytest.approx(8.0)
+    assert c.loc["slow", "timing_vs_plain_of_pct"] == pytest.approx(50.0)
+    assert c.loc["slow", "notiming_vs_plain_of_pct"] == pytest.approx(37.5)
+    assert c.loc["slow", "timing_vs_plain_of_ci_low"] <= 50.0 <= \
+        c.loc["slow", "timing_vs_plain_of_ci_high"]
+    assert c.loc["vanilla", "timing_vs_plain_of_pct"] == pytest.approx(100.0)
+    own = ta.cost_table(t, "vanilla", n_resamples=199).set_index("arm")
+    assert own.loc["slow", "overhead_timing_pct"] == pytest.approx(20.0)
+    assert ta.cost_vs_plain_of(t, {"slow": "nope"}).empty
+
+
+def test_arm_versions_and_references():
+    from profkit.experiments.timing_accuracy import (
+        arm_versions,
+        vanilla_plain_of,
+        version_references,
+    )
+
+    prov = {"source": {"version": "18.6"},
+            "build_versions": {"vanilla": "18.6", "tsc_clock": "18.6",
+                               "pg19/vanilla": "19beta1", "pg19/fast_timing": "19beta1"},
+            "arms": [{"label": "vanilla", "preset": "vanilla", "settings": {}},
+                     {"label": "tsc_clock", "preset": "tsc_clock", "settings": {}},
+                     {"label": "pg19sys", "preset": "pg19/vanilla",
+                      "settings": {"timing_clock_source": "system"}},
+                     {"label": "pg19tsc", "preset": "pg19/vanilla",
+                      "settings": {"timing_clock_source": "tsc"}},
+                     {"label": "fast", "preset": "pg19/fast_timing", "settings": {}}]}
+    v = arm_versions(prov)
+    assert v == {"vanilla": "18.6", "tsc_clock": "18.6", "pg19sys": "19beta1",
+                 "pg19tsc": "19beta1", "fast": "19beta1"}
+    refs = version_references(prov, "pg19tsc")
+    assert refs == {"vanilla": "vanilla", "tsc_clock": "vanilla", "pg19sys": "pg19tsc",
+                    "pg19tsc": "pg19tsc", "fast": "pg19tsc"}
+    assert version_references(prov, "vanilla")["fast"] == "pg19sys"
+    assert vanilla_plain_of(prov) == {"vanilla": "vanilla", "tsc_clock": "vanilla",
+                                      "pg19sys": "pg19sys", "pg19tsc": "pg19sys",
+                                      "fast": "pg19sys"}
+    # an old run without build_versions: every arm has the run's one source
+    old = {"source": {"version": "18.6"}, "arms": prov["arms"][:2]}
+    assert arm_versions(old) == {"vanilla": "18.6", "tsc_clock": "18.6"}
+
+
 def test_node_accuracy_values():
     nodes = _nodes_table({"vanilla": _jitter, "half": lambda r: _jitter(r, 0.5)})
     acc = ta.node_accuracy(nodes, "vanilla")
@@ -328,6 +428,18 @@ def test_parse_arm_forms_and_errors():
         check_arms(["vanilla", "nosuchpreset"], "vanilla")
     with pytest.raises(TimingAccuracyError, match="add a variant"):
         check_arms(["vanilla"], "vanilla")
+    # labels the run's CSV files would read back as missing values
+    for word in ("null", "NA", "nan", "None"):
+        with pytest.raises(TimingAccuracyError, match="missing value"):
+            parse_arm(f"{word}=vanilla")
+    # PostgreSQL 19 presets, with a session setting
+    assert parse_arm("p=pg19/vanilla:timing_clock_source=tsc") == Arm(
+        "p", "pg19/vanilla", (("timing_clock_source", "tsc"),))
+    assert [(a.label, a.preset) for a in check_arms(["vanilla", "pg19/fast_timing"],
+                                                    "vanilla")] == [
+        ("vanilla", "vanilla"), ("pg19-fast_timing", "pg19/fast_timing")]
+    # a bare pg19/ preset as the baseline is its label
+    assert len(check_arms(["pg19/vanilla", "pg19/fast_timing"], "pg19/vanilla")) == 2
 
 
 def test_analyze_run_from_files(tmp_path):
@@ -352,7 +464,7 @@ def test_analyze_run_from_files(tmp_path):
          "tick_arms": {"fast": 4.0}}))
     res = analyze_run(tmp_path)
     for f in ("report.md", "nodes.parquet", "accuracy.csv", "cost.csv", "truth.csv",
-              "verdicts.csv", "summary.csv", "mismatches.csv"):
+              "verdicts.csv", "summary.csv", "mismatches.csv", "cost_vs_vanilla.csv"):
         assert (tmp_path / f).exists(), f
     assert res.mismatches.empty
     assert len(res.nodes) == 2 * 2 * 7 * 5

@@ -185,13 +185,17 @@ def _exclusive(df: pd.DataFrame) -> pd.Series:
 _KEYS = ["workload", "node_id"]
 
 
-def compare_rows(nodes: pd.DataFrame, baseline: str) -> pd.DataFrame:
+def compare_rows(nodes: pd.DataFrame, baseline: str,
+                 references: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Every plan node whose type, rows or loops differ from the baseline's.
 
     *nodes*: the collected ``timing_nodes`` table (all arms, modes and repetitions).  The
     reference per workload is the baseline's first TIMING FALSE execution (else its
     first execution); every row of every arm, the baseline's own included, is checked
     against it, and a node missing on either side is a "plan shape" mismatch.
+    *references*: arm -> the arm it is checked against instead of the baseline (an
+    arm of another PostgreSQL version is checked against a vanilla of its own
+    version: another planner may pick another plan for the same query).
     Returns columns workload, arm, mode, rep, node_id, field, expected, got (empty:
     all answers equal).
     """
@@ -204,16 +208,15 @@ def compare_rows(nodes: pd.DataFrame, baseline: str) -> pd.DataFrame:
     if base.empty:
         raise TimingAccuracyError(f"no rows for the baseline {baseline!r}; arms present: "
                                   f"{sorted(nodes['arm'].unique())}")
+    references = dict(references or {})
     out: list[dict[str, Any]] = []
-    for wl, bw in base.groupby("workload", sort=True):
-        pref = bw[bw["mode"] == NOTIMING_MODE]
-        ref_src = pref if not pref.empty else bw
-        first = ref_src.sort_values(["rep", "order"] if "order" in ref_src else ["rep"])
-        k = first.iloc[0]
-        ref = first[(first["mode"] == k["mode"]) & (first["rep"] == k["rep"])]
-        ref = ref.set_index("node_id")[["node_type", "rows", "loops"]]
-        sub = nodes[nodes["workload"] == wl]
+    for wl, sub in nodes.groupby("workload", sort=True):
+        refs: dict[str, pd.DataFrame] = {}
         for (arm, mode, rep), ex in sub.groupby(["arm", "mode", "rep"], sort=True):
+            ref_arm = references.get(arm, baseline)
+            if ref_arm not in refs:
+                refs[ref_arm] = _reference_plan(sub[sub["arm"] == ref_arm])
+            ref = refs[ref_arm]
             got = ex.set_index("node_id")[["node_type", "rows", "loops"]]
             if list(got.index) != list(ref.index):
                 out.append({"workload": wl, "arm": arm, "mode": mode, "rep": rep,
@@ -227,6 +230,50 @@ def compare_rows(nodes: pd.DataFrame, baseline: str) -> pd.DataFrame:
                         out.append({"workload": wl, "arm": arm, "mode": mode, "rep": rep,
                                     "node_id": int(nid), "field": f, "expected": e, "got": g})
     return pd.DataFrame(out, columns=cols)
+
+
+def _reference_plan(bw: pd.DataFrame) -> pd.DataFrame:
+    """node_id -> node_type, rows, loops of an arm's first TIMING FALSE execution (else
+    its first execution); empty when the arm has no rows."""
+    if bw.empty:
+        return pd.DataFrame(columns=["node_type", "rows", "loops"])
+    pref = bw[bw["mode"] == NOTIMING_MODE]
+    ref_src = pref if not pref.empty else bw
+    first = ref_src.sort_values(["rep", "order"] if "order" in ref_src else ["rep"])
+    k = first.iloc[0]
+    ref = first[(first["mode"] == k["mode"]) & (first["rep"] == k["rep"])]
+    return ref.set_index("node_id")[["node_type", "rows", "loops"]]
+
+
+def node_paths(nodes: pd.DataFrame) -> pd.Series:
+    """Each node's place in its plan, comparable between plans of different shapes.
+
+    The node types from the root down, each below its parent with its position among
+    the parent's children: ``"0:Aggregate/0:Nested Loop/1:Materialize"``.  Two plans
+    of one query whose lower parts differ (PostgreSQL 18 picks a Hash Join where 19
+    picks a Merge Join under the same Materialize) share the paths of the nodes above
+    the difference, and only those.  One path per (workload, arm, mode, rep) and node.
+    """
+    _require(nodes, ["node_id", "parent_id", "node_type"], "node_paths")
+    keys = [k for k in ("workload", "arm", "mode", "rep") if k in nodes.columns]
+    out = pd.Series(index=nodes.index, dtype="object")
+    groups = nodes.groupby(keys, sort=False) if keys else [((), nodes)]
+    for _, ex in groups:
+        ex = ex.sort_values("node_id")
+        path: dict[int, str] = {}
+        seen: dict[int, int] = {}
+        for idx, nid, parent, ntype in zip(ex.index, ex["node_id"], ex["parent_id"],
+                                           ex["node_type"], strict=True):
+            if pd.isna(parent):
+                p, prefix = -1, ""
+            else:
+                p = int(parent)
+                prefix = path.get(p, "?") + "/"
+            pos = seen.get(p, 0)
+            seen[p] = pos + 1
+            path[int(nid)] = f"{prefix}{pos}:{ntype}"
+            out.at[idx] = path[int(nid)]
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -265,6 +312,11 @@ def node_accuracy(nodes: pd.DataFrame, baseline: str, *, mode: str = TIMING_MODE
     median.  ``arm_spread_pct``/``base_spread_pct``: interquartile range / median, the
     run-to-run noise of each (for the baseline, the noise floor of any comparison).
     Ratios are NaN where the baseline's median is 0.
+
+    Nodes are matched by their place in the plan (:func:`node_paths`), which is the
+    node id when both plans have the same shape; a node whose place the baseline's
+    plan does not have (an arm of another PostgreSQL version whose planner chose
+    another plan below some node) is left out.
     """
     _require(nodes, ["workload", "arm", "mode", "rep", "node_id", "node_type", "rows",
                      "loops", "depth", *METRICS], "node_accuracy")
@@ -277,6 +329,7 @@ def node_accuracy(nodes: pd.DataFrame, baseline: str, *, mode: str = TIMING_MODE
     df = nodes[(nodes["mode"] == mode)]
     if df.empty:
         return pd.DataFrame(columns=cols)
+    df = df.assign(_path=node_paths(df))
     rows: list[dict[str, Any]] = []
     for wl, w in df.groupby("workload", sort=True):
         base = w[w["arm"] == baseline]
@@ -287,7 +340,9 @@ def node_accuracy(nodes: pd.DataFrame, baseline: str, *, mode: str = TIMING_MODE
             if arm == baseline:
                 continue
             for nid, an in a.groupby("node_id", sort=True):
-                bn = base[base["node_id"] == nid]
+                bn = base[base["_path"].isin(set(an["_path"]))]
+                if bn.empty:
+                    continue
                 first = an.iloc[0]
                 for metric in METRICS:
                     av = an.set_index("rep")[metric].astype(float).dropna()
@@ -394,6 +449,46 @@ def cost_table(timings: pd.DataFrame, baseline: str, *, metric: str = "cpu_ms",
         base = df[df["arm"] == baseline].set_index("workload")["overhead_timing_pct"]
         df["timing_saved_pp"] = df["workload"].map(base) - df["overhead_timing_pct"]
     return df
+
+
+def cost_vs_plain_of(timings: pd.DataFrame, plain_of: Mapping[str, str], *,
+                     metric: str = "cpu_ms", n_resamples: int = 2999,
+                     seed: int = 20250801) -> pd.DataFrame:
+    """Per workload and arm: TIMING FALSE / TRUE against *another* arm's plain query.
+
+    *plain_of*: arm -> the arm whose plain query is the yardstick (vanilla of the
+    arm's PostgreSQL version).  A patch that slows the plain query hides part of its
+    cost in :func:`cost_table`'s own-plain overhead; this one does not.  Same estimator
+    as :func:`cost_table` (median of per-repetition overheads, repetition *r* of the
+    arm against repetition *r* of the yardstick's plain, paired bootstrap 95 % CI).
+    Columns: workload, arm, plain_of, metric, plain_of_ms, and
+    ``notiming_vs_plain_of_pct``/``timing_vs_plain_of_pct`` with ``_ci_low``/``_ci_high``.
+    """
+    from profkit.analyze.stats import summarize
+
+    _require(timings, ["workload", "build", "mode", "rep", metric], "cost_vs_plain_of")
+    cols = ["workload", "arm", "plain_of", "metric", "plain_of_ms"]
+    out: list[dict[str, Any]] = []
+    for wl, w in timings.groupby("workload", sort=True):
+        for arm, ref in plain_of.items():
+            a = w[(w["build"] == arm) & (w["mode"] != PLAIN_MODE)]
+            p = w[(w["build"] == ref) & (w["mode"] == PLAIN_MODE)]
+            if a.empty or p.empty:
+                continue
+            f = pd.concat([a, p.assign(build=arm)], ignore_index=True)
+            f = f.assign(server_ms=f[metric])
+            s = summarize(f, "server_ms", n_resamples=n_resamples,
+                          seed=seed).set_index("mode")  # type: ignore[arg-type]
+            row: dict[str, Any] = {"workload": wl, "arm": arm, "plain_of": ref,
+                                   "metric": metric,
+                                   "plain_of_ms": float(s.at[PLAIN_MODE, "median_ms"])}
+            for mode, short in ((NOTIMING_MODE, "notiming"), (TIMING_MODE, "timing")):
+                if mode in s.index:
+                    row[f"{short}_vs_plain_of_pct"] = float(s.at[mode, "overhead_pct"])
+                    row[f"{short}_vs_plain_of_ci_low"] = float(s.at[mode, "ci_low_pct"])
+                    row[f"{short}_vs_plain_of_ci_high"] = float(s.at[mode, "ci_high_pct"])
+            out.append(row)
+    return pd.DataFrame(out, columns=None if out else cols)
 
 
 def truth_table(timings: pd.DataFrame, nodes: pd.DataFrame, baseline: str) -> pd.DataFrame:
@@ -712,8 +807,8 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
                 ref_med = float(rb["rel_err_pct"].median())
                 w = rb.loc[rb["rel_err_pct"].abs().idxmax()]
                 ref_worst = float(w["rel_err_pct"])
-                parts.append(f"against {reference[0]} (cheaper clock, less overhead in its "
-                             f"times): median {ref_med:+.0f}%, worst {ref_worst:+.0f}% ("
+                parts.append(f"against {reference[0]} (the second yardstick): median "
+                             f"{ref_med:+.0f}%, worst {ref_worst:+.0f}% ("
                              f"node {int(w['node_id'])} {w['node_type']}: "
                              f"{w['arm_median_ms']:.3f} vs {w['base_median_ms']:.3f} ms)")
         worst = big.loc[big["rel_err_pct"].abs().idxmax()] if not big.empty else None

@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -91,6 +92,11 @@ class TimingAccuracyError(ta.TimingAccuracyError):
 # arms
 
 
+# what pandas.read_csv reads as missing by default (lower-cased)
+_MISSING_WORDS = frozenset({"na", "n/a", "nan", "-nan", "null", "none", "<na>", "-1.#ind",
+                            "1.#qnan", "#na", "#n/a", "1.#ind", "-1.#qnan", "-na", "#n/a n/a"})
+
+
 class Arm(harness.Arm):
     """A build preset measured under a label, with settings (``name=value``) applied."""
 
@@ -121,6 +127,10 @@ def parse_arm(text: str | Arm) -> Arm:
     except (harness.HarnessError, BenchError) as e:
         raise TimingAccuracyError(f"arm {e}" if isinstance(e, harness.HarnessError)
                                   else f"arm {text!r}: {e}") from None
+    if label.lower() in _MISSING_WORDS:
+        # the run's CSV files would read back as a missing value, not as this arm
+        raise TimingAccuracyError(f"arm {text!r}: the label {label!r} reads back from CSV as "
+                                  "a missing value; choose another label")
     return Arm(label, preset, tuple(settings.items()))
 
 
@@ -139,6 +149,8 @@ def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
     if bad:
         raise TimingAccuracyError(f"unknown build preset(s) {', '.join(bad)}; known: "
                                   f"{', '.join(sorted(known))}")
+    if baseline not in labels and baseline.replace("/", "-") in labels:
+        baseline = baseline.replace("/", "-")  # named by its preset: "pg19/vanilla"
     if baseline not in labels:
         raise TimingAccuracyError(f"the baseline {baseline!r} is not among the arms "
                                   f"({', '.join(labels)}): every comparison needs it")
@@ -254,7 +266,9 @@ class _Runner:
         if key not in self.clusters:
             if self._clusters is None:
                 self._clusters = harness.Clusters(stack, self.out / "logs")
-            name = "ta-" + preset + ("-" + "-".join(v for _, v in server) if server else "")
+            # "pg19/vanilla" -> "pg19-vanilla": the name is a directory and a log file name
+            name = "ta-" + preset.replace("/", "-") + (
+                "-" + "-".join(v for _, v in server) if server else "")
             cl = self._clusters.start(self.builds[preset], name, dict(server))
             self.clusters[key] = cl
             with cl.connect() as conn:
@@ -437,6 +451,8 @@ def run_timing_accuracy(
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise TimingAccuracyError(f"warmup must be an integer >= 0, got {warmup!r}")
     arm_list = check_arms(arms, baseline)
+    if baseline not in {a.label for a in arm_list}:
+        baseline = baseline.replace("/", "-")  # check_arms accepted it as a bare pg19/ preset
     sc = check_scales(DEFAULT_SCALES if scales is None else scales)
     builds, skipped = resolve_builds(arm_list, build_missing=build_missing, baseline=baseline,
                                      progress=say)
@@ -472,6 +488,9 @@ def run_timing_accuracy(
         "skipped_arms": [a.label for a in skipped],
         "builds": {p: b.provenance() for p, b in builds.items()},
         "source": next(iter(builds.values())).source,
+        # one PostgreSQL version per build: an arm of pg19/... is not the 18.6 of "source"
+        "build_versions": {p: (b.provenance().get("source") or {}).get("version")
+                           for p, b in builds.items()},
         "patch_gucs": PATCH_GUCS,
         "clock_tick_ms": {"CLOCK_MONOTONIC_COARSE": tick},
         "tick_arms": {a.label: tick for a in arm_list
@@ -589,6 +608,88 @@ def load_nodes(run_dir: Path, run_id: str) -> pd.DataFrame:
     return ta.validate_nodes(out)
 
 
+def arm_versions(prov: Mapping[str, Any]) -> dict[str, str]:
+    """arm label -> PostgreSQL version of its build, from a run's provenance (runs made
+    before ``build_versions`` was recorded: the builds' own source records, else the
+    run's one source)."""
+    bv = dict(prov.get("build_versions") or {})
+    builds = prov.get("builds") or {}
+    default = str((prov.get("source") or {}).get("version", "?"))
+    out = {}
+    for a in prov.get("arms") or []:
+        p = a["preset"]
+        v = bv.get(p) or ((builds.get(p) or {}).get("source") or {}).get("version") or default
+        out[a["label"]] = str(v)
+    return out
+
+
+def _major(version: str) -> str:
+    m = re.match(r"(\d+)", version)
+    return m.group(1) if m else version
+
+
+def version_references(prov: Mapping[str, Any], baseline: str) -> dict[str, str]:
+    """arm -> the arm whose plans it must reproduce: the baseline for arms of the
+    baseline's major version, else the first arm of the arm's own major version (an
+    unpatched one if there is one: another planner may choose another plan)."""
+    versions = arm_versions(prov)
+    arms = [a["label"] for a in prov.get("arms") or []]
+    presets = {a["label"]: a["preset"] for a in prov.get("arms") or []}
+    bmaj = _major(versions.get(baseline, "?"))
+    out: dict[str, str] = {}
+    for a in arms:
+        maj = _major(versions[a])
+        if maj == bmaj:
+            out[a] = baseline
+            continue
+        same = [x for x in arms if _major(versions[x]) == maj]
+        plain = [x for x in same if presets[x].split("/")[-1] == "vanilla"]
+        out[a] = (plain or same)[0]
+    return out
+
+
+def vanilla_plain_of(prov: Mapping[str, Any], arms: Sequence[str] | None = None
+                     ) -> dict[str, str]:
+    """arm -> the vanilla arm of its major version whose plain query is its yardstick
+    (the one without settings if several); arms of a version with no vanilla arm are
+    left out."""
+    versions = arm_versions(prov)
+    spec = [a for a in prov.get("arms") or [] if arms is None or a["label"] in arms]
+    vanillas = [a for a in spec if a["preset"].split("/")[-1] == "vanilla"]
+    vanillas.sort(key=lambda a: bool(a.get("settings")))
+    out: dict[str, str] = {}
+    for a in spec:
+        maj = _major(versions[a["label"]])
+        v = [x["label"] for x in vanillas if _major(versions[x["label"]]) == maj]
+        if v:
+            out[a["label"]] = v[0]
+    return out
+
+
+def _vanilla_plain_section(cost_vanilla: pd.DataFrame, versions: Mapping[str, str]) -> str:
+    """report.md: TIMING TRUE/FALSE against vanilla's plain query of the same version."""
+    if cost_vanilla.empty:
+        return ""
+    lines = ["", "## Against vanilla's plain query (same PostgreSQL version)", "",
+             f"Metric: {cost_vanilla['metric'].iloc[0]}; median of per-repetition "
+             "overheads over the plain query of the arm named in `plain of` (paired "
+             "bootstrap 95 % CI): a patch that slows the plain query cannot hide it here.",
+             "", "| workload | arm | version | plain of | plain ms | TIMING TRUE vs it "
+             "| TIMING FALSE vs it |", "|---|---|---|---|---|---|---|"]
+
+    def ci(r: Any, k: str) -> str:
+        v = getattr(r, f"{k}_vs_plain_of_pct", math.nan)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "–"
+        return (f"{v:+.1f}% [{getattr(r, f'{k}_vs_plain_of_ci_low'):+.1f}, "
+                f"{getattr(r, f'{k}_vs_plain_of_ci_high'):+.1f}]")
+
+    for r in cost_vanilla.itertuples():
+        lines.append(f"| {r.workload} | {r.arm} | {versions.get(r.arm, '?')} | {r.plain_of} "
+                     f"| {r.plain_of_ms:.1f} | {ci(r, 'timing')} | {ci(r, 'notiming')} |")
+    return "\n".join(lines) + "\n"
+
+
 def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                 tol_pct: float | None = None, min_node_ms: float | None = None,
                 reference: str | None = None) -> TimingAccuracyResult:
@@ -628,12 +729,19 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     nodes.to_csv(out / "nodes.csv", index=False)
     timings.to_parquet(out / "timings.parquet", index=False)
 
-    mism = ta.compare_rows(nodes, baseline)
+    versions = arm_versions(prov)
+    same_version = version_references(prov, baseline)
+    mism = ta.compare_rows(nodes, baseline, same_version)
     acc = ta.node_accuracy(nodes, baseline)
     have_cpu = "cpu_ms" in timings and timings["cpu_ms"].notna().all()
     cost = ta.cost_table(timings, baseline, metric="cpu_ms" if have_cpu else "server_ms")
     cost_wall = ta.cost_table(timings, baseline, metric="server_ms")
     truth = ta.truth_table(timings, nodes, baseline)
+    plain_of = vanilla_plain_of(prov, arms=sorted(set(timings["build"])))
+    cost_vanilla = ta.cost_vs_plain_of(timings, plain_of,
+                                       metric="cpu_ms" if have_cpu else "server_ms")
+    if not cost_vanilla.empty:
+        cost_vanilla.insert(2, "version", cost_vanilla["arm"].map(versions))
     tick_arms = {k: float(v) for k, v in (prov.get("tick_arms") or {}).items() if v}
     arms_present = set(timings["build"])
     ref = reference if reference is not None else prov.get("reference", DEFAULT_REFERENCE)
@@ -650,14 +758,17 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                               tick)
             for arm, tick in tick_arms.items()}
     for name, df in (("mismatches", mism), ("accuracy", acc), ("cost", cost),
-                     ("cost_wall", cost_wall),
+                     ("cost_wall", cost_wall), ("cost_vs_vanilla", cost_vanilla),
                      ("truth", truth), ("verdicts", verd), ("summary", summ)):
         df.to_csv(out / f"{name}.csv", index=False)
     builds = prov.get("builds") or {}
     facts = {
         "run": f"{rd.run_id} ({prov.get('status', '?')}, {prov.get('started_at', '?')} → "
                f"{prov.get('ended_at', '?')})",
-        "PostgreSQL": (prov.get("source") or {}).get("version", "?"),
+        "PostgreSQL": (", ".join(f"{v} ({', '.join(sorted(a for a, av in versions.items() if av == v))})"
+                                 for v in sorted(set(versions.values()), key=str))
+                       if len(set(versions.values())) > 1
+                       else (prov.get("source") or {}).get("version", "?")),
         "builds": "; ".join(f"{p} (patches: {', '.join(x['name'] + ' ' + x['sha256'][:10] for x in b.get('patches', [])) or 'none'}; key {str(b.get('key', ''))[:12]})"  # noqa: E501
                             for p, b in builds.items()),
         "arms": "; ".join(f"{a['label']} = {a['preset']}"
@@ -680,15 +791,17 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     md = render_md.timing_accuracy_report(title="Timing accuracy of the clock-source variants",
                             facts=facts, verdict_df=verd, cost=cost, truth=truth,
                             accuracy=acc, mismatches=mism, grid=grid, baseline=baseline,
-                            cost_wall=cost_wall, min_node_ms=mnm, tol_pct=tol, reference=ref)
+                            cost_wall=cost_wall, min_node_ms=mnm, tol_pct=tol, reference=ref,
+                            row_references=same_version)
+    md += _vanilla_plain_section(cost_vanilla, versions)
     report = out / "report.md"
     report.write_text(md)
     with contextlib.suppress(OSError):
         rd.update(analysis={"baseline": baseline, "tol_pct": tol, "min_node_ms": mnm,
                             "analyzed_at": _now(), "mismatches": len(mism)},
                   files={**(prov.get("files") or {}), **{n: f"{n}.csv" for n in (
-                      "mismatches", "accuracy", "cost", "cost_wall", "truth", "verdicts",
-                      "summary")},
+                      "mismatches", "accuracy", "cost", "cost_wall", "cost_vs_vanilla", "truth",
+                      "verdicts", "summary")},
                       "nodes": "nodes.parquet", "report": "report.md"})
     return TimingAccuracyResult(out, rd.provenance, timings, nodes, mism, acc, cost, cost_wall,
                                 truth, verd, summ, grid, report)

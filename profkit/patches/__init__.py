@@ -44,6 +44,9 @@ PRESETS: dict[str, list[str]] = {
     "coarse_clock": ["coarse_clock"],
     "tsc_clock": ["tsc_clock"],
     "sampled_timing": ["sampled_timing"],
+    # lean TIMING wrappers: pg19/ on upstream's TSC clock, pg18/ on clock_gettime (or on
+    # tsc_clock's TSC when built on top of it)
+    "fast_timing": ["fast_timing"],
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -58,6 +61,8 @@ DESCRIPTIONS: dict[str, str] = {
     "tsc_clock": "instr_time reads the TSC (GUC instr_clock_source, default auto = rdtsc)",
     "sampled_timing": "EXPLAIN ANALYZE times 1 of N calls per node "
                       "(GUC explain_timing_sample_rate, default 100)",
+    "fast_timing": "lean ExecProcNode wrappers for TIMING (BUFFERS/WAL too): start time in a "
+                   "register, choices made once per node; on 19 RDTSC read directly",
 }
 
 # GUCs a patch adds: patch -> {name: default}.  Lets callers record them in provenance.

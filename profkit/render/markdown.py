@@ -97,8 +97,12 @@ def timing_accuracy_report(*, title: str, facts: Mapping[str, Any], verdict_df: 
                     mismatches: pd.DataFrame, grid: Mapping[str, pd.DataFrame],
                     baseline: str, cost_wall: pd.DataFrame | None = None,
                     min_node_ms: float = ta.MIN_NODE_MS, tol_pct: float = ta.DEFAULT_TOL_PCT,
-                    reference: str | None = None) -> str:
-    """The run's report.md: provenance facts, the headline table, verdicts, per-node tables."""
+                    reference: str | None = None,
+                    row_references: Mapping[str, str] | None = None) -> str:
+    """The run's report.md: provenance facts, the headline table, verdicts, per-node tables.
+
+    *row_references*: arm -> the arm whose rows it was checked against, where that is not
+    *baseline* (arms of another PostgreSQL version)."""
     lines = [f"# {title}", ""]
     for k, v in facts.items():
         lines.append(f"- **{k}**: {v}")
@@ -124,8 +128,14 @@ def timing_accuracy_report(*, title: str, facts: Mapping[str, Any], verdict_df: 
         lines.append(f"- **{v['workload']} / {v['arm']}: {v['verdict']}** — {v['text']}")
     lines += ["", "## Same answers (rows and loops per node)", ""]
     if mismatches.empty:
+        others = {a: r for a, r in (row_references or {}).items() if r != baseline}
+        by_ref: dict[str, list[str]] = {}
+        for a, r in others.items():
+            by_ref.setdefault(r, []).append(a)
+        also = "".join(f"; {', '.join(sorted(arms))}: {r}'s (their PostgreSQL version)"
+                       for r, arms in sorted(by_ref.items()))
         lines.append("Every node of every execution (TIMING TRUE and FALSE, every arm) "
-                     f"reports exactly {baseline}'s node type, rows and loops.")
+                     f"reports exactly {baseline}'s node type, rows and loops{also}.")
     else:
         lines.append(f"**{len(mismatches)} mismatches** (first 20):")
         lines += ["", ta_table(mismatches.head(20))]
