@@ -73,6 +73,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "build", "mode", "n", "median_ms", "mean_ms", "variance", "std_ms",
     "overhead_pct", "ci_low_pct", "ci_high_pct",
     "overhead_median_pct", "overhead_mean_pct", "center", "paired", "ci_method", "metric",
+    "q25_ms", "overhead_q25_pct",
 )
 
 # Modes in the order the seed presents them (Query-1, -2, -3); others follow sorted.
@@ -169,8 +170,18 @@ def _keyed(df: pd.DataFrame, metric: str) -> pd.Series:
     return s.astype("float64")
 
 
-def _pair(base: pd.Series, other: pd.Series) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Align two samples by (run_id, rep) when they pair one-to-one (see module doc)."""
+def _pair(base: pd.Series, other: pd.Series, common: bool = False
+          ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Align two samples by (run_id, rep) when they pair one-to-one (see module doc).
+
+    *common*: pair on the repetitions both samples have (when at least 2), dropping
+    the others — for a sample some of whose executions were rejected on purpose
+    (:func:`vcpu_adjust`), not lost by accident.
+    """
+    if common and base.index.is_unique and other.index.is_unique:
+        keys = [k for k in base.index if k in set(other.index)]
+        if len(keys) >= 2:
+            return base.reindex(keys).to_numpy(), other.reindex(keys).to_numpy(), True
     if (
         base.index.is_unique
         and other.index.is_unique
@@ -203,7 +214,7 @@ def summarize(
     confidence: float = 0.95,
     n_resamples: int = 9999,
     seed: int = 20250801,
-    pair: Literal["auto", "never"] = "auto",
+    pair: Literal["auto", "never", "common"] = "auto",
 ) -> pd.DataFrame:
     """Per build and mode: n, mean, sample variance, median and overhead vs plain.
 
@@ -214,7 +225,12 @@ def summarize(
       bootstrap CI ``ci_low_pct``/``ci_high_pct``; ``overhead_median_pct`` and
       ``overhead_mean_pct`` give both definitions. For ``plain`` it is 0 and the CI
       is empty (NaN).
-    - ``paired`` tells whether the CI resampled repetitions jointly (module doc).
+    - ``paired`` tells whether the CI resampled repetitions jointly (module doc);
+      *pair* ``"common"`` pairs on the repetitions both samples have (rejected
+      executions, :func:`vcpu_adjust`).
+    - ``q25_ms`` is the lower quartile of the times and ``overhead_q25_pct`` the
+      overhead by it (ratio of the lower quartiles): a slow vCPU only ever adds time, so
+      the lower quantile is the least disturbed measure beside the median.
 
     Raises :class:`ComparisonError` when a build has non-plain rows but no plain rows
     (an overhead needs its baseline) or when the timings mix workloads.
@@ -224,8 +240,8 @@ def summarize(
     df = _check_timings(timings, metric)
     if df.empty:
         return _empty_summary()
-    if pair not in ("auto", "never"):
-        raise ComparisonError(f"pair must be 'auto' or 'never', not {pair!r}")
+    if pair not in ("auto", "never", "common"):
+        raise ComparisonError(f"pair must be 'auto', 'never' or 'common', not {pair!r}")
 
     def ratio_stat(base: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
         return _pct(stat_fn(other, axis=axis), stat_fn(base, axis=axis))
@@ -252,6 +268,7 @@ def summarize(
             row: dict[str, object] = {
                 "build": build, "mode": mode, "n": n,
                 "median_ms": float(np.median(vals)),
+                "q25_ms": float(np.quantile(vals, 0.25)),
                 "mean_ms": float(np.mean(vals)),
                 "variance": float(np.var(vals, ddof=1)) if n > 1 else math.nan,
                 "std_ms": float(np.std(vals, ddof=1)) if n > 1 else math.nan,
@@ -260,12 +277,12 @@ def summarize(
             if mode == BASELINE_MODE:
                 row.update(
                     overhead_pct=0.0, ci_low_pct=math.nan, ci_high_pct=math.nan,
-                    overhead_median_pct=0.0, overhead_mean_pct=0.0,
+                    overhead_median_pct=0.0, overhead_mean_pct=0.0, overhead_q25_pct=0.0,
                     paired=False, ci_method="none",
                 )
             else:
-                b, o, paired = _pair(base, cur)
-                paired = paired and pair == "auto"
+                b, o, paired = _pair(base, cur, common=pair == "common")
+                paired = paired and pair != "never"
                 stat = paired_stat if paired else ratio_stat
                 ci = _bootstrap(
                     (b, o), stat, paired=paired,
@@ -277,6 +294,7 @@ def summarize(
                     ci_low_pct=ci.low, ci_high_pct=ci.high,
                     overhead_median_pct=float(_pct(np.median(o), np.median(b))),
                     overhead_mean_pct=float(_pct(np.mean(o), np.mean(b))),
+                    overhead_q25_pct=float(_pct(np.quantile(o, 0.25), np.quantile(b, 0.25))),
                     paired=ci.paired, ci_method=ci.method,
                 )
             rows.append(row)
@@ -509,28 +527,141 @@ def summary_table(summary: pd.DataFrame,
 
 # --------------------------------------------------------------------------- metrics
 
-METRICS: tuple[str, ...] = ("cpu_ms", "server_ms", "client_ms")
+METRICS: tuple[str, ...] = ("cpu_ms", "server_ms", "client_ms", "cpu_norm_ms", "cpu_kept_ms")
+#: Metrics computed from cpu_ms and the vCPU calibration columns (:func:`vcpu_adjust`).
+VCPU_METRICS: tuple[str, ...] = ("cpu_norm_ms", "cpu_kept_ms")
+CALIB_COLUMNS: tuple[str, ...] = ("calib_before_ms", "calib_after_ms")
+
+#: Robust z above which a calibration counts as slow (median + K × 1.4826 × MAD) ...
+SLOW_Z = 3.5
+#: ... but never below this much above the median: calibrations within 3 % of each
+#: other are one speed (the loop's own jitter here is ~1-2 %).
+SLOW_MIN_EXCESS = 0.03
+
+
+@dataclass(frozen=True)
+class VcpuSpeed:
+    """The run's vCPU calibrations and the rule that rejects executions.
+
+    ``reference_ms``: the median calibration time (the vCPU's usual speed in this run);
+    ``threshold_ms``: above it a calibration ran slow — ``max(median + z × 1.4826 ×
+    MAD, median × (1 + min_excess))`` of the run's own calibrations; ``rejected``: how
+    many executions had a slow calibration just before or just after (of ``n``);
+    ``slow_factor_*``: how much slower the slow calibrations were than the reference.
+    """
+
+    n: int
+    n_calibrations: int
+    reference_ms: float
+    mad_ms: float
+    threshold_ms: float
+    rejected: int
+    slow_calibrations: int
+    slow_factor_median: float
+    slow_factor_max: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.n == 0:
+            return "no vCPU calibrations recorded"
+        return (f"vCPU calibration: median {self.reference_ms:.3f} ms (MAD {self.mad_ms:.3f}); "
+                f"slow above {self.threshold_ms:.3f} ms: {self.slow_calibrations} of "
+                f"{self.n_calibrations} calibrations "
+                + (f"(median {self.slow_factor_median:.2f}x, max {self.slow_factor_max:.2f}x "
+                   "the reference)" if self.slow_calibrations else "")
+                + f"; {self.rejected} of {self.n} executions rejected")
+
+
+def has_calibration(timings: pd.DataFrame) -> bool:
+    return (all(c in timings.columns for c in (*CALIB_COLUMNS, "cpu_ms")) and len(timings) > 0
+            and bool(timings[list(CALIB_COLUMNS)].notna().all(axis=None)))
+
+
+def vcpu_adjust(timings: pd.DataFrame, *, z: float = SLOW_Z,
+                min_excess: float = SLOW_MIN_EXCESS) -> tuple[pd.DataFrame, VcpuSpeed]:
+    """The timings with the vCPU's speed taken into account, and the rule used.
+
+    Every execution has a calibration just before and just after it (the same fixed
+    work on the backend's CPU; its CPU time grows when the host slows the vCPU). Adds:
+
+    - ``calib_ms``: the mean of the two; ``speed_factor``: calib_ms / the run's median
+      calibration (1.8 = the vCPU ran 1.8x slower than usual);
+    - ``cpu_norm_ms``: cpu_ms / speed_factor — the CPU time at the usual speed;
+    - ``calib_slow``: either calibration above the threshold (:class:`VcpuSpeed`);
+    - ``cpu_kept_ms``: cpu_ms, NaN where calib_slow (the execution is rejected).
+
+    Rows without calibrations get NaN in every added column.
+    """
+    df = timings.copy()
+    nan = math.nan
+    if not all(c in df.columns for c in (*CALIB_COLUMNS, "cpu_ms")):
+        for c in ("calib_ms", "speed_factor", "cpu_norm_ms", "cpu_kept_ms"):
+            df[c] = nan
+        df["calib_slow"] = False
+        return df, VcpuSpeed(0, 0, nan, nan, nan, 0, 0, nan, nan)
+    before = df["calib_before_ms"].astype("float64")
+    after = df["calib_after_ms"].astype("float64")
+    allc = pd.concat([before, after]).dropna().to_numpy()
+    if len(allc) == 0:
+        ref = mad = thr = nan
+    else:
+        ref = float(np.median(allc))
+        mad = float(np.median(np.abs(allc - ref)))
+        thr = max(ref + z * 1.4826 * mad, ref * (1.0 + min_excess))
+    calib = (before + after) / 2.0
+    df["calib_ms"] = calib
+    df["speed_factor"] = calib / ref
+    df["cpu_norm_ms"] = df["cpu_ms"].astype("float64") / df["speed_factor"]
+    slow = (before > thr) | (after > thr)
+    known = before.notna() & after.notna()
+    df["calib_slow"] = slow & known
+    df["cpu_kept_ms"] = df["cpu_ms"].astype("float64").where(known & ~slow)
+    slow_c = allc[allc > thr] if len(allc) else allc
+    info = VcpuSpeed(
+        n=int(known.sum()), n_calibrations=len(allc), reference_ms=ref, mad_ms=mad,
+        threshold_ms=thr, rejected=int((slow & known).sum()), slow_calibrations=len(slow_c),
+        slow_factor_median=float(np.median(slow_c) / ref) if len(slow_c) else nan,
+        slow_factor_max=float(np.max(slow_c) / ref) if len(slow_c) else nan)
+    return df, info
 
 
 def default_metric(timings: pd.DataFrame) -> str:
-    """``cpu_ms`` when every row has it (Linux), else ``server_ms``.
+    """``cpu_kept_ms`` when the run has vCPU calibrations (:func:`vcpu_adjust`: CPU time
+    with the executions a slow vCPU disturbed left out), else ``cpu_ms`` when every row
+    has it (Linux), else ``server_ms``.
 
     The backend's on-CPU time is the headline: on an idle machine it equals the
     server's wall time to 0.1 ms (measured here), and on a shared one it does not
     count the time the backend waited for a core — waiting that inflated plain-query
     wall times here by up to 2x under a load average of 7 and so biased the overhead.
     """
+    if has_calibration(timings):
+        return "cpu_kept_ms"
     if "cpu_ms" in timings.columns and len(timings) and timings["cpu_ms"].notna().all():
         return "cpu_ms"
     return "server_ms"
 
 
 def metric_frame(timings: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, str]:
-    """(frame, column name stats understands): other time columns ride as server_ms."""
+    """(frame, column name stats understands): other time columns ride as server_ms.
+
+    ``cpu_norm_ms`` / ``cpu_kept_ms`` are computed by :func:`vcpu_adjust` (the run must
+    have the calibration columns); ``cpu_kept_ms`` leaves the rejected executions out.
+    """
     if metric not in METRICS:
         raise ComparisonError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
     if metric in ("server_ms", "client_ms"):
         return timings, metric
+    if metric in VCPU_METRICS:
+        if not has_calibration(timings):
+            raise ComparisonError(f"{metric} needs the vCPU calibration columns "
+                                  f"({', '.join(CALIB_COLUMNS)}): this run has none (recorded "
+                                  "by profkit bench since issue 13, unless calibrate=False)")
+        adj, _ = vcpu_adjust(timings)
+        adj = adj[adj[metric].notna()]
+        return adj.assign(server_ms=adj[metric].astype("float64")), "server_ms"
     if metric not in timings.columns or timings[metric].isna().any():
         raise ComparisonError(f"this run has no complete {metric} column (recorded on Linux only); "
                          "use metric='server_ms'")
@@ -542,9 +673,12 @@ def metric_frame(timings: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, str]
 def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
                      **kwargs: Any) -> pd.DataFrame:
     """:func:`profkit.analyze.stats.summarize` on any of :data:`METRICS` (default: see
-    :func:`default_metric`)."""
+    :func:`default_metric`); ``cpu_kept_ms`` pairs on the repetitions kept (pair
+    ``"common"``)."""
     metric = metric or default_metric(timings)
     frame, col = metric_frame(timings, metric)
+    if metric == "cpu_kept_ms":
+        kwargs.setdefault("pair", "common")
     out = summarize(frame, col, **kwargs)  # type: ignore[arg-type]
     out["metric"] = metric
     return out

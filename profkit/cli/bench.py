@@ -65,6 +65,16 @@ def _warn_instructions(prov: dict[str, Any]) -> None:
                           f"{prov['instructions_error']}[/]", highlight=False)
 
 
+def _pin(text: str) -> int | str | None:
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give auto, none or a CPU number",
+                                 param_hint="--pin-cpu") from None
+
+
 def _mode_list(modes: str) -> list[str]:
     return [m.strip() for m in modes.split(",") if m.strip()]
 
@@ -103,15 +113,22 @@ def _mode_list(modes: str) -> list[str]:
                    "else smaller).")
 @click.option("--seed", "order_seed", type=int, default=None,
               help="Seed of the interleaving order (default: random, recorded).")
-@click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]), default=None,
-              help="Time the report's overheads use (default: cpu_ms, the backend's on-CPU "
-                   "time, where recorded; else server_ms).")
+@click.option("--metric", type=click.Choice(["cpu_kept_ms", "cpu_norm_ms", "cpu_ms", "server_ms",
+                                            "client_ms"]), default=None,
+              help="Time the report's overheads use (default: cpu_kept_ms, the backend's "
+                   "on-CPU time without the executions the vCPU calibration found slow, where "
+                   "recorded; else cpu_ms; else server_ms).")
+@click.option("--pin-cpu", default="auto", show_default=True, metavar="auto|none|N",
+              help="CPU the backends (and the vCPU calibration) are pinned to; auto: the "
+                   "last one.")
+@click.option("--no-calibration", is_flag=True,
+              help="Skip the vCPU calibration before and after every execution.")
 @json_option
 @_friendly
 def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
               instr_scale: float | None, order_seed: int | None, metric: str | None,
-              as_json: bool) -> None:
+              pin_cpu: str, no_calibration: bool, as_json: bool) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
@@ -126,7 +143,8 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
         res = run_bench(req, root=out, progress=True,
                         instructions=instructions,  # type: ignore[arg-type]
                         instr_scale=instr_scale, order_seed=order_seed,
-                        command_line=["profkit", *sys.argv[1:]])
+                        command_line=["profkit", *sys.argv[1:]],
+                        pin_cpu=_pin(pin_cpu), calibrate=not no_calibration)
     except ProfkitError as e:
         _report_after_failure(e)
         raise

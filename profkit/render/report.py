@@ -634,6 +634,7 @@ def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
                 cells += [f"{r.median_ms:.2f}", f"{r.overhead_pct:.2f}{ci}"]
             rows.append([key[0], key[1], *cells])
     out.append(md_table(header, rows, ["l", "l"] + ["r"] * (2 * len(METRICS))))
+    out += vcpu_section(timings, metric, center)
     out += _plain_across_builds(timings, instr, metric)
     if instr is not None and not instr.empty:
         tools = ", ".join(sorted(set(instr["tool"].astype(str))))
@@ -660,6 +661,55 @@ def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
                              "executor instructions", "executor overhead %"], irows,
                             ["l", "l", "r", "r", "r", "r"]))
     return "\n".join(out) + "\n"
+
+
+#: The precision issue 13 asks of a Query-2 overhead (CI half-width, percentage points).
+Q2_HALF_WIDTH_GOAL_PP = 1.0
+
+
+def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> list[str]:
+    """The vCPU's speed per execution, what disturbed the backends, and whether the
+    Query-2 CIs are narrow enough to judge 1 %."""
+    from profkit.analyze.stats import has_calibration, vcpu_adjust
+
+    if not has_calibration(timings):
+        return []
+    adj, info = vcpu_adjust(timings)
+    out = ["", "## The vCPU's speed and what disturbed the backends", "",
+           ("A fixed calibration work (~3 ms, profkit/collect/vcpu_calib.c) ran on the "
+            "backend's CPU just before and just after every execution; its CPU time is the "
+            "vCPU's speed then (the host slows a vCPU in bursts, which a backend's CPU time "
+            f"cannot tell from work). {info.describe()}. Threshold: the run's median "
+            "calibration + 3.5 × 1.4826 × MAD, at least +3 %; an execution is rejected "
+            "(`cpu_kept_ms`) when either of its calibrations is above it."), ""]
+    cols = [c for c in ("speed_factor", "invol_cs", "vol_cs", "migrations", "minflt",
+                        "majflt", "steal_cpu_ms", "runq_ms") if c in adj.columns]
+    rows = []
+    for (b, m), g in adj.groupby(["build", "mode"], sort=False):
+        rows.append([str(b), str(m), f"{int(g['calib_slow'].sum())}/{len(g)}",
+                     *(f"{g[c].median():.2f}" if c == "speed_factor" else
+                       f"{g[c].median():.0f} (max {g[c].max():.0f})" for c in cols)])
+    out.append(md_table(["build", "mode", "rejected", *(f"{c} median" for c in cols)], rows,
+                        ["l", "l"] + ["r"] * (len(cols) + 1)))
+    try:
+        s = summarize_metric(timings, metric, center=center)
+    except ProfkitError:
+        return out
+    q2 = s[s["mode"] == Q2]
+    if q2.empty:
+        return out
+    hw = ((q2["ci_high_pct"] - q2["ci_low_pct"]) / 2).astype("float64")
+    worst = float(hw.max()) if hw.notna().any() else math.nan
+    parts = ", ".join(f"{b} ±{h:.2f}" for b, h in zip(q2["build"], hw, strict=True))
+    out += ["", f"Query-2 overhead CI half-width by `{metric}` (percentage points): {parts}."]
+    if _num(worst) and worst <= Q2_HALF_WIDTH_GOAL_PP:
+        out.append(f"Every Query-2 CI is within ±{Q2_HALF_WIDTH_GOAL_PP:g} pp: the times can "
+                   "judge a 1 % difference in this run.")
+    else:
+        out.append(f"**Not every Query-2 CI is within ±{Q2_HALF_WIDTH_GOAL_PP:g} pp** (widest "
+                   f"±{worst:.2f}): on this machine in this run the times cannot judge a 1 % "
+                   "difference; the claim rests on the instruction counts (callgrind).")
+    return out
 
 
 def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None,
