@@ -28,7 +28,10 @@ from profkit.errors import ProfkitError
 from profkit.pg.workloads import WorkloadError
 
 SUMMARY_COLUMNS = ["build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
-                   "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct"]
+                   "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct", "pg_version",
+                   "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms", "plain_q25_ms",
+                   "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
+                   "vs_ref_instr_pct"]
 MODES = ["plain", "analyze_notiming", "analyze_timing"]
 SEED = 7  # an order seed whose first repetition interleaves the two builds (checked below)
 
@@ -249,6 +252,16 @@ def test_summary_overheads_and_instruction_counts(small_run):
     q3 = v.loc[("vanilla", "analyze_timing"), "instr_overhead_pct"]
     assert 10 < q2 < q3, (q2, q3)  # row counting costs instructions; timing costs more
     assert v.loc[("vanilla", "plain"), "instr"] == per[("vanilla", "plain")]
+    # issue 13's columns: both arms are PG18 vanilla; aa (own settings) is measured
+    # against vanilla's plain Query-1, in time (CI) and instructions
+    assert set(s["pg_version"].astype(str).str[:2]) == {"18"} and set(s["metric"]) == {
+        "cpu_kept_ms"}
+    assert set(s["ref_build"]) == {"vanilla"} and set(s["preset"]) == {"vanilla"}
+    aa = v.loc[("aa", "plain")]
+    assert abs(aa.vs_ref_instr_pct) < 0.01 and aa.plain_instr == per[("aa", "plain")]
+    assert aa.vs_ref_ci_low_pct <= aa.vs_ref_pct <= aa.vs_ref_ci_high_pct
+    assert v.loc[("aa", "analyze_notiming"), "vs_ref_instr_pct"] == pytest.approx(
+        (per[("aa", "analyze_notiming")] / per[("vanilla", "plain")] - 1) * 100, abs=1e-3)
     for f in ("report.md", "overheads.png", "overheads.svg"):
         assert (d / f).stat().st_size > 1000, f
     md = (d / "report.md").read_text()

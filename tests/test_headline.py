@@ -52,7 +52,10 @@ def test_reproduce_writes_the_demo_files(reproduced):
     rows = _summary(base)
     assert list(rows[0]) == ["build", "mode", "n", "median_ms", "mean_ms", "variance",
                              "overhead_pct", "ci_low_pct", "ci_high_pct", "instr",
-                             "instr_overhead_pct"]
+                             "instr_overhead_pct", "pg_version", "preset", "metric", "q25_ms",
+                             "plain_instr", "plain_median_ms", "plain_q25_ms", "ref_build",
+                             "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
+                             "vs_ref_instr_pct"]
     assert {r["build"] for r in rows} == set(STEPS)
     assert {r["mode"] for r in rows} == {"plain", "analyze_notiming", "analyze_timing"}
     assert all(int(r["n"]) == 3 for r in rows)

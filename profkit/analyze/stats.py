@@ -62,11 +62,20 @@ Center = Literal["median", "mean"]
 
 BASELINE_MODE = "plain"
 
-#: Column order of ``summary.csv`` (fixed by issue 4; readers depend on it).
+#: Column order of ``summary.csv`` (issue 4's eleven first; readers depend on it), then
+#: issue 13's: the PostgreSQL version, the build's plain Query-1 (instructions, median
+#: and lower-quartile time) and every mode against **vanilla's** plain Query-1 of the
+#: same PostgreSQL major (``ref_build``; PG19 rows against pg19/vanilla), in time with
+#: its CI and in instructions. ``metric`` names the time measured.
 SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
     "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct",
+    "pg_version", "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms",
+    "plain_q25_ms", "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
+    "vs_ref_instr_pct",
 )
+#: The issue-13 columns a summary without :func:`attach_reference` lacks (left empty).
+_REFERENCE_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[11:]
 
 #: Columns of the DataFrame :func:`summarize` returns.
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -511,6 +520,10 @@ def summary_table(summary: pd.DataFrame,
     """
     if "instr" not in summary.columns or instr_counts is not None:
         summary = attach_instructions(summary, instr_counts)
+    summary = summary.copy()
+    for c in _REFERENCE_COLUMNS:
+        if c not in summary.columns:
+            summary[c] = math.nan
     missing = [c for c in SUMMARY_CSV_COLUMNS if c not in summary.columns]
     if missing:
         raise ComparisonError(
@@ -520,8 +533,110 @@ def summary_table(summary: pd.DataFrame,
     # Rounded so that the file is readable and diffs between runs are meaningful;
     # the DataFrame keeps full precision.
     for c, nd in (("median_ms", 4), ("mean_ms", 4), ("variance", 6), ("overhead_pct", 3),
-                  ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3)):
+                  ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3),
+                  ("q25_ms", 4), ("plain_median_ms", 4), ("plain_q25_ms", 4),
+                  ("vs_ref_pct", 3), ("vs_ref_ci_low_pct", 3), ("vs_ref_ci_high_pct", 3),
+                  ("vs_ref_instr_pct", 3)):
         out[c] = out[c].astype("float64").round(nd)
+    return out
+
+
+# --------------------------------------------------------------------------- against vanilla
+
+
+def pg_major(version: object) -> str:
+    """``"18"`` from ``"PostgreSQL 18.6"``, ``"18.6"`` or ``"19beta1"`` ('' if none)."""
+    import re
+
+    m = re.search(r"(\d+)", str(version or "").replace("PostgreSQL", ""))
+    return m.group(1) if m else ""
+
+
+def vanilla_references(builds: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """build label -> the label of the vanilla build of the same PostgreSQL major.
+
+    *builds*: label -> ``{"preset": ..., "version": ..., "arm_settings": {...}}`` (the
+    bench provenance's ``builds``). A vanilla build is one whose preset is ``vanilla``
+    or ``pgNN/vanilla``; among several of one major, the first without settings of its
+    own in :func:`build_order` is the reference. Builds of a major without a vanilla
+    build get none.
+    """
+    refs: dict[str, str] = {}
+    order = build_order(list(builds))
+    for major in dict.fromkeys(pg_major(builds[b].get("version")) for b in order):
+        cands = [b for b in order if pg_major(builds[b].get("version")) == major
+                 and str(builds[b].get("preset", "")).split("/")[-1] == "vanilla"]
+        if not cands:
+            continue
+        plain = [b for b in cands if not builds[b].get("arm_settings")]
+        ref = (plain or cands)[0]
+        for b in order:
+            if pg_major(builds[b].get("version")) == major:
+                refs[b] = ref
+    return refs
+
+
+def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
+                     builds: dict[str, dict[str, Any]], instr_counts: pd.DataFrame | None,
+                     metric: str | None = None, **kwargs: Any) -> pd.DataFrame:
+    """Add issue 13's columns (:data:`SUMMARY_CSV_COLUMNS` from ``pg_version`` on).
+
+    ``vs_ref_pct`` [``vs_ref_ci_low_pct``, ``vs_ref_ci_high_pct``]: the mode's time
+    against the reference vanilla build's plain Query-1 (:func:`vanilla_references`),
+    computed like ``overhead_pct`` (paired by repetition: the builds are interleaved),
+    by *metric* (default: :func:`default_metric`); for the plain row it is what the
+    build costs a query that is not explained. ``vs_ref_instr_pct``: the same in
+    instructions (callgrind). *kwargs* go to :func:`summarize` (center, seed, ...).
+    """
+    out = summary.copy()
+    metric = metric or default_metric(timings)
+    refs = vanilla_references(builds)
+    per = None
+    if instr_counts is not None and not instr_counts.empty:
+        ic = tables.validate(instr_counts, "instr_counts")
+        per = ic[ic["instructions"].notna()].groupby(["build", "mode"])["instructions"].median()
+    frame, col = metric_frame(timings, metric)
+    if metric == "cpu_kept_ms":
+        kwargs.setdefault("pair", "common")
+    plain_rows = out[out["mode"] == BASELINE_MODE].set_index("build")
+    for c in _REFERENCE_COLUMNS:
+        if c in ("q25_ms", "metric") and c in out.columns:
+            continue  # from summarize
+        out[c] = pd.Series([pd.NA] * len(out), dtype="object") if c in (
+            "pg_version", "preset", "metric", "ref_build") else math.nan
+    for i, row in out.iterrows():
+        b, mode = row["build"], row["mode"]
+        info = builds.get(b, {})
+        out.at[i, "pg_version"] = info.get("version") or pd.NA
+        out.at[i, "preset"] = info.get("preset") or pd.NA
+        if b in plain_rows.index:
+            pr = plain_rows.loc[b]
+            out.at[i, "plain_median_ms"] = pr["median_ms"]
+            out.at[i, "plain_q25_ms"] = pr.get("q25_ms", math.nan)
+            if per is not None and (b, BASELINE_MODE) in per.index:
+                out.at[i, "plain_instr"] = float(per[(b, BASELINE_MODE)])
+        ref = refs.get(b)
+        if ref is None:
+            continue
+        out.at[i, "ref_build"] = ref
+        if per is not None and (b, mode) in per.index and (ref, BASELINE_MODE) in per.index:
+            out.at[i, "vs_ref_instr_pct"] = float(_pct(per[(b, mode)], per[(ref, BASELINE_MODE)]))
+        if ref == b and mode == BASELINE_MODE:
+            out.at[i, "vs_ref_pct"] = 0.0
+            continue
+        base = frame[(frame["build"] == ref) & (frame["mode"] == BASELINE_MODE)]
+        cur = frame[(frame["build"] == b) & (frame["mode"] == mode)]
+        if base.empty or cur.empty:
+            continue
+        pair = pd.concat([base.assign(build="x"), cur.assign(build="x", mode="vs_ref")])
+        try:
+            r = summarize(pair, col, **kwargs)  # type: ignore[arg-type]
+        except ComparisonError:
+            continue
+        r = r[r["mode"] == "vs_ref"].iloc[0]
+        out.at[i, "vs_ref_pct"] = r["overhead_pct"]
+        out.at[i, "vs_ref_ci_low_pct"] = r["ci_low_pct"]
+        out.at[i, "vs_ref_ci_high_pct"] = r["ci_high_pct"]
     return out
 
 

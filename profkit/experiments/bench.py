@@ -711,9 +711,12 @@ class BenchResult:
     provenance: dict[str, Any]
 
     def summary(self, metric: str | None = None) -> pd.DataFrame:
-        from profkit.analyze.stats import attach_instructions, summarize_metric
+        """Per build and mode, as in summary.csv (with the columns against vanilla)."""
+        from profkit.analyze.stats import attach_instructions, attach_reference, summarize_metric
 
-        return attach_instructions(summarize_metric(self.timings, metric), self.instructions)
+        s = attach_instructions(summarize_metric(self.timings, metric), self.instructions)
+        return attach_reference(s, self.timings, builds_info(self.provenance, self.timings),
+                                self.instructions, metric)
 
     def _repr_html_(self) -> str:
         import html
@@ -940,6 +943,28 @@ def _resolve_pin(pin_cpu: int | str | None) -> int | None:
     return pin_cpu
 
 
+def builds_info(prov: Mapping[str, Any], timings: pd.DataFrame | None = None
+                ) -> dict[str, dict[str, Any]]:
+    """label -> {preset, version, arm_settings} from a run's provenance (the timings'
+    preset column for a label the provenance lacks; the version is then unknown)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, b in (prov.get("builds") or {}).items():
+        if not isinstance(b, Mapping):
+            continue
+        src = b.get("source") if isinstance(b.get("source"), Mapping) else {}
+        pgc = b.get("pg_config") if isinstance(b.get("pg_config"), Mapping) else {}
+        version = (src or {}).get("version") or str((pgc or {}).get("VERSION", "")).replace(
+            "PostgreSQL ", "") or None
+        out[str(label)] = {"preset": b.get("preset", label), "version": version,
+                           "arm_settings": dict(b.get("arm_settings") or {})}
+    if timings is not None and "preset" in timings.columns:
+        for label, g in timings.groupby("build"):
+            if str(label) not in out:
+                out[str(label)] = {"preset": str(g["preset"].iloc[0]), "version": None,
+                                   "arm_settings": {}}
+    return out
+
+
 def _files(out: Path) -> dict[str, str]:
     names = {"timings": TIMINGS_CSV, "timings_parquet": TIMINGS_PARQUET,
              "instructions": INSTRUCTIONS_CSV, "provenance": PROVENANCE_JSON}
@@ -1015,6 +1040,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     """
     from profkit.analyze.stats import (
         attach_instructions,
+        attach_reference,
         compare_chain,
         default_metric,
         metric_frame,
@@ -1033,6 +1059,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     metric = metric or default_metric(timings)
     s = summarize_metric(timings, metric, center=center)
     s = attach_instructions(s, instr)
+    s = attach_reference(s, timings, builds_info(prov, timings), instr, metric, center=center)
     comps = None
     builds = timings["build"].unique().tolist()
     if len(builds) >= 2 and not timings.empty:
