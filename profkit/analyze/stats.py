@@ -207,12 +207,20 @@ def _mode_sort_key(mode: str) -> tuple[int, str]:
 
 
 def build_order(builds: Sequence[str]) -> list[str]:
-    """Builds in the seed's order (vanilla, step1, step2, step3), others after, sorted."""
-    known = ("vanilla", "step1", "step2", "step3")
-    return sorted(
-        dict.fromkeys(builds),
-        key=lambda b: (known.index(b) if b in known else len(known), b),
-    )
+    """Builds in the seed's order (vanilla, step1 … step5), others after, sorted; labels
+    of another major (``pg19-vanilla``, ``pg19/step3``) after those of the default one,
+    in the same order within their major."""
+    import re
+
+    known = ("vanilla", "step1", "step2", "step3", "step4", "step5")
+
+    def key(b: str) -> tuple[int, str, int, str]:
+        m = re.match(r"^pg(\d+)[-/](.+)$", b)
+        major, base = (m.group(1), m.group(2)) if m else ("", b)
+        return (1 if major else 0, major, known.index(base) if base in known else len(known),
+                base)
+
+    return sorted(dict.fromkeys(builds), key=key)
 
 
 def summarize(

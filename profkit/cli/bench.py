@@ -25,11 +25,16 @@ if not out_console.is_terminal:
     out_console = Console(width=150)
 
 #: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
-#: ~0.3 s on vanilla and Query-3 ~3.9x that, so one repetition of the 4 builds x 3 modes
-#: is ~6.5 s on an idle machine (~15 s while other work loads it): 25 repetitions plus
-#: warm-up take ~3 minutes idle. callgrind at 0.01 (work / 49) counts the 4 builds in
-#: ~30 s (2 in parallel); its instruction overheads differ from 0.02's by < 0.2 points.
-REPRO_BUILDS = "vanilla,step1,step2,step3"
+#: ~0.36 s of CPU on vanilla and Query-3 ~3.9x that, so one repetition of the 6 builds x
+#: 3 modes is ~12 s on an idle machine (pinned to one CPU; more while other work loads
+#: it): 25 repetitions plus warm-up take ~5 minutes idle. callgrind at 0.01 (work / 49)
+#: counts the builds in ~45 s (2 in parallel); its instruction overheads differ from
+#: 0.02's by < 0.2 points. step4 and step5 go beyond the seed's article (issue 13).
+REPRO_BUILDS = "vanilla,step1,step2,step3,step4,step5"
+#: What ``profkit reproduce --pg19`` adds: PostgreSQL 19 rows, each measured against
+#: pg19/vanilla's plain query (summary.csv's ref_build). Its source:
+#: $PROFKIT_PG19_SOURCE, else debian:postgresql-19 (profkit.pg.source).
+REPRO_PG19_BUILDS = "pg19/vanilla,pg19/step3,pg19/step5"
 REPRO_SCALE = 0.07
 REPRO_REPS = 25
 REPRO_INSTR_SCALE = 0.01
@@ -48,9 +53,17 @@ def _report_after_failure(e: ProfkitError) -> None:
 
 
 def _print_results(files: Any) -> None:
-    from profkit.render.report import comparisons_table, ordering_check, render_console
+    from profkit.render.report import (
+        comparisons_table,
+        ordering_check,
+        reference_console,
+        render_console,
+    )
 
     out_console.print(render_console(files.summary))
+    ref = reference_console(files.summary)
+    if ref is not None:
+        out_console.print(ref)
     if files.comparisons is not None and not files.comparisons.empty:
         out_console.print(comparisons_table(files.comparisons))
     for line in ordering_check(files.summary, files.comparisons):
@@ -171,6 +184,9 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
               help="Unrecorded executions before the measured ones.")
 @click.option("--instr-scale", type=float, default=REPRO_INSTR_SCALE, show_default=True,
               help="Scale at which callgrind counts one execution per build and mode.")
+@click.option("--pg19", is_flag=True,
+              help=f"Add the PostgreSQL 19 rows ({REPRO_PG19_BUILDS}); source: "
+                   "$PROFKIT_PG19_SOURCE, else debian:postgresql-19 (see the README).")
 @click.option("--no-callgrind", is_flag=True, help="Skip the instruction counts.")
 @click.option("--no-flamegraphs", is_flag=True, help="Skip the flamegraph demo at the end.")
 @click.option("--seed", "order_seed", type=int, default=None,
@@ -179,21 +195,27 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
               help="Profiles folder (default: ./profiles).")
 @_friendly
 def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale: float,
-                  no_callgrind: bool, no_flamegraphs: bool, order_seed: int | None,
-                  out: Path | None) -> None:
-    """Reproduce explain-analyze-87pct-overhead-cut.txt: vanilla, step1, step2, step3.
+                  pg19: bool, no_callgrind: bool, no_flamegraphs: bool,
+                  order_seed: int | None, out: Path | None) -> None:
+    """Reproduce explain-analyze-87pct-overhead-cut.txt (vanilla, step1–3) and go beyond
+    it (step4, step5); --pg19 adds PostgreSQL 19's vanilla, step3 and step5.
 
-    Builds the four variants (cached after the first time), runs nested_loop's Query-1/2/3
+    Builds the variants (cached after the first time), runs nested_loop's Query-1/2/3
     interleaved across builds, counts instructions with callgrind, prints the seed-style
-    table beside the seed's figures and writes report.md, overheads.png/svg and
-    summary.csv under profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.07
-    (Query-1 ≈ 0.3 s on vanilla here), 25 repetitions: ~3 minutes of benchmark on 2 idle
-    cores; callgrind at scale 0.01.
+    table beside the seed's figures and every build against vanilla's plain query of the
+    same major, and writes report.md, overheads.png/svg and summary.csv under
+    profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.07 (Query-1 ≈ 0.36 s
+    on vanilla here), 25 repetitions: ~5 minutes of benchmark on 2 idle cores (~8 with
+    --pg19); callgrind at scale 0.01.
     """
     from profkit.experiments.bench import check_request, run_bench, write_report
     from profkit.pg.build import get_build
 
     t_all = time.monotonic()
+    if pg19:
+        builds = ",".join([*(b for b in builds.split(",") if b.strip()),
+                           *(b for b in REPRO_PG19_BUILDS.split(",")
+                             if b not in builds.split(","))])
     req = check_request(builds, "nested_loop", scale, reps, warmup=warmup)
 
     err_console.rule("builds")

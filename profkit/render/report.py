@@ -129,6 +129,89 @@ def seed_table(summary: pd.DataFrame, seed: ModuleType = _seed) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def reference_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per build: its plain Query-1, Query-2 and Query-3 against **vanilla's**
+    plain Query-1 of the same PostgreSQL major (issue 13; columns from
+    :func:`profkit.analyze.stats.attach_reference`). Empty when the summary lacks them."""
+    cols = ["build", "pg_version", "ref_build", "plain_vs_ref_pct", "plain_vs_ref_ci_low",
+            "plain_vs_ref_ci_high", "plain_vs_ref_instr_pct", "q2_vs_ref_pct", "q2_vs_ref_ci_low",
+            "q2_vs_ref_ci_high", "q2_vs_ref_instr_pct", "q3_vs_ref_pct", "q3_vs_ref_ci_low",
+            "q3_vs_ref_ci_high", "q3_vs_ref_instr_pct"]
+    if "ref_build" not in summary.columns or summary["ref_build"].isna().all():
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for b in build_order(summary["build"].unique().tolist()):
+        row: dict[str, Any] = {"build": b}
+        for tag, mode in (("plain", "plain"), ("q2", Q2), ("q3", Q3)):
+            r = _cell(summary, b, mode)
+            if r is None:
+                continue
+            row["pg_version"], row["ref_build"] = r.get("pg_version"), r.get("ref_build")
+            row[f"{tag}_vs_ref_pct"] = r.get("vs_ref_pct")
+            row[f"{tag}_vs_ref_ci_low"] = r.get("vs_ref_ci_low_pct")
+            row[f"{tag}_vs_ref_ci_high"] = r.get("vs_ref_ci_high_pct")
+            row[f"{tag}_vs_ref_instr_pct"] = r.get("vs_ref_instr_pct")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def reference_markdown(summary: pd.DataFrame) -> list[str]:
+    """The report's section for :func:`reference_table` ([] when there is nothing)."""
+    rt = reference_table(summary)
+    if rt.empty or rt["ref_build"].isna().all():
+        return []
+    metric = str(summary["metric"].iloc[0]) if "metric" in summary.columns else "time"
+    out = ["## Against vanilla's plain Query-1", "",
+           (f"Each build's plain query, Query-2 and Query-3 against the plain Query-1 of the "
+            f"vanilla build of the same PostgreSQL major (`ref`), by `{metric}` (median of the "
+            "per-repetition ratios: the builds are interleaved; brackets: 95 % CI) and in "
+            "instructions (callgrind). The plain column is what a patch costs a query that is "
+            "not explained (issue 13's target: ≤ 0.3 %); Query-2's is the row-counting cost "
+            "a user sees against an unpatched server (target: ≤ 1.0 %)."), ""]
+    rows = []
+    for r in rt.itertuples():
+        rows.append([
+            r.build, str(r.pg_version) if _present(r.pg_version) else "–",
+            str(r.ref_build) if _present(r.ref_build) else "–",
+            _fmt_pct(r.plain_vs_ref_pct, (r.plain_vs_ref_ci_low, r.plain_vs_ref_ci_high)),
+            _fmt_pct(r.plain_vs_ref_instr_pct, digits=3),
+            _fmt_pct(r.q2_vs_ref_pct, (r.q2_vs_ref_ci_low, r.q2_vs_ref_ci_high)),
+            _fmt_pct(r.q2_vs_ref_instr_pct, digits=3),
+            _fmt_pct(r.q3_vs_ref_pct, (r.q3_vs_ref_ci_low, r.q3_vs_ref_ci_high)),
+            _fmt_pct(r.q3_vs_ref_instr_pct, digits=3),
+        ])
+    out += [_md_table(["build", "PostgreSQL", "ref", "plain vs ref % [95% CI]",
+                       "plain vs ref instr %", "Q2 vs ref % [95% CI]", "Q2 vs ref instr %",
+                       "Q3 vs ref % [95% CI]", "Q3 vs ref instr %"], rows), ""]
+    return out
+
+
+def reference_console(summary: pd.DataFrame) -> Table | None:
+    """:func:`reference_table` for the terminal (None when there is nothing)."""
+    rt = reference_table(summary)
+    if rt.empty or rt["ref_build"].isna().all():
+        return None
+    t = Table(title="against vanilla's plain Query-1 (same PostgreSQL major)",
+              title_justify="left", header_style="bold")
+    for col in ("build", "PG", "ref", "plain % [95% CI]", "plain instr %", "Q2 % [95% CI]",
+                "Q2 instr %", "Q3 % [95% CI]", "Q3 instr %"):
+        t.add_column(col, justify="left" if col in ("build", "PG", "ref") else "right")
+    for r in rt.itertuples():
+        t.add_row(r.build, str(r.pg_version) if _present(r.pg_version) else "–",
+                  str(r.ref_build) if _present(r.ref_build) else "–",
+                  _fmt_pct(r.plain_vs_ref_pct, (r.plain_vs_ref_ci_low, r.plain_vs_ref_ci_high)),
+                  _fmt_pct(r.plain_vs_ref_instr_pct, digits=3),
+                  _fmt_pct(r.q2_vs_ref_pct, (r.q2_vs_ref_ci_low, r.q2_vs_ref_ci_high)),
+                  _fmt_pct(r.q2_vs_ref_instr_pct, digits=3),
+                  _fmt_pct(r.q3_vs_ref_pct, (r.q3_vs_ref_ci_low, r.q3_vs_ref_ci_high)),
+                  _fmt_pct(r.q3_vs_ref_instr_pct, digits=3))
+    return t
+
+
+def _present(x: object) -> bool:
+    return x is not None and x is not pd.NA and not (isinstance(x, float) and math.isnan(x))
+
+
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
               align: Sequence[str] | None = None) -> str:
     return md_table(header, rows, align or ["l"] + ["r"] * (len(header) - 1))
@@ -300,6 +383,7 @@ def render_markdown(
     out += [(f"Seed ({seed.SEED_TITLE}): Query-2 overhead {q2_seed}; step 3 Query-1 "
             "45.9527 s, Query-2 47.6872 s."), ""]
 
+    out += reference_markdown(s)
     if chart:
         out += [f"![overhead chart]({chart})", ""]
 
