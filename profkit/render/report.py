@@ -754,7 +754,7 @@ Q2_HALF_WIDTH_GOAL_PP = 1.0
 def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> list[str]:
     """The vCPU's speed per execution, what disturbed the backends, and whether the
     Query-2 CIs are narrow enough to judge 1 %."""
-    from profkit.analyze.stats import has_calibration, vcpu_adjust
+    from profkit.analyze.stats import SLOW_MIN_EXCESS, SLOW_Z, has_calibration, vcpu_adjust
 
     if not has_calibration(timings):
         return []
@@ -764,8 +764,9 @@ def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> 
             "backend's CPU just before and just after every execution; its CPU time is the "
             "vCPU's speed then (the host slows a vCPU in bursts, which a backend's CPU time "
             f"cannot tell from work). {info.describe()}. Threshold: the run's median "
-            "calibration + 3.5 × 1.4826 × MAD, at least +3 %; an execution is rejected "
-            "(`cpu_kept_ms`) when either of its calibrations is above it."), ""]
+            f"calibration + {SLOW_Z:g} × 1.4826 × MAD, at least +{SLOW_MIN_EXCESS:.0%}; an "
+            "execution is rejected (`cpu_kept_ms`) when either of its calibrations is above "
+            "it."), ""]
     cols = [c for c in ("speed_factor", "invol_cs", "vol_cs", "migrations", "minflt",
                         "majflt", "steal_cpu_ms", "runq_ms") if c in adj.columns]
     rows = []
