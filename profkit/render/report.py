@@ -770,7 +770,14 @@ def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> 
     cols = [c for c in ("speed_factor", "invol_cs", "vol_cs", "migrations", "minflt",
                         "majflt", "steal_cpu_ms", "runq_ms") if c in adj.columns]
     rows = []
-    for (b, m), g in adj.groupby(["build", "mode"], sort=False):
+    modes = sorted(adj["mode"].unique(), key=lambda m: (m not in MODE_LABELS,
+                                                        list(MODE_LABELS).index(m)
+                                                        if m in MODE_LABELS else 0, m))
+    groups = dict(iter(adj.groupby(["build", "mode"])))
+    for b, m in ((b, m) for b in build_order(adj["build"].unique().tolist()) for m in modes):
+        if (b, m) not in groups:
+            continue
+        g = groups[(b, m)]
         rows.append([str(b), str(m), f"{int(g['calib_slow'].sum())}/{len(g)}",
                      *(f"{g[c].median():.2f}" if c == "speed_factor" else
                        f"{g[c].median():.0f} (max {g[c].max():.0f})" for c in cols)])
@@ -792,7 +799,7 @@ def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> 
                    "judge a 1 % difference in this run.")
     else:
         out.append(f"**Not every Query-2 CI is within ±{Q2_HALF_WIDTH_GOAL_PP:g} pp** (widest "
-                   f"±{worst:.2f}): on this machine in this run the times cannot judge a 1 % "
+                   f"±{worst:.3f}): on this machine in this run the times cannot judge a 1 % "
                    "difference; the claim rests on the instruction counts (callgrind).")
     return out
 
