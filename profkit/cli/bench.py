@@ -26,9 +26,10 @@ if not out_console.is_terminal:
 
 #: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
 #: ~0.36 s of CPU on vanilla and Query-3 ~3.9x that, so one repetition of the 6 builds x
-#: 3 modes is ~12 s on an idle machine (pinned to one CPU; more while other work loads
-#: it): 25 repetitions plus warm-up take ~5 minutes idle. callgrind at 0.01 (work / 49)
-#: counts the builds in ~45 s (2 in parallel); its instruction overheads differ from
+#: 3 modes is ~12 s of backend CPU (estimate for an idle machine: ~5 minutes for 25
+#: repetitions). Measured with --pg19 (9 builds) while other work loaded the VM (load 6-10;
+#: the backends are pinned to one CPU and wait for it): 23 minutes of benchmark, callgrind
+#: at 0.01 (work / 49) 100 s (2 in parallel); its instruction overheads differ from
 #: 0.02's by < 0.2 points. step4 and step5 go beyond the seed's article (issue 13).
 REPRO_BUILDS = "vanilla,step1,step2,step3,step4,step5"
 #: What ``profkit reproduce --pg19`` adds: PostgreSQL 19 rows, each measured against
@@ -205,8 +206,8 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     table beside the seed's figures and every build against vanilla's plain query of the
     same major, and writes report.md, overheads.png/svg and summary.csv under
     profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.07 (Query-1 ≈ 0.36 s
-    on vanilla here), 25 repetitions: ~5 minutes of benchmark on 2 idle cores (~8 with
-    --pg19); callgrind at scale 0.01.
+    of CPU on vanilla here), 25 repetitions (~5 minutes on 2 idle cores, estimated; 23
+    minutes with --pg19 measured on a loaded VM); callgrind at scale 0.01.
     """
     from profkit.experiments.bench import check_request, run_bench, write_report
     from profkit.pg.build import get_build
