@@ -41,6 +41,7 @@ PARAMS: dict[str, dict[str, object]] = {
     # the named build test_custom_build.py makes from the same patch (cached by then)
     "06_your_patch.py": {"SCALE": 0.1, "REPS": 5, "INSTR_BUDGET_S": 10.0, "PERF_REPS": 30,
                          "BUILD_NAME": "test-pk15-double-clock"},
+    "07_row_counting_and_clocks.py": {"SCALE": 0.02, "REPS": 5, "INSTR_SCALE": 0.005},
 }
 # The builds each notebook compares at those parameters (conftest builds them first);
 # the test asserts the notebook used exactly these and skipped none.
@@ -51,12 +52,20 @@ NB_BUILDS: dict[str, list[str]] = {
     "04_clock_calls_per_node.py": ["vanilla"],
     "05_clock_sources.py": ["vanilla", "coarse_clock", "tsc_clock"],
     "06_your_patch.py": ["vanilla", "test-pk15-double-clock"],
+    # arms (labels): PG19 vanilla twice, with each timing_clock_source
+    "07_row_counting_and_clocks.py": ["vanilla", "step3", "step4", "step5", "pg19-step5",
+                                      "pg19sys", "pg19tsc", "tsc_clock"],
+}
+# the presets behind a notebook's arms, when its labels are not preset names
+NB_PRESETS: dict[str, list[str]] = {
+    "07_row_counting_and_clocks.py": ["vanilla", "step3", "step4", "step5", "pg19/step5",
+                                      "pg19/vanilla", "tsc_clock"],
 }
 # builds used besides the compared ones (03's gprof counts on the -pg twins)
 NB_EXTRA_BUILDS: dict[str, list[str]] = {"03_instrumentation_calls.py": ["gprof", "step3+gprof"]}
 # 06 builds its patch when the cache lacks it (a ccache build: ~2 min)
 TIMEOUT_S: dict[str, int] = {"01_overhead.py": 600, "03_instrumentation_calls.py": 600,
-                             "06_your_patch.py": 900}
+                             "06_your_patch.py": 900, "07_row_counting_and_clocks.py": 600}
 DEFAULT_TIMEOUT_S = 300
 
 
@@ -95,6 +104,7 @@ def outputs_text(nb: nbformat.NotebookNode) -> str:
             elif "data" in o:
                 parts.append(str(o["data"].get("text/plain", "")))
                 parts.append(str(o["data"].get("text/html", "")))
+                parts.append(str(o["data"].get("text/markdown", "")))
     return "\n".join(parts)
 
 
@@ -105,7 +115,7 @@ def profiles(tmp_path_factory, vanilla_build):
 
 
 def test_every_notebook_has_parameters_and_asserts():
-    assert len(NOTEBOOKS) == 6, NOTEBOOKS
+    assert len(NOTEBOOKS) == len(PARAMS) >= 6, NOTEBOOKS
     for name in NOTEBOOKS:
         nb = load(name)
         first_code = next(c for c in nb.cells if c.cell_type == "code")
@@ -133,7 +143,8 @@ def test_ipynb_is_paired_with_py(name):
 @pytest.mark.pg
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.builds(*[
-        b for b in (*NB_BUILDS.get(n, []), *NB_EXTRA_BUILDS.get(n, [])) if b in BUILD_ORDER]))
+        b for b in (*NB_PRESETS.get(n, NB_BUILDS.get(n, [])), *NB_EXTRA_BUILDS.get(n, []))
+        if b in BUILD_ORDER]))
     for n in NOTEBOOKS])
 def test_notebook_runs_and_asserts(name, profiles):
     nb = load(name)
@@ -159,6 +170,11 @@ def test_notebook_runs_and_asserts(name, profiles):
         text2 = outputs_text(again)
         assert "read an earlier run from disk" in text2, text2[-2000:]
         assert seconds2 < seconds
+    if name == "07_row_counting_and_clocks.py":
+        assert "collected a fresh run" in text
+        # the verdict lines and the vCPU summary come from the run's own figures
+        assert "(against vanilla): Query-2" in text and "(against pg19sys): Query-2" in text
+        assert "vCPU calibration: median" in text
     if name == "02_flamegraphs.py":
         assert text.count("<iframe srcdoc=") >= 6  # plain, timing, diff, icicle, merged, build diff
     if name == "06_your_patch.py":

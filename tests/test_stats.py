@@ -274,7 +274,9 @@ def test_summary_csv_columns_and_instruction_overhead(tmp_path):
     assert path.read_text() == text
     lines = text.splitlines()
     assert lines[0] == ("build,mode,n,median_ms,mean_ms,variance,overhead_pct,ci_low_pct,"
-                        "ci_high_pct,instr,instr_overhead_pct")
+                        "ci_high_pct,instr,instr_overhead_pct,pg_version,preset,metric,q25_ms,"
+                        "plain_instr,plain_median_ms,plain_q25_ms,ref_build,vs_ref_pct,"
+                        "vs_ref_ci_low_pct,vs_ref_ci_high_pct,vs_ref_instr_pct")
     back = pd.read_csv(io.StringIO(text))
     v = back[(back.build == "vanilla") & (back["mode"] == "analyze_notiming")].iloc[0]
     assert v.instr == 448_476_655
@@ -285,6 +287,58 @@ def test_summary_csv_columns_and_instruction_overhead(tmp_path):
     assert "step1,analyze_notiming,5," in text
     # plain rows have no CI: empty cells, not "nan"
     assert "nan" not in text.lower()
+
+
+def test_summary_against_vanilla_of_the_same_major():
+    """Issue 13: every mode against vanilla's plain Query-1 of the same PostgreSQL major,
+    in time (paired CI) and instructions; PG19 rows against pg19/vanilla."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0},
+                      "step5": {"analyze_notiming": 0.5},
+                      "pg19-vanilla": {"analyze_notiming": 25.0},
+                      "pg19tsc": {"analyze_notiming": 25.0},
+                      "pg19-step5": {"analyze_notiming": 0.4}}, reps=12, noise=0.1)
+    # step5's plain query is 1 % slower than vanilla's; pg19-step5's 2 % slower than pg19's
+    for b, f in (("step5", 1.01), ("pg19-step5", 1.02)):
+        t.loc[t.build == b, "server_ms"] *= f
+    builds = {"vanilla": {"preset": "vanilla", "version": "18.6"},
+              "step5": {"preset": "step5", "version": "18.6"},
+              "pg19tsc": {"preset": "pg19/vanilla", "version": "19beta1",
+                          "arm_settings": {"timing_clock_source": "tsc"}},
+              "pg19-vanilla": {"preset": "pg19/vanilla", "version": "19beta1"},
+              "pg19-step5": {"preset": "pg19/step5", "version": "19beta1"}}
+    assert stats.vanilla_references(builds) == {
+        "vanilla": "vanilla", "step5": "vanilla", "pg19-vanilla": "pg19-vanilla",
+        "pg19tsc": "pg19-vanilla", "pg19-step5": "pg19-vanilla"}
+    ic = instr_table({("vanilla", "plain"): 1_000_000, ("vanilla", "analyze_notiming"): 1_300_000,
+                      ("step5", "plain"): 1_002_000, ("step5", "analyze_notiming"): 1_008_000,
+                      ("pg19-vanilla", "plain"): 2_000_000,
+                      ("pg19-step5", "analyze_notiming"): 2_010_000})
+    s = stats.attach_instructions(stats.summarize(t, n_resamples=999), ic)
+    out = stats.attach_reference(s, t, builds, ic, "server_ms", n_resamples=999)
+    r = out.set_index(["build", "mode"])
+    q2 = r.loc[("step5", "analyze_notiming")]
+    assert q2.ref_build == "vanilla" and q2.pg_version == "18.6" and q2.preset == "step5"
+    # 1.01 x 1.005 - 1 against vanilla's plain; 0.5 % against its own
+    assert q2.vs_ref_pct == pytest.approx(1.505, abs=0.1)
+    assert q2.vs_ref_ci_low_pct < 1.505 < q2.vs_ref_ci_high_pct
+    assert q2.overhead_pct == pytest.approx(0.5, abs=0.1)
+    assert q2.vs_ref_instr_pct == pytest.approx(0.8)
+    assert q2.instr_overhead_pct == pytest.approx(100 * (1_008_000 / 1_002_000 - 1))
+    assert q2.plain_instr == 1_002_000
+    assert q2.plain_median_ms == r.loc[("step5", "plain"), "median_ms"]
+    p5 = r.loc[("step5", "plain")]
+    assert p5.vs_ref_pct == pytest.approx(1.0, abs=0.1) and p5.vs_ref_instr_pct == pytest.approx(0.2)
+    assert r.loc[("vanilla", "plain"), "vs_ref_pct"] == 0.0
+    g = r.loc[("pg19-step5", "analyze_notiming")]
+    assert g.ref_build == "pg19-vanilla" and g.pg_version == "19beta1"
+    assert g.vs_ref_pct == pytest.approx(2.408, abs=0.1)
+    assert g.vs_ref_instr_pct == pytest.approx(0.5)
+    assert math.isnan(g.plain_instr)  # pg19-step5's plain was not counted
+    assert r.loc[("pg19tsc", "analyze_notiming"), "vs_ref_pct"] == pytest.approx(25.0, abs=0.2)
+    text = report.summary_csv(out)
+    back = pd.read_csv(io.StringIO(text))
+    assert list(back.columns) == list(stats.SUMMARY_CSV_COLUMNS)
+    assert "nan" not in text.lower() and "<NA>" not in text
 
 
 def test_attach_instructions_medians_repeated_counts():

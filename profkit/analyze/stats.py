@@ -62,17 +62,27 @@ Center = Literal["median", "mean"]
 
 BASELINE_MODE = "plain"
 
-#: Column order of ``summary.csv`` (fixed by issue 4; readers depend on it).
+#: Column order of ``summary.csv`` (issue 4's eleven first; readers depend on it), then
+#: issue 13's: the PostgreSQL version, the build's plain Query-1 (instructions, median
+#: and lower-quartile time) and every mode against **vanilla's** plain Query-1 of the
+#: same PostgreSQL major (``ref_build``; PG19 rows against pg19/vanilla), in time with
+#: its CI and in instructions. ``metric`` names the time measured.
 SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
     "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct",
+    "pg_version", "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms",
+    "plain_q25_ms", "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
+    "vs_ref_instr_pct",
 )
+#: The issue-13 columns a summary without :func:`attach_reference` lacks (left empty).
+_REFERENCE_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[11:]
 
 #: Columns of the DataFrame :func:`summarize` returns.
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "build", "mode", "n", "median_ms", "mean_ms", "variance", "std_ms",
     "overhead_pct", "ci_low_pct", "ci_high_pct",
     "overhead_median_pct", "overhead_mean_pct", "center", "paired", "ci_method", "metric",
+    "q25_ms", "overhead_q25_pct",
 )
 
 # Modes in the order the seed presents them (Query-1, -2, -3); others follow sorted.
@@ -169,8 +179,18 @@ def _keyed(df: pd.DataFrame, metric: str) -> pd.Series:
     return s.astype("float64")
 
 
-def _pair(base: pd.Series, other: pd.Series) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Align two samples by (run_id, rep) when they pair one-to-one (see module doc)."""
+def _pair(base: pd.Series, other: pd.Series, common: bool = False
+          ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Align two samples by (run_id, rep) when they pair one-to-one (see module doc).
+
+    *common*: pair on the repetitions both samples have (when at least 2), dropping
+    the others — for a sample some of whose executions were rejected on purpose
+    (:func:`vcpu_adjust`), not lost by accident.
+    """
+    if common and base.index.is_unique and other.index.is_unique:
+        keys = [k for k in base.index if k in set(other.index)]
+        if len(keys) >= 2:
+            return base.reindex(keys).to_numpy(), other.reindex(keys).to_numpy(), True
     if (
         base.index.is_unique
         and other.index.is_unique
@@ -187,12 +207,20 @@ def _mode_sort_key(mode: str) -> tuple[int, str]:
 
 
 def build_order(builds: Sequence[str]) -> list[str]:
-    """Builds in the seed's order (vanilla, step1, step2, step3), others after, sorted."""
-    known = ("vanilla", "step1", "step2", "step3")
-    return sorted(
-        dict.fromkeys(builds),
-        key=lambda b: (known.index(b) if b in known else len(known), b),
-    )
+    """Builds in the seed's order (vanilla, step1 … step5), others after, sorted; labels
+    of another major (``pg19-vanilla``, ``pg19/step3``) after those of the default one,
+    in the same order within their major."""
+    import re
+
+    known = ("vanilla", "step1", "step2", "step3", "step4", "step5")
+
+    def key(b: str) -> tuple[int, str, int, str]:
+        m = re.match(r"^pg(\d+)[-/](.+)$", b)
+        major, base = (m.group(1), m.group(2)) if m else ("", b)
+        return (1 if major else 0, major, known.index(base) if base in known else len(known),
+                base)
+
+    return sorted(dict.fromkeys(builds), key=key)
 
 
 def summarize(
@@ -203,7 +231,7 @@ def summarize(
     confidence: float = 0.95,
     n_resamples: int = 9999,
     seed: int = 20250801,
-    pair: Literal["auto", "never"] = "auto",
+    pair: Literal["auto", "never", "common"] = "auto",
 ) -> pd.DataFrame:
     """Per build and mode: n, mean, sample variance, median and overhead vs plain.
 
@@ -214,7 +242,12 @@ def summarize(
       bootstrap CI ``ci_low_pct``/``ci_high_pct``; ``overhead_median_pct`` and
       ``overhead_mean_pct`` give both definitions. For ``plain`` it is 0 and the CI
       is empty (NaN).
-    - ``paired`` tells whether the CI resampled repetitions jointly (module doc).
+    - ``paired`` tells whether the CI resampled repetitions jointly (module doc);
+      *pair* ``"common"`` pairs on the repetitions both samples have (rejected
+      executions, :func:`vcpu_adjust`).
+    - ``q25_ms`` is the lower quartile of the times and ``overhead_q25_pct`` the
+      overhead by it (ratio of the lower quartiles): a slow vCPU only ever adds time, so
+      the lower quantile is the least disturbed measure beside the median.
 
     Raises :class:`ComparisonError` when a build has non-plain rows but no plain rows
     (an overhead needs its baseline) or when the timings mix workloads.
@@ -224,8 +257,8 @@ def summarize(
     df = _check_timings(timings, metric)
     if df.empty:
         return _empty_summary()
-    if pair not in ("auto", "never"):
-        raise ComparisonError(f"pair must be 'auto' or 'never', not {pair!r}")
+    if pair not in ("auto", "never", "common"):
+        raise ComparisonError(f"pair must be 'auto', 'never' or 'common', not {pair!r}")
 
     def ratio_stat(base: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
         return _pct(stat_fn(other, axis=axis), stat_fn(base, axis=axis))
@@ -252,6 +285,7 @@ def summarize(
             row: dict[str, object] = {
                 "build": build, "mode": mode, "n": n,
                 "median_ms": float(np.median(vals)),
+                "q25_ms": float(np.quantile(vals, 0.25)),
                 "mean_ms": float(np.mean(vals)),
                 "variance": float(np.var(vals, ddof=1)) if n > 1 else math.nan,
                 "std_ms": float(np.std(vals, ddof=1)) if n > 1 else math.nan,
@@ -260,12 +294,12 @@ def summarize(
             if mode == BASELINE_MODE:
                 row.update(
                     overhead_pct=0.0, ci_low_pct=math.nan, ci_high_pct=math.nan,
-                    overhead_median_pct=0.0, overhead_mean_pct=0.0,
+                    overhead_median_pct=0.0, overhead_mean_pct=0.0, overhead_q25_pct=0.0,
                     paired=False, ci_method="none",
                 )
             else:
-                b, o, paired = _pair(base, cur)
-                paired = paired and pair == "auto"
+                b, o, paired = _pair(base, cur, common=pair == "common")
+                paired = paired and pair != "never"
                 stat = paired_stat if paired else ratio_stat
                 ci = _bootstrap(
                     (b, o), stat, paired=paired,
@@ -277,6 +311,7 @@ def summarize(
                     ci_low_pct=ci.low, ci_high_pct=ci.high,
                     overhead_median_pct=float(_pct(np.median(o), np.median(b))),
                     overhead_mean_pct=float(_pct(np.mean(o), np.mean(b))),
+                    overhead_q25_pct=float(_pct(np.quantile(o, 0.25), np.quantile(b, 0.25))),
                     paired=ci.paired, ci_method=ci.method,
                 )
             rows.append(row)
@@ -493,6 +528,10 @@ def summary_table(summary: pd.DataFrame,
     """
     if "instr" not in summary.columns or instr_counts is not None:
         summary = attach_instructions(summary, instr_counts)
+    summary = summary.copy()
+    for c in _REFERENCE_COLUMNS:
+        if c not in summary.columns:
+            summary[c] = math.nan
     missing = [c for c in SUMMARY_CSV_COLUMNS if c not in summary.columns]
     if missing:
         raise ComparisonError(
@@ -502,35 +541,250 @@ def summary_table(summary: pd.DataFrame,
     # Rounded so that the file is readable and diffs between runs are meaningful;
     # the DataFrame keeps full precision.
     for c, nd in (("median_ms", 4), ("mean_ms", 4), ("variance", 6), ("overhead_pct", 3),
-                  ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3)):
+                  ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3),
+                  ("q25_ms", 4), ("plain_median_ms", 4), ("plain_q25_ms", 4),
+                  ("vs_ref_pct", 3), ("vs_ref_ci_low_pct", 3), ("vs_ref_ci_high_pct", 3),
+                  ("vs_ref_instr_pct", 3)):
         out[c] = out[c].astype("float64").round(nd)
+    return out
+
+
+# --------------------------------------------------------------------------- against vanilla
+
+
+def pg_major(version: object) -> str:
+    """``"18"`` from ``"PostgreSQL 18.6"``, ``"18.6"`` or ``"19beta1"`` ('' if none)."""
+    import re
+
+    m = re.search(r"(\d+)", str(version or "").replace("PostgreSQL", ""))
+    return m.group(1) if m else ""
+
+
+def vanilla_references(builds: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """build label -> the label of the vanilla build of the same PostgreSQL major.
+
+    *builds*: label -> ``{"preset": ..., "version": ..., "arm_settings": {...}}`` (the
+    bench provenance's ``builds``). A vanilla build is one whose preset is ``vanilla``
+    or ``pgNN/vanilla``; among several of one major, the first without settings of its
+    own in :func:`build_order` is the reference. Builds of a major without a vanilla
+    build get none.
+    """
+    refs: dict[str, str] = {}
+    order = build_order(list(builds))
+    for major in dict.fromkeys(pg_major(builds[b].get("version")) for b in order):
+        cands = [b for b in order if pg_major(builds[b].get("version")) == major
+                 and str(builds[b].get("preset", "")).split("/")[-1] == "vanilla"]
+        if not cands:
+            continue
+        plain = [b for b in cands if not builds[b].get("arm_settings")]
+        ref = (plain or cands)[0]
+        for b in order:
+            if pg_major(builds[b].get("version")) == major:
+                refs[b] = ref
+    return refs
+
+
+def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
+                     builds: dict[str, dict[str, Any]], instr_counts: pd.DataFrame | None,
+                     metric: str | None = None, **kwargs: Any) -> pd.DataFrame:
+    """Add issue 13's columns (:data:`SUMMARY_CSV_COLUMNS` from ``pg_version`` on).
+
+    ``vs_ref_pct`` [``vs_ref_ci_low_pct``, ``vs_ref_ci_high_pct``]: the mode's time
+    against the reference vanilla build's plain Query-1 (:func:`vanilla_references`),
+    computed like ``overhead_pct`` (paired by repetition: the builds are interleaved),
+    by *metric* (default: :func:`default_metric`); for the plain row it is what the
+    build costs a query that is not explained. ``vs_ref_instr_pct``: the same in
+    instructions (callgrind). *kwargs* go to :func:`summarize` (center, seed, ...).
+    """
+    out = summary.copy()
+    metric = metric or default_metric(timings)
+    refs = vanilla_references(builds)
+    per = None
+    if instr_counts is not None and not instr_counts.empty:
+        ic = tables.validate(instr_counts, "instr_counts")
+        per = ic[ic["instructions"].notna()].groupby(["build", "mode"])["instructions"].median()
+    frame, col = metric_frame(timings, metric)
+    if metric == "cpu_kept_ms":
+        kwargs.setdefault("pair", "common")
+    plain_rows = out[out["mode"] == BASELINE_MODE].set_index("build")
+    for c in _REFERENCE_COLUMNS:
+        if c in ("q25_ms", "metric") and c in out.columns:
+            continue  # from summarize
+        out[c] = pd.Series([pd.NA] * len(out), dtype="object") if c in (
+            "pg_version", "preset", "metric", "ref_build") else math.nan
+    for i, row in out.iterrows():
+        b, mode = row["build"], row["mode"]
+        info = builds.get(b, {})
+        out.at[i, "pg_version"] = info.get("version") or pd.NA
+        out.at[i, "preset"] = info.get("preset") or pd.NA
+        if b in plain_rows.index:
+            pr = plain_rows.loc[b]
+            out.at[i, "plain_median_ms"] = pr["median_ms"]
+            out.at[i, "plain_q25_ms"] = pr.get("q25_ms", math.nan)
+            if per is not None and (b, BASELINE_MODE) in per.index:
+                out.at[i, "plain_instr"] = float(per[(b, BASELINE_MODE)])
+        ref = refs.get(b)
+        if ref is None:
+            continue
+        out.at[i, "ref_build"] = ref
+        if per is not None and (b, mode) in per.index and (ref, BASELINE_MODE) in per.index:
+            out.at[i, "vs_ref_instr_pct"] = float(_pct(per[(b, mode)], per[(ref, BASELINE_MODE)]))
+        if ref == b and mode == BASELINE_MODE:
+            out.at[i, "vs_ref_pct"] = 0.0
+            continue
+        base = frame[(frame["build"] == ref) & (frame["mode"] == BASELINE_MODE)]
+        cur = frame[(frame["build"] == b) & (frame["mode"] == mode)]
+        if base.empty or cur.empty:
+            continue
+        pair = pd.concat([base.assign(build="x"), cur.assign(build="x", mode="vs_ref")])
+        try:
+            r = summarize(pair, col, **kwargs)  # type: ignore[arg-type]
+        except ComparisonError:
+            continue
+        r = r[r["mode"] == "vs_ref"].iloc[0]
+        out.at[i, "vs_ref_pct"] = r["overhead_pct"]
+        out.at[i, "vs_ref_ci_low_pct"] = r["ci_low_pct"]
+        out.at[i, "vs_ref_ci_high_pct"] = r["ci_high_pct"]
     return out
 
 
 # --------------------------------------------------------------------------- metrics
 
-METRICS: tuple[str, ...] = ("cpu_ms", "server_ms", "client_ms")
+METRICS: tuple[str, ...] = ("cpu_ms", "server_ms", "client_ms", "cpu_norm_ms", "cpu_kept_ms")
+#: Metrics computed from cpu_ms and the vCPU calibration columns (:func:`vcpu_adjust`).
+VCPU_METRICS: tuple[str, ...] = ("cpu_norm_ms", "cpu_kept_ms")
+CALIB_COLUMNS: tuple[str, ...] = ("calib_before_ms", "calib_after_ms")
+
+#: Robust z above which a calibration counts as slow (median + K × 1.4826 × MAD) ...
+SLOW_Z = 3.5
+#: ... but never below this much above the median: calibrations within 3 % of each
+#: other are one speed (the loop's own jitter here is ~1-2 %).
+SLOW_MIN_EXCESS = 0.03
+
+
+@dataclass(frozen=True)
+class VcpuSpeed:
+    """The run's vCPU calibrations and the rule that rejects executions.
+
+    ``reference_ms``: the median calibration time (the vCPU's usual speed in this run);
+    ``threshold_ms``: above it a calibration ran slow — ``max(median + z × 1.4826 ×
+    MAD, median × (1 + min_excess))`` of the run's own calibrations; ``rejected``: how
+    many executions had a slow calibration just before or just after (of ``n``);
+    ``slow_factor_*``: how much slower the slow calibrations were than the reference.
+    """
+
+    n: int
+    n_calibrations: int
+    reference_ms: float
+    mad_ms: float
+    threshold_ms: float
+    rejected: int
+    slow_calibrations: int
+    slow_factor_median: float
+    slow_factor_max: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.n == 0:
+            return "no vCPU calibrations recorded"
+        return (f"vCPU calibration: median {self.reference_ms:.3f} ms (MAD {self.mad_ms:.3f}); "
+                f"slow above {self.threshold_ms:.3f} ms: {self.slow_calibrations} of "
+                f"{self.n_calibrations} calibrations "
+                + (f"(median {self.slow_factor_median:.2f}x, max {self.slow_factor_max:.2f}x "
+                   "the reference)" if self.slow_calibrations else "")
+                + f"; {self.rejected} of {self.n} executions rejected")
+
+
+def has_calibration(timings: pd.DataFrame) -> bool:
+    return (all(c in timings.columns for c in (*CALIB_COLUMNS, "cpu_ms")) and len(timings) > 0
+            and bool(timings[list(CALIB_COLUMNS)].notna().all(axis=None)))
+
+
+def vcpu_adjust(timings: pd.DataFrame, *, z: float = SLOW_Z,
+                min_excess: float = SLOW_MIN_EXCESS) -> tuple[pd.DataFrame, VcpuSpeed]:
+    """The timings with the vCPU's speed taken into account, and the rule used.
+
+    Every execution has a calibration just before and just after it (the same fixed
+    work on the backend's CPU; its CPU time grows when the host slows the vCPU). Adds:
+
+    - ``calib_ms``: the mean of the two; ``speed_factor``: calib_ms / the run's median
+      calibration (1.8 = the vCPU ran 1.8x slower than usual);
+    - ``cpu_norm_ms``: cpu_ms / speed_factor — the CPU time at the usual speed;
+    - ``calib_slow``: either calibration above the threshold (:class:`VcpuSpeed`);
+    - ``cpu_kept_ms``: cpu_ms, NaN where calib_slow (the execution is rejected).
+
+    Rows without calibrations get NaN in every added column.
+    """
+    df = timings.copy()
+    nan = math.nan
+    if not all(c in df.columns for c in (*CALIB_COLUMNS, "cpu_ms")):
+        for c in ("calib_ms", "speed_factor", "cpu_norm_ms", "cpu_kept_ms"):
+            df[c] = nan
+        df["calib_slow"] = False
+        return df, VcpuSpeed(0, 0, nan, nan, nan, 0, 0, nan, nan)
+    before = df["calib_before_ms"].astype("float64")
+    after = df["calib_after_ms"].astype("float64")
+    allc = pd.concat([before, after]).dropna().to_numpy()
+    if len(allc) == 0:
+        ref = mad = thr = nan
+    else:
+        ref = float(np.median(allc))
+        mad = float(np.median(np.abs(allc - ref)))
+        thr = max(ref + z * 1.4826 * mad, ref * (1.0 + min_excess))
+    calib = (before + after) / 2.0
+    df["calib_ms"] = calib
+    df["speed_factor"] = calib / ref
+    df["cpu_norm_ms"] = df["cpu_ms"].astype("float64") / df["speed_factor"]
+    slow = (before > thr) | (after > thr)
+    known = before.notna() & after.notna()
+    df["calib_slow"] = slow & known
+    df["cpu_kept_ms"] = df["cpu_ms"].astype("float64").where(known & ~slow)
+    slow_c = allc[allc > thr] if len(allc) else allc
+    info = VcpuSpeed(
+        n=int(known.sum()), n_calibrations=len(allc), reference_ms=ref, mad_ms=mad,
+        threshold_ms=thr, rejected=int((slow & known).sum()), slow_calibrations=len(slow_c),
+        slow_factor_median=float(np.median(slow_c) / ref) if len(slow_c) else nan,
+        slow_factor_max=float(np.max(slow_c) / ref) if len(slow_c) else nan)
+    return df, info
 
 
 def default_metric(timings: pd.DataFrame) -> str:
-    """``cpu_ms`` when every row has it (Linux), else ``server_ms``.
+    """``cpu_kept_ms`` when the run has vCPU calibrations (:func:`vcpu_adjust`: CPU time
+    with the executions a slow vCPU disturbed left out), else ``cpu_ms`` when every row
+    has it (Linux), else ``server_ms``.
 
     The backend's on-CPU time is the headline: on an idle machine it equals the
     server's wall time to 0.1 ms (measured here), and on a shared one it does not
     count the time the backend waited for a core — waiting that inflated plain-query
     wall times here by up to 2x under a load average of 7 and so biased the overhead.
     """
+    if has_calibration(timings):
+        return "cpu_kept_ms"
     if "cpu_ms" in timings.columns and len(timings) and timings["cpu_ms"].notna().all():
         return "cpu_ms"
     return "server_ms"
 
 
 def metric_frame(timings: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, str]:
-    """(frame, column name stats understands): other time columns ride as server_ms."""
+    """(frame, column name stats understands): other time columns ride as server_ms.
+
+    ``cpu_norm_ms`` / ``cpu_kept_ms`` are computed by :func:`vcpu_adjust` (the run must
+    have the calibration columns); ``cpu_kept_ms`` leaves the rejected executions out.
+    """
     if metric not in METRICS:
         raise ComparisonError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
     if metric in ("server_ms", "client_ms"):
         return timings, metric
+    if metric in VCPU_METRICS:
+        if not has_calibration(timings):
+            raise ComparisonError(f"{metric} needs the vCPU calibration columns "
+                                  f"({', '.join(CALIB_COLUMNS)}): this run has none (recorded "
+                                  "by profkit bench since issue 13, unless calibrate=False)")
+        adj, _ = vcpu_adjust(timings)
+        adj = adj[adj[metric].notna()]
+        return adj.assign(server_ms=adj[metric].astype("float64")), "server_ms"
     if metric not in timings.columns or timings[metric].isna().any():
         raise ComparisonError(f"this run has no complete {metric} column (recorded on Linux only); "
                          "use metric='server_ms'")
@@ -542,9 +796,12 @@ def metric_frame(timings: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, str]
 def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
                      **kwargs: Any) -> pd.DataFrame:
     """:func:`profkit.analyze.stats.summarize` on any of :data:`METRICS` (default: see
-    :func:`default_metric`)."""
+    :func:`default_metric`); ``cpu_kept_ms`` pairs on the repetitions kept (pair
+    ``"common"``)."""
     metric = metric or default_metric(timings)
     frame, col = metric_frame(timings, metric)
+    if metric == "cpu_kept_ms":
+        kwargs.setdefault("pair", "common")
     out = summarize(frame, col, **kwargs)  # type: ignore[arg-type]
     out["metric"] = metric
     return out

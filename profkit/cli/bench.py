@@ -25,11 +25,17 @@ if not out_console.is_terminal:
     out_console = Console(width=150)
 
 #: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
-#: ~0.3 s on vanilla and Query-3 ~3.9x that, so one repetition of the 4 builds x 3 modes
-#: is ~6.5 s on an idle machine (~15 s while other work loads it): 25 repetitions plus
-#: warm-up take ~3 minutes idle. callgrind at 0.01 (work / 49) counts the 4 builds in
-#: ~30 s (2 in parallel); its instruction overheads differ from 0.02's by < 0.2 points.
-REPRO_BUILDS = "vanilla,step1,step2,step3"
+#: ~0.36 s of CPU on vanilla and Query-3 ~3.9x that, so one repetition of the 6 builds x
+#: 3 modes is ~12 s of backend CPU (estimate for an idle machine: ~5 minutes for 25
+#: repetitions). Measured with --pg19 (9 builds) while other work loaded the VM (load 6-10;
+#: the backends are pinned to one CPU and wait for it): 23 minutes of benchmark, callgrind
+#: at 0.01 (work / 49) 100 s (2 in parallel); its instruction overheads differ from
+#: 0.02's by < 0.2 points. step4 and step5 go beyond the seed's article (issue 13).
+REPRO_BUILDS = "vanilla,step1,step2,step3,step4,step5"
+#: What ``profkit reproduce --pg19`` adds: PostgreSQL 19 rows, each measured against
+#: pg19/vanilla's plain query (summary.csv's ref_build). Its source:
+#: $PROFKIT_PG19_SOURCE, else debian:postgresql-19 (profkit.pg.source).
+REPRO_PG19_BUILDS = "pg19/vanilla,pg19/step3,pg19/step5"
 REPRO_SCALE = 0.07
 REPRO_REPS = 25
 REPRO_INSTR_SCALE = 0.01
@@ -48,9 +54,17 @@ def _report_after_failure(e: ProfkitError) -> None:
 
 
 def _print_results(files: Any) -> None:
-    from profkit.render.report import comparisons_table, ordering_check, render_console
+    from profkit.render.report import (
+        comparisons_table,
+        ordering_check,
+        reference_console,
+        render_console,
+    )
 
     out_console.print(render_console(files.summary))
+    ref = reference_console(files.summary)
+    if ref is not None:
+        out_console.print(ref)
     if files.comparisons is not None and not files.comparisons.empty:
         out_console.print(comparisons_table(files.comparisons))
     for line in ordering_check(files.summary, files.comparisons):
@@ -63,6 +77,16 @@ def _warn_instructions(prov: dict[str, Any]) -> None:
     if prov.get("instructions_error"):
         err_console.print(f"[yellow]instruction counts failed (the timings are complete): "
                           f"{prov['instructions_error']}[/]", highlight=False)
+
+
+def _pin(text: str) -> int | str | None:
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give auto, none or a CPU number",
+                                 param_hint="--pin-cpu") from None
 
 
 def _mode_list(modes: str) -> list[str]:
@@ -103,15 +127,22 @@ def _mode_list(modes: str) -> list[str]:
                    "else smaller).")
 @click.option("--seed", "order_seed", type=int, default=None,
               help="Seed of the interleaving order (default: random, recorded).")
-@click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]), default=None,
-              help="Time the report's overheads use (default: cpu_ms, the backend's on-CPU "
-                   "time, where recorded; else server_ms).")
+@click.option("--metric", type=click.Choice(["cpu_kept_ms", "cpu_norm_ms", "cpu_ms", "server_ms",
+                                            "client_ms"]), default=None,
+              help="Time the report's overheads use (default: cpu_kept_ms, the backend's "
+                   "on-CPU time without the executions the vCPU calibration found slow, where "
+                   "recorded; else cpu_ms; else server_ms).")
+@click.option("--pin-cpu", default="auto", show_default=True, metavar="auto|none|N",
+              help="CPU the backends (and the vCPU calibration) are pinned to; auto: the "
+                   "last one.")
+@click.option("--no-calibration", is_flag=True,
+              help="Skip the vCPU calibration before and after every execution.")
 @json_option
 @_friendly
 def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
               instr_scale: float | None, order_seed: int | None, metric: str | None,
-              as_json: bool) -> None:
+              pin_cpu: str, no_calibration: bool, as_json: bool) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
@@ -126,7 +157,8 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
         res = run_bench(req, root=out, progress=True,
                         instructions=instructions,  # type: ignore[arg-type]
                         instr_scale=instr_scale, order_seed=order_seed,
-                        command_line=["profkit", *sys.argv[1:]])
+                        command_line=["profkit", *sys.argv[1:]],
+                        pin_cpu=_pin(pin_cpu), calibrate=not no_calibration)
     except ProfkitError as e:
         _report_after_failure(e)
         raise
@@ -153,6 +185,9 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
               help="Unrecorded executions before the measured ones.")
 @click.option("--instr-scale", type=float, default=REPRO_INSTR_SCALE, show_default=True,
               help="Scale at which callgrind counts one execution per build and mode.")
+@click.option("--pg19", is_flag=True,
+              help=f"Add the PostgreSQL 19 rows ({REPRO_PG19_BUILDS}); source: "
+                   "$PROFKIT_PG19_SOURCE, else debian:postgresql-19 (see the README).")
 @click.option("--no-callgrind", is_flag=True, help="Skip the instruction counts.")
 @click.option("--no-flamegraphs", is_flag=True, help="Skip the flamegraph demo at the end.")
 @click.option("--seed", "order_seed", type=int, default=None,
@@ -161,21 +196,27 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
               help="Profiles folder (default: ./profiles).")
 @_friendly
 def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale: float,
-                  no_callgrind: bool, no_flamegraphs: bool, order_seed: int | None,
-                  out: Path | None) -> None:
-    """Reproduce explain-analyze-87pct-overhead-cut.txt: vanilla, step1, step2, step3.
+                  pg19: bool, no_callgrind: bool, no_flamegraphs: bool,
+                  order_seed: int | None, out: Path | None) -> None:
+    """Reproduce explain-analyze-87pct-overhead-cut.txt (vanilla, step1–3) and go beyond
+    it (step4, step5); --pg19 adds PostgreSQL 19's vanilla, step3 and step5.
 
-    Builds the four variants (cached after the first time), runs nested_loop's Query-1/2/3
+    Builds the variants (cached after the first time), runs nested_loop's Query-1/2/3
     interleaved across builds, counts instructions with callgrind, prints the seed-style
-    table beside the seed's figures and writes report.md, overheads.png/svg and
-    summary.csv under profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.07
-    (Query-1 ≈ 0.3 s on vanilla here), 25 repetitions: ~3 minutes of benchmark on 2 idle
-    cores; callgrind at scale 0.01.
+    table beside the seed's figures and every build against vanilla's plain query of the
+    same major, and writes report.md, overheads.png/svg and summary.csv under
+    profiles/<run>/ (profiles/latest points at it). Defaults: scale 0.07 (Query-1 ≈ 0.36 s
+    of CPU on vanilla here), 25 repetitions (~5 minutes on 2 idle cores, estimated; 23
+    minutes with --pg19 measured on a loaded VM); callgrind at scale 0.01.
     """
     from profkit.experiments.bench import check_request, run_bench, write_report
     from profkit.pg.build import get_build
 
     t_all = time.monotonic()
+    if pg19:
+        builds = ",".join([*(b for b in builds.split(",") if b.strip()),
+                           *(b for b in REPRO_PG19_BUILDS.split(",")
+                             if b not in builds.split(","))])
     req = check_request(builds, "nested_loop", scale, reps, warmup=warmup)
 
     err_console.rule("builds")

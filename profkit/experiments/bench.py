@@ -63,6 +63,8 @@ import pandas as pd
 
 from profkit import paths, rundir, tables
 from profkit.errors import ComparisonError, ProfkitError
+from profkit.collect import vcpu as vcpu_mod
+from profkit.collect.vcpu import VcpuProbe
 from profkit.experiments import harness
 from profkit.parse.explain import explain_times
 from profkit.progress import Progress, ProgressFn, as_progress
@@ -93,6 +95,10 @@ DEFAULT_MODES: tuple[str, ...] = ("plain", "analyze_notiming", "analyze_timing")
 TIMINGS_COLUMNS: tuple[str, ...] = (
     *tables.SCHEMAS["timings"], "cpu_ms", "explain_ms", "planning_ms", "slot", "backend_pid",
     "preset", "t_start", "settings",
+    # the vCPU's speed just before / after the execution (CPU ms of a fixed calibration
+    # work on the backend's CPU) and what disturbed the backend over it (collect.vcpu)
+    "calib_before_ms", "calib_after_ms", "runq_ms", "vol_cs", "invol_cs", "migrations",
+    "minflt", "majflt", "steal_ms", "steal_cpu_ms", "last_cpu",
 )
 
 # How the work of a workload grows with its scale (nested_loop: |test1⋈test3| × |test2|).
@@ -415,6 +421,8 @@ class _Runner:
         self.writer: rundir.RowWriter | None = None
         self.clusters: harness.Clusters | None = None
         self.expected = wl.expected_rows(req.scale)
+        self.vcpu: VcpuProbe | None = None
+        self.pin_cpu: int | None = None
 
     # -- one execution --------------------------------------------------------
     def execute(self, t: _Target, mode: str) -> dict[str, Any]:
@@ -422,7 +430,7 @@ class _Runner:
         assert t.conn is not None and t.pgss is not None
         try:
             m = harness.timed_execute(t.conn, self.wl.query(mode), pid=t.backend_pid,
-                                      pgss=t.pgss, key=mode)
+                                      pgss=t.pgss, key=mode, vcpu=self.vcpu)
         except harness.HarnessError as e:
             raise BenchError(f"{e} (build {t.ref.label}, {mode})") from None
         except Exception as e:  # psycopg errors, and a broken connection's own errors
@@ -442,7 +450,8 @@ class _Runner:
         ex, pl = explain_times(m.rows) if mode != "plain" else (math.nan, math.nan)
         return {"client_ms": m.client_ms, "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,
                 "explain_ms": ex, "planning_ms": pl, "t_start": m.t_start,
-                "backend_pid": t.backend_pid}
+                "backend_pid": t.backend_pid, "calib_before_ms": m.calib_before_ms,
+                "calib_after_ms": m.calib_after_ms, "runq_ms": m.runq_ms, **m.counters}
 
     # -- phases ---------------------------------------------------------------
     def start_clusters(self, stack: contextlib.ExitStack, builds: Mapping[str, Build],
@@ -490,9 +499,22 @@ class _Runner:
                                 for k, _ in t.ref.settings}  # names checked by parse_settings
         return out
 
+    def start_vcpu(self, stack: contextlib.ExitStack, pin_cpu: int | None,
+                   calibrate: bool) -> None:
+        """Pin every backend to *pin_cpu*; with *calibrate*, start the calibration helper
+        pinned there too (stopped when *stack* closes)."""
+        self.pin_cpu = pin_cpu
+        if pin_cpu is not None:
+            for t in self.targets:
+                vcpu_mod.pin(t.backend_pid, pin_cpu)
+        if calibrate:
+            self.vcpu = stack.enter_context(VcpuProbe(pin_cpu))
+
     def connect(self, t: _Target) -> None:
         qids = dict(t.qids)
         t.conn, t.backend_pid = harness.connect(t.cluster)
+        if self.pin_cpu is not None:
+            vcpu_mod.pin(t.backend_pid, self.pin_cpu)
         t.pgss = harness.Pgss(t.conn)
         t.pgss.qids.update(qids)
 
@@ -689,9 +711,12 @@ class BenchResult:
     provenance: dict[str, Any]
 
     def summary(self, metric: str | None = None) -> pd.DataFrame:
-        from profkit.analyze.stats import attach_instructions, summarize_metric
+        """Per build and mode, as in summary.csv (with the columns against vanilla)."""
+        from profkit.analyze.stats import attach_instructions, attach_reference, summarize_metric
 
-        return attach_instructions(summarize_metric(self.timings, metric), self.instructions)
+        s = attach_instructions(summarize_metric(self.timings, metric), self.instructions)
+        return attach_reference(s, self.timings, builds_info(self.provenance, self.timings),
+                                self.instructions, metric)
 
     def _repr_html_(self) -> str:
         import html
@@ -726,6 +751,8 @@ def run_bench(
     run_id: str | None = None,
     command_line: Sequence[str] | None = None,
     root: str | os.PathLike[str] | None = None,
+    calibrate: bool = True,
+    pin_cpu: int | str | None = "auto",
 ) -> BenchResult:
     """Benchmark *modes* of *workload* on every build, interleaved; see the module doc.
 
@@ -736,6 +763,13 @@ def run_bench(
     counting. *instr_scale* forces the callgrind scale (default: the bench scale if it
     fits *callgrind_budget_s* per build, else a smaller one; the scale used is in
     instructions.csv and the provenance).
+
+    *pin_cpu*: the CPU every backend is pinned to (``"auto"``: the last one, when there
+    are two or more; None: not pinned). *calibrate*: run the vCPU calibration
+    (:mod:`profkit.collect.vcpu`) just before and after every execution, on that CPU;
+    its times and the backend's context switches, migrations, page faults and steal
+    time are extra columns of the timings (the report's robust estimates use them,
+    :func:`profkit.analyze.stats.vcpu_adjust`).
 
     Raises :class:`BenchError` (bad input, before anything starts), :class:`ServerCrashed`
     (naming the build and repetition; rows so far kept), :class:`ProfilesFull`.
@@ -752,6 +786,7 @@ def run_bench(
     if instr_scale is not None:
         check_scale(instr_scale)
     counter = resolve_counter(instructions) if instructions != "none" else "none"
+    pin = _resolve_pin(pin_cpu)
     seed = order_seed if order_seed is not None else harness.new_seed()
 
     named_here = out_dir is None
@@ -799,6 +834,10 @@ def run_bench(
                              "client round trip, rows fetched; explain_ms = EXPLAIN's "
                              "Execution Time"),
                 instruction_counter=counter,
+                pin_cpu=pin, vcpu_calibration=(
+                    {"loops": vcpu_mod.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
+                     "where": "just before and after every execution, on the pinned CPU"}
+                    if calibrate else None),
                 files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON})
             runner = _Runner(req, wl, run_id, out, reporter, seed)
             runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
@@ -812,6 +851,7 @@ def run_bench(
         try:
             with contextlib.ExitStack() as stack:
                 runner.start_clusters(stack, built, cluster_settings)
+                runner.start_vcpu(stack, pin, calibrate)
                 rd.update(clusters={t.ref.label: {"dir": str(t.cluster.dir), "port":
                                                   t.cluster.port, "postmaster_pid":
                                                   t.cluster.pid} for t in runner.targets})
@@ -891,6 +931,40 @@ def run_bench(
     return BenchResult(run_id, out, timings, instr_df, rd.provenance)
 
 
+def _resolve_pin(pin_cpu: int | str | None) -> int | None:
+    if pin_cpu is None or pin_cpu == "none":
+        return None
+    if pin_cpu == "auto":
+        return vcpu_mod.default_pin_cpu()
+    allowed = sorted(os.sched_getaffinity(0))
+    if isinstance(pin_cpu, bool) or not isinstance(pin_cpu, int) or pin_cpu not in allowed:
+        raise BenchError(f"pin_cpu {pin_cpu!r} is not a CPU this process may use "
+                         f"({', '.join(map(str, allowed))}); or 'auto', or None")
+    return pin_cpu
+
+
+def builds_info(prov: Mapping[str, Any], timings: pd.DataFrame | None = None
+                ) -> dict[str, dict[str, Any]]:
+    """label -> {preset, version, arm_settings} from a run's provenance (the timings'
+    preset column for a label the provenance lacks; the version is then unknown)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, b in (prov.get("builds") or {}).items():
+        if not isinstance(b, Mapping):
+            continue
+        src = b.get("source") if isinstance(b.get("source"), Mapping) else {}
+        pgc = b.get("pg_config") if isinstance(b.get("pg_config"), Mapping) else {}
+        version = (src or {}).get("version") or str((pgc or {}).get("VERSION", "")).replace(
+            "PostgreSQL ", "") or None
+        out[str(label)] = {"preset": b.get("preset", label), "version": version,
+                           "arm_settings": dict(b.get("arm_settings") or {})}
+    if timings is not None and "preset" in timings.columns:
+        for label, g in timings.groupby("build"):
+            if str(label) not in out:
+                out[str(label)] = {"preset": str(g["preset"].iloc[0]), "version": None,
+                                   "arm_settings": {}}
+    return out
+
+
 def _files(out: Path) -> dict[str, str]:
     names = {"timings": TIMINGS_CSV, "timings_parquet": TIMINGS_PARQUET,
              "instructions": INSTRUCTIONS_CSV, "provenance": PROVENANCE_JSON}
@@ -966,6 +1040,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     """
     from profkit.analyze.stats import (
         attach_instructions,
+        attach_reference,
         compare_chain,
         default_metric,
         metric_frame,
@@ -984,6 +1059,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     metric = metric or default_metric(timings)
     s = summarize_metric(timings, metric, center=center)
     s = attach_instructions(s, instr)
+    s = attach_reference(s, timings, builds_info(prov, timings), instr, metric, center=center)
     comps = None
     builds = timings["build"].unique().tolist()
     if len(builds) >= 2 and not timings.empty:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from profkit.errors import ProfkitError
 from profkit.collect.procfs import schedstat
+from profkit.collect.vcpu import VcpuProbe, counter_deltas, proc_counters
 
 if TYPE_CHECKING:
     import psycopg
@@ -225,12 +226,15 @@ class Timed:
     pgss_calls: int | None = None  # calls delta of the statement (1 when private)
     t_start: float = math.nan      # Unix time the execution started
     observed: Any = None           # what ``observe`` returned
+    calib_before_ms: float = math.nan  # the vCPU calibration's CPU time just before
+    calib_after_ms: float = math.nan   # ... and just after (VcpuProbe)
+    counters: dict[str, float] = field(default_factory=dict)  # vcpu.counter_deltas
 
 
 def timed_execute(conn: psycopg.Connection, sql: str, *, pid: int, pgss: Pgss | None = None,
                   key: str | None = None, stamps: bool = False,
-                  observe: Callable[[Callable[[], list[tuple[Any, ...]]]], Any] | None = None
-                  ) -> Timed:
+                  observe: Callable[[Callable[[], list[tuple[Any, ...]]]], Any] | None = None,
+                  vcpu: VcpuProbe | None = None) -> Timed:
     """Execute *sql* once on *conn* (backend *pid*) and time it; THE timing of a repetition.
 
     - client_ms: ``perf_counter_ns`` around the simple-protocol round trip, rows fetched;
@@ -243,6 +247,11 @@ def timed_execute(conn: psycopg.Connection, sql: str, *, pid: int, pgss: Pgss | 
 
     *observe*, when given, is called with the execution (a callable returning the rows)
     and must run it once — an observer attaching around it (ltrace, a uprobe, perf).
+
+    *vcpu*, when given: the calibration work runs just before and just after the
+    execution (outside the timed span; ``calib_before_ms``/``calib_after_ms``: the vCPU's
+    speed then), and the backend's context switches, migrations, page faults and the
+    steal time over the execution go to ``counters`` (:mod:`profkit.collect.vcpu`).
     Database errors propagate; the caller says where they happened.
     """
     out = Timed()
@@ -257,6 +266,9 @@ def timed_execute(conn: psycopg.Connection, sql: str, *, pid: int, pgss: Pgss | 
 
     def go() -> list[tuple[Any, ...]]:
         cur = conn.cursor()
+        if vcpu is not None:
+            out.calib_before_ms = vcpu.calibrate().cpu_ms
+            c0 = proc_counters(pid)
         s0 = schedstat(pid)
         out.t_start = time.time()
         t0 = time.perf_counter_ns()
@@ -274,6 +286,9 @@ def timed_execute(conn: psycopg.Connection, sql: str, *, pid: int, pgss: Pgss | 
             rows = cur.fetchall() if cur.description is not None else []
         t1 = time.perf_counter_ns()
         s1 = schedstat(pid)
+        if vcpu is not None:
+            out.counters = counter_deltas(c0, proc_counters(pid), vcpu.cpu)
+            out.calib_after_ms = vcpu.calibrate().cpu_ms
         cur.close()
         out.client_ms = (t1 - t0) / 1e6
         if s0 is not None and s1 is not None:

@@ -1,0 +1,102 @@
+/*
+ * vcpu_calib.c -- how fast is this vCPU right now? For profkit.collect.vcpu.
+ *
+ * Compiled at run time by profkit (gcc -O2) into ~/.cache/profkit/tools/,
+ * keyed by this file's hash, like clock_bench.c.  It stays running for a whole
+ * benchmark (pinned by the caller to the CPU the measured backend runs on) and
+ * answers requests on stdin, one per line:
+ *
+ *     <loops>\n          run the fixed calibration work <loops> times
+ *
+ * and prints one line per request:
+ *
+ *     <cpu_ns> <wall_ns> <cpu>\n
+ *
+ * cpu_ns is the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) over the work,
+ * wall_ns CLOCK_MONOTONIC over it, cpu the CPU it ended on (sched_getcpu).
+ * The work is the same instruction stream every time (a fixed pseudo-random
+ * walk over a 128 KiB table, with a data-dependent branch and a multiply chain:
+ * loads, branches and integer work, like an executor's per-row loop), so
+ * cpu_ns varies only with how fast the vCPU executes it: a host that runs
+ * another guest on the same physical core, or throttles, shows up as a longer
+ * cpu_ns -- which a backend's CPU time from /proc cannot tell from real work.
+ * An empty line or EOF ends the program.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define TABLE_WORDS (128 * 1024 / sizeof(uint32_t))
+
+static uint32_t table[TABLE_WORDS];
+
+static inline uint64_t
+ns(clockid_t id)
+{
+	struct timespec ts;
+
+	clock_gettime(id, &ts);
+	return (uint64_t) ts.tv_sec * 1000000000ULL + (uint64_t) ts.tv_nsec;
+}
+
+/* One unit of work: 4096 dependent steps of the walk. */
+static uint64_t
+work(uint64_t loops)
+{
+	uint64_t	acc = 0x9e3779b97f4a7c15ULL;
+	uint32_t	idx = 1;
+
+	for (uint64_t i = 0; i < loops; i++)
+	{
+		for (int j = 0; j < 4096; j++)
+		{
+			uint32_t	v = table[idx];
+
+			if (v & 1)
+				acc = acc * 6364136223846793005ULL + v;
+			else
+				acc ^= (acc >> 17) + v;
+			idx = (v ^ (uint32_t) acc) & (TABLE_WORDS - 1);
+		}
+	}
+	return acc;
+}
+
+int
+main(void)
+{
+	char		line[64];
+	uint64_t	x = 88172645463325252ULL;
+	volatile uint64_t sink;
+
+	for (size_t i = 0; i < TABLE_WORDS; i++)
+	{
+		/* xorshift: a fixed table, the same every run */
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		table[i] = (uint32_t) x;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	while (fgets(line, sizeof(line), stdin) != NULL)
+	{
+		char	   *end;
+		unsigned long long loops = strtoull(line, &end, 10);
+		uint64_t	c0, w0, c1, w1;
+
+		if (end == line)
+			break;
+		c0 = ns(CLOCK_THREAD_CPUTIME_ID);
+		w0 = ns(CLOCK_MONOTONIC);
+		sink = work(loops);
+		c1 = ns(CLOCK_THREAD_CPUTIME_ID);
+		w1 = ns(CLOCK_MONOTONIC);
+		(void) sink;
+		printf("%llu %llu %d\n", (unsigned long long) (c1 - c0),
+			   (unsigned long long) (w1 - w0), sched_getcpu());
+	}
+	return 0;
+}
