@@ -1040,21 +1040,24 @@ def bias_table(nodes: pd.DataFrame, arms: Sequence[str], yardsticks: Sequence[st
     return pd.DataFrame(out, columns=cols)
 
 
-def bias_markdown(bias: pd.DataFrame, *, metric: str = INCLUSIVE) -> str:
+def bias_markdown(bias: pd.DataFrame, *, metric: str = INCLUSIVE,
+                  pairs: Sequence[tuple[str, str]] | None = None) -> str:
     """The bias table as markdown: a row per workload and node, a column per
-    (arm, yardstick): ``signed error % ± se`` of *metric*."""
+    (arm, yardstick) (all, or *pairs*): ``signed error % ± se`` of *metric*."""
     b = bias[bias["metric"] == metric]
     if b.empty:
         return "(no timed nodes)\n"
-    pairs = list(dict.fromkeys(zip(b["arm"], b["yardstick"], strict=True)))
-    head = ["workload", "node", "yardstick ms"] + [f"{a} vs {y}" for a, y in pairs]
+    if pairs is None:
+        pairs = list(dict.fromkeys(zip(b["arm"], b["yardstick"], strict=True)))
+    yards = list(dict.fromkeys(y for _, y in pairs))
+    head = ["workload", "node", f"{' / '.join(yards)} ms"] + [f"{a} vs {y}" for a, y in pairs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (wl, nid), g in b.groupby(["workload", "node_id"], sort=True):
         g = g.set_index(["arm", "yardstick"])
         first = g.iloc[0]
+        ym = g.reset_index().drop_duplicates("yardstick").set_index("yardstick")["yard_mean_ms"]
         cells = [str(wl), f"{nid} {first['node_type']}",
-                 " / ".join(f"{v:.3g}" for v in dict.fromkeys(
-                     g.reset_index().drop_duplicates("yardstick")["yard_mean_ms"]))]
+                 " / ".join(f"{ym[y]:.3g}" if y in ym.index else "–" for y in yards)]
         for p in pairs:
             if p in g.index and not math.isnan(g.at[p, "bias_pct"]):
                 cells.append(f"{g.at[p, 'bias_pct']:+.1f}% ±{g.at[p, 'se_pct']:.1f}")
