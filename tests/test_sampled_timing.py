@@ -74,3 +74,37 @@ def test_heavy_last_call_is_always_timed(plans):
             agg, hj, outer = df["inclusive_ms"].iloc[:3]
             assert hj >= 0.7 * agg, (rate, df[["node_type", "inclusive_ms"]])
             assert outer > 0, (rate, df)
+
+
+def test_corpus_at_rate_2_keeps_rows_and_loops():
+    """The same-answers corpus (test_same_answers runs it at the default rate, where its
+    small plans are mostly inside the exact first calls) with N = 2: half the calls
+    sampled, heavy calls from 16 descendant calls, parallel workers, triggers, an async
+    Foreign Scan.  TIMING modes must report the rows and loops of the build's own
+    rows-only path (vanilla's code there, compared with vanilla by test_same_answers),
+    and non-negative times."""
+    from profkit.pg import corpus
+
+    with Cluster(get_build("sampled_timing"), name="test-sampled-corpus") as cl, \
+            cl.connect() as conn:
+        corpus.load(conn)
+        conn.execute("SET explain_timing_sample_rate = 2")
+        rows = corpus.plan_rows(conn, modes=["rows", "timing", "timing_buffers"])
+        times = corpus.all_times(conn)
+    ref = rows[rows["mode"] == "rows"]
+    assert corpus.missing_node_types(ref) == []
+    for mode in ("timing", "timing_buffers"):
+        got = rows[rows["mode"] == mode].assign(mode="rows")
+        diff = corpus.compare(ref, got)
+        assert diff.empty, f"{mode} at rate 2:\n{diff.to_string()}"
+        nodes = rows[(rows["mode"] == mode) & (rows["loops"].fillna(0) > 0)
+                     & ~rows["node_type"].str.startswith("Trigger ")]  # triggers: no node time
+        t = nodes["total_time_ms"]
+        assert t.notna().all() and (t >= 0).all()
+    executed = times[times["loops"].fillna(0) > 0]
+    assert executed["total_ms"].notna().all() and (executed["total_ms"] >= 0).all()
+    assert (executed["startup_ms"] >= 0).all()
+    # sampling at N = 2 still times the big nodes: the corpus's Seq Scan over 10,000 rows
+    seq = rows[(rows["mode"] == "timing") & (rows["query"] == "seqscan")
+               & (rows["node_type"] == "Seq Scan")]
+    assert (seq["total_time_ms"] > 0).all()
