@@ -552,6 +552,12 @@ def test_bias_table_against_vanilla_minus_its_reads():
     assert v.loc[0, "bias_pct"] == pytest.approx((10 - 2.419 * 0.5) / 10 * 100 - 100)
     # without a cost for the workload the corrected yardstick is left out, not guessed
     assert set(ta.bias_table(nodes, ["est"], ["vanilla", ta.CORRECTED])["yardstick"]) == {"vanilla"}
+    # a further corrected yardstick from another arm (a same-cluster twin), its own cost
+    b2 = ta.bias_table(nodes, ["est"], ["corrected:vanilla2"],
+                       more_corrected={"corrected:vanilla2": ("vanilla", {"join_sum": ns / 2})})
+    inc = b2[b2["metric"] == ta.INCLUSIVE].set_index("node_id")
+    assert set(b2["yardstick"]) == {"corrected:vanilla2"}
+    assert inc.loc[0, "yard_mean_ms"] == pytest.approx(10 - 2.419 / 4)
 
 
 # ---------------------------------------------------------------------------

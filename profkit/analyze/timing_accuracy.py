@@ -978,7 +978,9 @@ def corrected_times(nodes: pd.DataFrame, ns_per_read: float) -> pd.DataFrame:
 
 def bias_table(nodes: pd.DataFrame, arms: Sequence[str], yardsticks: Sequence[str], *,
                ns_per_read: Mapping[str, float] | None = None,
-               corrected_from: str = "vanilla", mode: str = TIMING_MODE) -> pd.DataFrame:
+               corrected_from: str = "vanilla", mode: str = TIMING_MODE,
+               more_corrected: Mapping[str, tuple[str, Mapping[str, float]]] | None = None
+               ) -> pd.DataFrame:
     """Signed mean error of each arm's node times against each yardstick, in %.
 
     For every workload, node, metric (inclusive / exclusive), arm and yardstick:
@@ -992,7 +994,9 @@ def bias_table(nodes: pd.DataFrame, arms: Sequence[str], yardsticks: Sequence[st
     A yardstick is an arm label, or :data:`CORRECTED`: *corrected_from*'s times minus
     its own clock reads (:func:`corrected_times`) with ``ns_per_read[workload]`` (e.g.
     :func:`in_situ_read_ns`); the corrected yardstick is skipped for a workload without
-    a cost.
+    a cost.  *more_corrected*: further corrected yardsticks, name -> (arm, ns per read
+    by workload), e.g. ``{"corrected:n1": ("n1", ...)}`` for a same-cluster twin of the
+    estimator timing every call: no cluster-to-cluster difference in the comparison.
     """
     _require(nodes, ["workload", "arm", "mode", "rep", "node_id", "node_type", *METRICS],
              "bias_table")
@@ -1002,12 +1006,14 @@ def bias_table(nodes: pd.DataFrame, arms: Sequence[str], yardsticks: Sequence[st
     out: list[dict[str, Any]] = []
     for wl, w in df.groupby("workload", sort=True):
         series: dict[str, pd.DataFrame] = {a: g for a, g in w.groupby("arm", sort=False)}
-        if CORRECTED in yardsticks and corrected_from in series and ns_per_read \
-                and str(wl) in ns_per_read:
-            series[CORRECTED] = pd.concat(
-                [corrected_times(g, ns_per_read[str(wl)])
-                 for _, g in series[corrected_from].groupby("rep", sort=True)],
-                ignore_index=True)
+        todo = dict(more_corrected or {})
+        if ns_per_read:
+            todo[CORRECTED] = (corrected_from, ns_per_read)
+        for name, (src, ns) in todo.items():
+            if name in yardsticks and src in series and str(wl) in ns:
+                series[name] = pd.concat(
+                    [corrected_times(g, ns[str(wl)])
+                     for _, g in series[src].groupby("rep", sort=True)], ignore_index=True)
         for y in yardsticks:
             if y not in series:
                 continue
