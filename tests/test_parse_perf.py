@@ -209,10 +209,12 @@ def test_is_instrumentation_prefixes() -> None:
                  "PostExecProcNodeInstr", "InstrEndLoop", "InstrUpdateTupleCount",
                  "__vdso_clock_gettime", "clock_gettime@@GLIBC_2.17", "__clock_gettime64",
                  "[vdso]", "InstrStopNode.part.0", "pg_get_ticks_fast", "pg_ticks_to_ns",
-                 "pg_instr_time_now", "pg_rdtscp", "pg_instr_ticks_to_ns", "InstrTimeThisCall"):
+                 "pg_instr_time_now", "pg_rdtscp", "pg_instr_ticks_to_ns", "InstrTimeThisCall",
+                 "InstrSampleStart", "InstrSampleStop", "InstrSampleSkip"):
         assert is_instrumentation(name), name
     for name in ("ExecNestLoop", "ExecInterpExpr", "InstrAlloc", "clock_getres", "[postgres]",
-                 "__x64_sys_clock_gettime", "InstrSampleTiming", "pg_instr_clock_select"):
+                 "__x64_sys_clock_gettime", "InstrSampleTiming", "pg_instr_clock_select",
+                 "InstrSampleSetup"):
         assert not is_instrumentation(name), name
     assert "ExecProcNodeInstr" in INSTRUMENTATION_FUNCTIONS
 

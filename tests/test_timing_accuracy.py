@@ -483,6 +483,84 @@ def test_analyze_run_refuses_a_foreign_directory(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# bias table (sampled_timing's yardsticks)
+
+
+# InstrStartNode calls of _plan(): Aggregate 1 row + 1 loop + 1 shutdown, Hash Join
+# 100 + 2, outer Seq Scan 1000 + 2, Hash (MultiExec) 1 loop + 1 shutdown, inner Seq Scan
+# 100 + 2
+_CALLS = [3.0, 102.0, 1002.0, 2.0, 102.0]
+
+
+def test_instr_calls_and_corrected_times():
+    df = ta.node_times(_plan())
+    assert ta.instr_calls_per_node(df).tolist() == _CALLS
+    # 1 us per read: own calls x 1 read + descendants' calls x 2 reads
+    c = ta.corrected_times(df, 1000.0)
+    assert c["reads_in_window"].tolist() == [3 + 2 * 1208, 102 + 2 * 1106, 1002, 2 + 2 * 102, 102]
+    assert c["inclusive_ms"].tolist() == pytest.approx([10 - 2.419, 9 - 2.314, 5 - 1.002,
+                                                        1.5 - 0.206, 1 - 0.102])
+    # exclusive recomputed from the corrected inclusive times
+    assert c.loc[1, "exclusive_ms"] == pytest.approx((9 - 2.314) - (5 - 1.002) - (1.5 - 0.206))
+    # a cost larger than a node's time floors it at 0, never negative
+    assert (ta.corrected_times(df, 1e6)["inclusive_ms"] == 0).all()
+    with pytest.raises(ta.TimingAccuracyError, match="ns_per_read"):
+        ta.corrected_times(df, -1.0)
+
+
+def test_in_situ_read_ns():
+    t = _timings({"vanilla": (8.0, 10.0, 16.0)})
+    nodes = _nodes_table({"vanilla": _jitter}, modes=("analyze_timing", "analyze_notiming"))
+    got = ta.in_situ_read_ns(t, nodes, "vanilla")
+    # (16 - 10) ms over 2 reads per InstrStartNode call of the plan
+    assert got == {"join_sum": pytest.approx(6e6 / (2 * sum(_CALLS)))}
+
+
+def test_bias_table_signed_mean_error():
+    def low(rep):  # 10 % under vanilla on every node, same jitter
+        return {k: v * 0.9 for k, v in _jitter(rep).items()}
+
+    def rare(rep):  # an estimator right on average, wrong in most runs: 0 or 7x
+        kw = _jitter(rep)
+        return {**kw, "scan": 0.0 if rep != 7 else kw["scan"] * 7}
+
+    nodes = _nodes_table({"vanilla": _jitter, "low": low, "rare": rare})
+    b = ta.bias_table(nodes, ["low", "rare"], ["vanilla"])
+    inc = b[(b["metric"] == ta.INCLUSIVE) & (b["arm"] == "low")]
+    assert len(inc) == 5 and inc["bias_pct"].round(9).eq(-10.0).all()
+    assert b[(b["metric"] == ta.EXCLUSIVE) & (b["arm"] == "low")]["bias_pct"].round(9).eq(-10.0).all()
+    # the mean, not the median: 6 runs at 0 and one at 7x the scan's 5 ms average to it
+    r = b[(b["arm"] == "rare") & (b["node_type"] == "Seq Scan") & (b["node_id"] == 2)
+          & (b["metric"] == ta.INCLUSIVE)].iloc[0]
+    assert r["arm_mean_ms"] == pytest.approx(5.0 * 1.0)  # rep 7's jitter is 1.0
+    assert abs(r["bias_pct"]) < 1.0 and r["se_pct"] > 50 and r["sd_run_pct"] > 200
+    md = ta.bias_markdown(b)
+    assert "| join_sum | 2 Seq Scan |" in md and "low vs vanilla" in md and "-10.0%" in md
+
+
+def test_bias_table_against_vanilla_minus_its_reads():
+    ns = 500.0
+    van = ta.node_times(_plan())
+    corr = ta.corrected_times(van, ns)
+    exact = dict(zip(["agg", "join", "scan", "hash_", "inner"], corr["inclusive_ms"], strict=True))
+    nodes = _nodes_table({"vanilla": lambda rep: {}, "est": lambda rep: exact}, reps=3)
+    b = ta.bias_table(nodes, ["est"], ["vanilla", ta.CORRECTED],
+                      ns_per_read={"join_sum": ns})
+    c = b[b["yardstick"] == ta.CORRECTED]
+    assert len(c) == 10 and c["bias_pct"].abs().max() < 1e-6
+    v = b[(b["yardstick"] == "vanilla") & (b["metric"] == ta.INCLUSIVE)].set_index("node_id")
+    assert v.loc[0, "bias_pct"] == pytest.approx((10 - 2.419 * 0.5) / 10 * 100 - 100)
+    # without a cost for the workload the corrected yardstick is left out, not guessed
+    assert set(ta.bias_table(nodes, ["est"], ["vanilla", ta.CORRECTED])["yardstick"]) == {"vanilla"}
+    # a further corrected yardstick from another arm (a same-cluster twin), its own cost
+    b2 = ta.bias_table(nodes, ["est"], ["corrected:vanilla2"],
+                       more_corrected={"corrected:vanilla2": ("vanilla", {"join_sum": ns / 2})})
+    inc = b2[b2["metric"] == ta.INCLUSIVE].set_index("node_id")
+    assert set(b2["yardstick"]) == {"corrected:vanilla2"}
+    assert inc.loc[0, "yard_mean_ms"] == pytest.approx(10 - 2.419 / 4)
+
+
+# ---------------------------------------------------------------------------
 # real builds
 
 

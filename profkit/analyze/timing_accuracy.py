@@ -897,3 +897,177 @@ def summary_table(verdict_df: pd.DataFrame, cost: pd.DataFrame, truth: pd.DataFr
 def validate_nodes(df: pd.DataFrame) -> pd.DataFrame:
     """The collected per-node table, checked against ``tables.SCHEMAS['timing_nodes']``."""
     return tables.validate(df, "timing_nodes")
+
+
+# ---------------------------------------------------------------------------
+# bias of an estimator: signed mean error per node against several yardsticks
+
+
+#: The yardstick "vanilla minus its own clock reads" (see :func:`bias_table`).
+CORRECTED = "corrected"
+
+
+def instr_calls_per_node(nodes: pd.DataFrame) -> pd.Series:
+    """InstrStartNode calls per node of one execution, from its rows and loops.
+
+    PostgreSQL 18's count (:mod:`profkit.analyze.predict`): a node pulled through
+    ExecProcNode is called once per row plus once per loop (the NULL that ends it); a
+    MultiExec node (Hash, Bitmap Index Scan, BitmapAnd/Or) once per loop; every node
+    that ran once more at ExecShutdownNode.  ``rows`` is the total over loops, as in
+    :func:`node_times`.  A loop a parent stops early (Limit, a merge join side, a semi
+    join's inner) makes this an upper bound by one call per such loop.
+    """
+    from profkit.analyze.predict import MULTIEXEC_TYPES
+
+    _require(nodes, ["node_type", "rows", "loops"], "instr_calls_per_node")
+    rows = nodes["rows"].fillna(0.0).astype(float)
+    loops = nodes["loops"].fillna(0.0).astype(float)
+    multi = nodes["node_type"].isin(MULTIEXEC_TYPES)
+    return (rows + loops).where(~multi, loops) + (loops > 0).astype(float)
+
+
+def in_situ_read_ns(timings: pd.DataFrame, nodes: pd.DataFrame, arm: str, *,
+                    metric: str = "cpu_ms") -> dict[str, float]:
+    """Per workload: what one clock read added to *arm*'s execution, in ns.
+
+    (median TIMING TRUE − median TIMING FALSE time) / clock reads of the plan's nodes
+    (2 per InstrStartNode call, :func:`instr_calls_per_node`, from the arm's first TIMING
+    TRUE plan).  The same estimate as :func:`profkit.analyze.correction.in_situ_ns_per_read`
+    (issue 6 found it corrects vanilla's totals to within 3% of the plain query, where
+    the tight-loop cost over-corrects).
+    """
+    _require(timings, ["workload", "build", "mode", metric], "in_situ_read_ns")
+    out: dict[str, float] = {}
+    for wl, w in timings[timings["build"] == arm].groupby("workload", sort=True):
+        t = w.loc[w["mode"] == TIMING_MODE, metric].median()
+        f = w.loc[w["mode"] == NOTIMING_MODE, metric].median()
+        n = nodes[(nodes["workload"] == wl) & (nodes["arm"] == arm)
+                  & (nodes["mode"] == TIMING_MODE)]
+        if n.empty or math.isnan(t) or math.isnan(f):
+            continue
+        first = n[n["rep"] == n["rep"].min()]
+        reads = 2.0 * float(instr_calls_per_node(first).sum())
+        if reads > 0:
+            out[str(wl)] = max(0.0, (float(t) - float(f)) * 1e6 / reads)
+    return out
+
+
+def corrected_times(nodes: pd.DataFrame, ns_per_read: float) -> pd.DataFrame:
+    """One execution's node times minus its own clock reads (the observer effect).
+
+    A node's timer window holds one read of its own per call (the end of the start
+    read and the beginning of the stop read) and both reads of every call of its
+    descendants: ``inclusive − (calls + 2 × descendants' calls) × ns_per_read``,
+    floored at 0; ``exclusive`` again as inclusive minus the children's.  Input: the
+    rows of one plan (node_id, parent_id, node_type, rows, loops, inclusive_ms).
+    """
+    from profkit.analyze.correction import _descendants
+
+    if ns_per_read < 0 or math.isnan(ns_per_read):
+        raise TimingAccuracyError(f"ns_per_read must be >= 0, got {ns_per_read}")
+    _require(nodes, ["node_id", "parent_id", INCLUSIVE], "corrected_times")
+    df = nodes.copy()
+    calls = dict(zip(df["node_id"].astype(int), instr_calls_per_node(df), strict=True))
+    desc = _descendants(df)
+    reads = [calls[n] + 2.0 * sum(calls[d] for d in desc[n]) for n in df["node_id"].astype(int)]
+    df["reads_in_window"] = reads
+    df[INCLUSIVE] = (df[INCLUSIVE] - df["reads_in_window"] * ns_per_read / 1e6).clip(lower=0.0)
+    df[EXCLUSIVE] = _exclusive(df)
+    return df
+
+
+def bias_table(nodes: pd.DataFrame, arms: Sequence[str], yardsticks: Sequence[str], *,
+               ns_per_read: Mapping[str, float] | None = None,
+               corrected_from: str = "vanilla", mode: str = TIMING_MODE,
+               more_corrected: Mapping[str, tuple[str, Mapping[str, float]]] | None = None
+               ) -> pd.DataFrame:
+    """Signed mean error of each arm's node times against each yardstick, in %.
+
+    For every workload, node, metric (inclusive / exclusive), arm and yardstick:
+    ``bias_pct = (mean over repetitions of the arm − mean of the yardstick) / mean of
+    the yardstick × 100``.  The mean, not the median: an unbiased estimator is right on
+    average, and a median hides a rare heavy sample.  ``se_pct``: the standard error of
+    that difference (both means' standard errors, in % of the yardstick's mean): a bias
+    within ±2 se is not told apart from 0 by this many repetitions.  ``sd_run_pct``:
+    the arm's run-to-run standard deviation in % (what one EXPLAIN run scatters by).
+
+    A yardstick is an arm label, or :data:`CORRECTED`: *corrected_from*'s times minus
+    its own clock reads (:func:`corrected_times`) with ``ns_per_read[workload]`` (e.g.
+    :func:`in_situ_read_ns`); the corrected yardstick is skipped for a workload without
+    a cost.  *more_corrected*: further corrected yardsticks, name -> (arm, ns per read
+    by workload), e.g. ``{"corrected:n1": ("n1", ...)}`` for a same-cluster twin of the
+    estimator timing every call: no cluster-to-cluster difference in the comparison.
+    """
+    _require(nodes, ["workload", "arm", "mode", "rep", "node_id", "node_type", *METRICS],
+             "bias_table")
+    cols = ["workload", "node_id", "node_type", "metric", "arm", "yardstick", "n",
+            "arm_mean_ms", "yard_mean_ms", "bias_ms", "bias_pct", "se_pct", "sd_run_pct"]
+    df = nodes[nodes["mode"] == mode]
+    out: list[dict[str, Any]] = []
+    for wl, w in df.groupby("workload", sort=True):
+        series: dict[str, pd.DataFrame] = {a: g for a, g in w.groupby("arm", sort=False)}
+        todo = dict(more_corrected or {})
+        if ns_per_read:
+            todo[CORRECTED] = (corrected_from, ns_per_read)
+        for name, (src, ns) in todo.items():
+            if name in yardsticks and src in series and str(wl) in ns:
+                series[name] = pd.concat(
+                    [corrected_times(g, ns[str(wl)])
+                     for _, g in series[src].groupby("rep", sort=True)], ignore_index=True)
+        for y in yardsticks:
+            if y not in series:
+                continue
+            ys = series[y]
+            for arm in arms:
+                if arm not in series or arm == y:
+                    continue
+                a = series[arm]
+                for nid, an in a.groupby("node_id", sort=True):
+                    yn = ys[ys["node_id"] == nid]
+                    for metric in METRICS:
+                        av = an[metric].astype(float).dropna().to_numpy()
+                        yv = yn[metric].astype(float).dropna().to_numpy()
+                        if not len(av) or not len(yv):
+                            continue
+                        am, ym = float(av.mean()), float(yv.mean())
+                        se = math.sqrt((av.var(ddof=1) / len(av) if len(av) > 1 else 0.0)
+                                       + (yv.var(ddof=1) / len(yv) if len(yv) > 1 else 0.0))
+                        sd = float(av.std(ddof=1)) if len(av) > 1 else math.nan
+                        pos = ym > 0
+                        out.append({
+                            "workload": wl, "node_id": int(nid),
+                            "node_type": an["node_type"].iloc[0], "metric": metric,
+                            "arm": arm, "yardstick": y, "n": len(av),
+                            "arm_mean_ms": am, "yard_mean_ms": ym, "bias_ms": am - ym,
+                            "bias_pct": (am / ym - 1.0) * 100.0 if pos else math.nan,
+                            "se_pct": se / ym * 100.0 if pos else math.nan,
+                            "sd_run_pct": sd / ym * 100.0 if pos else math.nan,
+                        })
+    return pd.DataFrame(out, columns=cols)
+
+
+def bias_markdown(bias: pd.DataFrame, *, metric: str = INCLUSIVE,
+                  pairs: Sequence[tuple[str, str]] | None = None) -> str:
+    """The bias table as markdown: a row per workload and node, a column per
+    (arm, yardstick) (all, or *pairs*): ``signed error % ± se`` of *metric*."""
+    b = bias[bias["metric"] == metric]
+    if b.empty:
+        return "(no timed nodes)\n"
+    if pairs is None:
+        pairs = list(dict.fromkeys(zip(b["arm"], b["yardstick"], strict=True)))
+    yards = list(dict.fromkeys(y for _, y in pairs))
+    head = ["workload", "node", f"{' / '.join(yards)} ms"] + [f"{a} vs {y}" for a, y in pairs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (wl, nid), g in b.groupby(["workload", "node_id"], sort=True):
+        g = g.set_index(["arm", "yardstick"])
+        first = g.iloc[0]
+        ym = g.reset_index().drop_duplicates("yardstick").set_index("yardstick")["yard_mean_ms"]
+        cells = [str(wl), f"{nid} {first['node_type']}",
+                 " / ".join(f"{ym[y]:.3g}" if y in ym.index else "–" for y in yards)]
+        for p in pairs:
+            if p in g.index and not math.isnan(g.at[p, "bias_pct"]):
+                cells.append(f"{g.at[p, 'bias_pct']:+.1f}% ±{g.at[p, 'se_pct']:.1f}")
+            else:
+                cells.append("–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -754,6 +754,39 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                             reference=ref)
     if acc_ref is not None:
         acc_ref.to_csv(out / f"accuracy_vs_{ref}.csv", index=False)
+    # signed mean error per node against vanilla, the second yardstick and vanilla minus
+    # its own clock reads (in-situ cost per read): an estimator's bias, not its median
+    read_ns = ta.in_situ_read_ns(timings, nodes, baseline,
+                                 metric="cpu_ms" if have_cpu else "server_ms") \
+        if not nodes.empty else {}
+    # arms of the baseline's major version only: another planner may choose another plan
+    same_major = sorted(a for a in arms_present if same_version.get(a, baseline) == baseline)
+    # an arm timing every call with a sampling build (explain_timing_sample_rate = 1) is
+    # the same cluster's exact twin of the sampled arms: its corrected times are a
+    # yardstick free of cluster-to-cluster differences
+    twins = {f"{ta.CORRECTED}:{a['label']}": a["label"] for a in prov.get("arms", [])
+             if str((a.get("settings") or {}).get("explain_timing_sample_rate")) == "1"
+             and a["label"] in same_major}
+    more = {name: (lab, ta.in_situ_read_ns(timings, nodes, lab,
+                                           metric="cpu_ms" if have_cpu else "server_ms"))
+            for name, lab in twins.items()} if not nodes.empty else {}
+    yards = [baseline, *([ref] if ref in same_major else []), ta.CORRECTED, *more]
+    bias = ta.bias_table(nodes, same_major, yards, ns_per_read=read_ns,
+                         corrected_from=baseline, more_corrected=more) \
+        if not nodes.empty else pd.DataFrame()
+    bias.to_csv(out / "bias.csv", index=False)
+    bias_md = ""
+    if not bias.empty:
+        bias_md = ("\n## Bias: signed mean error per node (inclusive time), ± its standard "
+                   "error\n\n'corrected' = the baseline's times minus its own clock reads at "
+                   + ", ".join(f"{w} {v:.1f} ns" for w, v in read_ns.items())
+                   + " per read (in situ)"
+                   + "".join(f"; '{n}' = {lab}'s, at " + ", ".join(
+                       f"{w} {v:.1f} ns" for w, v in more[n][1].items())
+                             for n, lab in twins.items())
+                   + ". Exclusive times and run-to-run scatter: bias.csv."
+                   "\n\n" + ta.bias_markdown(bias))
+        (out / "bias.md").write_text(bias_md.lstrip())
     grid = {arm: ta.tick_grid(nodes[(nodes["arm"] == arm) & (nodes["mode"] == ta.TIMING_MODE)],
                               tick)
             for arm, tick in tick_arms.items()}
@@ -795,13 +828,15 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                             row_references=same_version)
     md += _vanilla_plain_section(cost_vanilla, versions)
     report = out / "report.md"
-    report.write_text(md)
+    report.write_text(md + bias_md)
     with contextlib.suppress(OSError):
         rd.update(analysis={"baseline": baseline, "tol_pct": tol, "min_node_ms": mnm,
-                            "analyzed_at": _now(), "mismatches": len(mism)},
+                            "analyzed_at": _now(), "mismatches": len(mism),
+                            "in_situ_read_ns": read_ns,
+                            "in_situ_read_ns_twins": {n: v for n, (_, v) in more.items()}},
                   files={**(prov.get("files") or {}), **{n: f"{n}.csv" for n in (
                       "mismatches", "accuracy", "cost", "cost_wall", "cost_vs_vanilla", "truth",
-                      "verdicts", "summary")},
+                      "verdicts", "summary", "bias")},
                       "nodes": "nodes.parquet", "report": "report.md"})
     return TimingAccuracyResult(out, rd.provenance, timings, nodes, mism, acc, cost, cost_wall,
                                 truth, verd, summ, grid, report)

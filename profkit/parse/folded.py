@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # pandas loads lazily: folding from the command line never ne
 #   pg_instr_time_now → pg_rdtsc/pg_rdtscp and converts with pg_instr_ticks_to_ns; the
 #   upstream rdtsc thread's names are pg_get_ticks[_fast], pg_ticks_to_ns and
 #   pg_clock_gettime[_ns] (all static inline: frames only where gcc did not inline them);
-# - the sampled_timing patch decides per call with InstrTimeThisCall.
+# - the sampled_timing patch decides per call in InstrSampleStart/InstrSampleStop (draws
+#   the next gap in InstrSampleSkip); its first version used InstrTimeThisCall.
 # `[vdso]` is what an unresolved vDSO frame is called (see profkit.parse.perf_script).
 INSTRUMENTATION_FUNCTIONS: frozenset[str] = frozenset({
     "InstrStartNode",
@@ -57,6 +58,9 @@ INSTRUMENTATION_FUNCTIONS: frozenset[str] = frozenset({
     "pg_rdtsc",
     "pg_rdtscp",
     "InstrTimeThisCall",
+    "InstrSampleStart",
+    "InstrSampleStop",
+    "InstrSampleSkip",
     "pg_get_ticks",
     "pg_get_ticks_fast",
     "pg_ticks_to_ns",

@@ -59,7 +59,8 @@ DESCRIPTIONS: dict[str, str] = {
     "step5": "step4 + the row word in PlanState: the per-row path never reads instrument",
     "coarse_clock": "instr_time reads CLOCK_MONOTONIC_COARSE (4 ms ticks here)",
     "tsc_clock": "instr_time reads the TSC (GUC instr_clock_source, default auto = rdtsc)",
-    "sampled_timing": "EXPLAIN ANALYZE times 1 of N calls per node "
+    "sampled_timing": "EXPLAIN ANALYZE times ~1 of N calls per node (geometric skips, exact first "
+                      "and heavy calls), Horvitz-Thompson estimate minus the calibrated clock cost "
                       "(GUC explain_timing_sample_rate, default 100)",
     "fast_timing": "lean ExecProcNode wrappers for TIMING (BUFFERS/WAL too): start time in a "
                    "register, choices made once per node; on 19 RDTSC read directly",
