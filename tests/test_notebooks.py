@@ -54,12 +54,12 @@ NB_BUILDS: dict[str, list[str]] = {
     "06_your_patch.py": ["vanilla", "test-pk15-double-clock"],
     # arms (labels): PG19 vanilla twice, with each timing_clock_source
     "07_row_counting_and_clocks.py": ["vanilla", "step3", "step4", "step5", "pg19-step5",
-                                      "pg19sys", "pg19tsc", "tsc_clock"],
+                                      "pg19sys", "pg19tsc", "tsc_clock", "fast"],
 }
 # the presets behind a notebook's arms, when its labels are not preset names
 NB_PRESETS: dict[str, list[str]] = {
     "07_row_counting_and_clocks.py": ["vanilla", "step3", "step4", "step5", "pg19/step5",
-                                      "pg19/vanilla", "tsc_clock"],
+                                      "pg19/vanilla", "tsc_clock", "pg19/fast_timing"],
 }
 # builds used besides the compared ones (03's gprof counts on the -pg twins)
 NB_EXTRA_BUILDS: dict[str, list[str]] = {"03_instrumentation_calls.py": ["gprof", "step3+gprof"]}
