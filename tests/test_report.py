@@ -168,3 +168,16 @@ def test_plot_empty_summary_is_a_placeholder(tmp_path):
     only_plain = stats.summarize(make_timings({"v": {}}, reps=3))
     report.plot_overheads(only_plain, tmp_path / "p.png", None)
     assert (tmp_path / "p.png").exists()
+
+
+def test_plain_slower_than_its_explain_is_flagged():
+    """A build whose plain Query-1 took longer than its EXPLAIN (TIMING FALSE) gets a
+    warning naming it (EXPLAIN does the plain query's work and more); sane runs none."""
+    sane = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 200.0},
+                         "step3": {"analyze_notiming": 5.0, "analyze_timing": 150.0}})
+    assert report.impossible_orders(sane, "server_ms") == []
+    bad = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 200.0},
+                        "step3": {"analyze_notiming": -20.0, "analyze_timing": 150.0}})
+    lines = report.impossible_orders(bad, "server_ms")
+    assert len(lines) == 2 and "`step3` plain Query-1" in lines[1]
+    assert "`vanilla`" not in lines[1]

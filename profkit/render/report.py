@@ -722,6 +722,7 @@ def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
             rows.append([key[0], key[1], *cells])
     out.append(md_table(header, rows, ["l", "l"] + ["r"] * (2 * len(METRICS))))
     out += vcpu_section(timings, metric, center)
+    out += impossible_orders(timings, metric, center)
     out += _plain_across_builds(timings, instr, metric)
     if instr is not None and not instr.empty:
         tools = ", ".join(sorted(set(instr["tool"].astype(str))))
@@ -805,6 +806,30 @@ def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> 
                    f"±{worst:.3f}): on this machine in this run the times cannot judge a 1 % "
                    "difference; the claim rests on the instruction counts (callgrind).")
     return out
+
+
+def impossible_orders(timings: pd.DataFrame, metric: str, center: str = "median") -> list[str]:
+    """Builds whose plain Query-1 took longer than their EXPLAIN (ANALYZE, TIMING FALSE):
+    EXPLAIN runs the same plan and more, so such a plain figure was disturbed (seen here:
+    one backend's plain executions all ~1.7x slow while its EXPLAIN ones were not) and
+    every overhead of that build against it is wrong."""
+    try:
+        s = summarize_metric(timings, metric, center=center)
+    except ProfkitError:
+        return []
+    med = s.set_index(["build", "mode"])["median_ms"]
+    bad = [(b, float(med[(b, "plain")]), float(med[(b, Q2)]))
+           for b in dict.fromkeys(s["build"])
+           if (b, "plain") in med.index and (b, Q2) in med.index
+           and _num(med[(b, "plain")]) and _num(med[(b, Q2)])
+           and med[(b, "plain")] > med[(b, Q2)]]
+    if not bad:
+        return []
+    return ["", "**Impossible order — rerun these builds:** " + "; ".join(
+        f"`{b}` plain Query-1 {p:.2f} ms > its EXPLAIN (ANALYZE, TIMING FALSE) {q:.2f} ms"
+        for b, p, q in bad) + ". EXPLAIN does the plain query's work and more, so those plain "
+        "executions were disturbed and the build's overheads against its own plain query are "
+        "wrong (the columns against vanilla's plain Query-1 are not affected by it)."]
 
 
 def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None,
