@@ -22,7 +22,6 @@ they decide whether the vDSO fast path is taken at all.
 """
 from __future__ import annotations
 
-import hashlib
 import platform
 import re
 import statistics
@@ -32,9 +31,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from profkit import paths, tables
+from profkit import tables
+from profkit.collect import ctools
 from profkit.errors import ParseError, ProbeError, ToolNotFound
-from profkit.run import run, which
+from profkit.run import run
 
 HELPER_SRC = Path(__file__).with_name("clock_bench.c")
 CLOCKSOURCE_DIR = Path("/sys/devices/system/clocksource/clocksource0")
@@ -130,25 +130,12 @@ def clock_info(sysfs: Path = CLOCKSOURCE_DIR, cpuinfo: Path = Path("/proc/cpuinf
 
 def helper_path() -> Path:
     """Where the compiled helper for the current clock_bench.c lives."""
-    digest = hashlib.sha256(HELPER_SRC.read_bytes()).hexdigest()[:16]
-    return paths.sub("tools") / f"clock_bench-{digest}"
+    return ctools.helper_path(HELPER_SRC)
 
 
 def build_helper() -> Path:
     """Compile clock_bench.c once per source hash; return the binary's path."""
-    out = helper_path()
-    if out.exists():
-        return out
-    try:
-        cc = which("gcc")
-    except ToolNotFound as e:
-        raise ToolNotFound(f"clock-cost needs a C compiler to build its helper: {e}") from None
-    tmp = out.with_suffix(".tmp")
-    # -O2 as PostgreSQL is built; no -march=native so the loop is what a
-    # distribution binary would run.
-    run([cc, "-O2", "-Wall", "-o", tmp, HELPER_SRC], timeout=120, what="gcc (clock_bench)")
-    tmp.replace(out)
-    return out
+    return ctools.build_helper(HELPER_SRC, "clock-cost")
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,13 @@ in bursts, and CPU time cannot see that. Two measurements per repetition say whe
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from profkit import paths
-from profkit.errors import ProfkitError, ToolNotFound
-from profkit.run import run, which
+from profkit.collect import ctools
+from profkit.errors import ProfkitError
 
 HELPER_SRC = Path(__file__).with_name("vcpu_calib.c")
 
@@ -39,24 +37,12 @@ class VcpuError(ProfkitError):
 
 
 def helper_path() -> Path:
-    digest = hashlib.sha256(HELPER_SRC.read_bytes()).hexdigest()[:16]
-    return paths.sub("tools") / f"vcpu_calib-{digest}"
+    return ctools.helper_path(HELPER_SRC)
 
 
 def build_helper() -> Path:
     """Compile vcpu_calib.c once per source hash; return the binary's path."""
-    out = helper_path()
-    if out.exists():
-        return out
-    try:
-        cc = which("gcc")
-    except ToolNotFound as e:
-        raise ToolNotFound(f"the vCPU calibration needs a C compiler to build its helper: {e}"
-                           ) from None
-    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-    run([cc, "-O2", "-Wall", "-o", tmp, HELPER_SRC], timeout=120, what="gcc (vcpu_calib)")
-    tmp.replace(out)
-    return out
+    return ctools.build_helper(HELPER_SRC, "the vCPU calibration")
 
 
 @dataclass(frozen=True)

@@ -248,24 +248,26 @@ def parse_patch_output(output: str, patch_text: str) -> list[FailedHunk]:
     return failed
 
 
+def rejected_hunks(output: str, patch_text: str) -> str:
+    """patch(1)'s *output* for *patch_text* as one clause: each rejected hunk (file, number,
+    line, function header) or file problem, else patch's last line."""
+    parts = []
+    for h in parse_patch_output(output, patch_text):
+        if h.number is None:
+            parts.append(f"{h.file}: {h.reason}")
+        else:
+            parts.append(f"{h.file} hunk #{h.number}"
+                         + (f" (at line {h.line})" if h.line is not None else "")
+                         + (f" {h.header}" if h.header else ""))
+    tail = output.strip().splitlines()
+    return "; ".join(parts) or (tail[-1] if tail else "patch gave no output")
+
+
 def failure_message(name: str, earlier: list[str], output: str, patch_text: str,
                     patch_path: Path | None = None, major: str | None = None) -> str:
     """Say which patch failed, on top of what, which hunks were rejected, and what to do."""
-    problems = parse_patch_output(output, patch_text)
+    detail = rejected_hunks(output, patch_text)
     where = f" on top of {', '.join(earlier)}" if earlier else ""
-    if problems:
-        parts = []
-        for h in problems:
-            if h.number is None:
-                parts.append(f"{h.file}: {h.reason}")
-            else:
-                parts.append(f"{h.file} hunk #{h.number}"
-                             + (f" (at line {h.line})" if h.line is not None else "")
-                             + (f" {h.header}" if h.header else ""))
-        detail = "; ".join(parts)
-    else:
-        tail = output.strip().splitlines()
-        detail = tail[-1] if tail else "patch gave no output"
     if major is None and patch_path is not None and patch_path.parent.name[2:].isdigit():
         major = patch_path.parent.name[2:]
     major = major or DEFAULT_MAJOR

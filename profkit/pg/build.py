@@ -507,18 +507,9 @@ def _is_users_patch(pf: Path) -> bool:
 def _users_patch_message(pf: Path, earlier: list[str], output: str, text: str,
                          source: Source | None) -> str:
     """The library's hunk report, with advice for a patch the user wrote."""
-    from profkit.patches import parse_patch_output
+    from profkit.patches import rejected_hunks
 
-    parts = []
-    for h in parse_patch_output(output, text):
-        if h.number is None:
-            parts.append(f"{h.file}: {h.reason}")
-        else:
-            parts.append(f"{h.file} hunk #{h.number}"
-                         + (f" (at line {h.line})" if h.line is not None else "")
-                         + (f" {h.header}" if h.header else ""))
-    tail = output.strip().splitlines()
-    detail = "; ".join(parts) or (tail[-1] if tail else "patch gave no output")
+    detail = rejected_hunks(output, text)
     where = f" on top of {', '.join(earlier)}" if earlier else ""
     onto = (f"PostgreSQL {source.version} ({source.spec})" if source is not None
             else "this source")

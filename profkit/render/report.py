@@ -171,18 +171,7 @@ def reference_markdown(summary: pd.DataFrame) -> list[str]:
             "CPU time also carries code layout (step2's plain query, vanilla's instruction "
             "count, ran 3.3–3.7 % slower here): judge a 1 % difference by the instructions."),
            ""]
-    rows = []
-    for r in rt.itertuples():
-        rows.append([
-            r.build, str(r.pg_version) if _present(r.pg_version) else "–",
-            str(r.ref_build) if _present(r.ref_build) else "–",
-            _fmt_pct(r.plain_vs_ref_pct, (r.plain_vs_ref_ci_low, r.plain_vs_ref_ci_high)),
-            _fmt_pct(r.plain_vs_ref_instr_pct, digits=3),
-            _fmt_pct(r.q2_vs_ref_pct, (r.q2_vs_ref_ci_low, r.q2_vs_ref_ci_high)),
-            _fmt_pct(r.q2_vs_ref_instr_pct, digits=3),
-            _fmt_pct(r.q3_vs_ref_pct, (r.q3_vs_ref_ci_low, r.q3_vs_ref_ci_high)),
-            _fmt_pct(r.q3_vs_ref_instr_pct, digits=3),
-        ])
+    rows = [_reference_cells(r) for r in rt.itertuples()]
     out += [_md_table(["build", "PostgreSQL", "ref", "plain vs ref % [95% CI]",
                        "plain vs ref instr %", "Q2 vs ref % [95% CI]", "Q2 vs ref instr %",
                        "Q3 vs ref % [95% CI]", "Q3 vs ref instr %"], rows), ""]
@@ -200,15 +189,20 @@ def reference_console(summary: pd.DataFrame) -> Table | None:
                 "Q2 instr %", "Q3 % [95% CI]", "Q3 instr %"):
         t.add_column(col, justify="left" if col in ("build", "PG", "ref") else "right")
     for r in rt.itertuples():
-        t.add_row(r.build, str(r.pg_version) if _present(r.pg_version) else "–",
-                  str(r.ref_build) if _present(r.ref_build) else "–",
-                  _fmt_pct(r.plain_vs_ref_pct, (r.plain_vs_ref_ci_low, r.plain_vs_ref_ci_high)),
-                  _fmt_pct(r.plain_vs_ref_instr_pct, digits=3),
-                  _fmt_pct(r.q2_vs_ref_pct, (r.q2_vs_ref_ci_low, r.q2_vs_ref_ci_high)),
-                  _fmt_pct(r.q2_vs_ref_instr_pct, digits=3),
-                  _fmt_pct(r.q3_vs_ref_pct, (r.q3_vs_ref_ci_low, r.q3_vs_ref_ci_high)),
-                  _fmt_pct(r.q3_vs_ref_instr_pct, digits=3))
+        t.add_row(*_reference_cells(r))
     return t
+
+
+def _reference_cells(r: Any) -> list[str]:
+    """One :func:`reference_table` row as text: build, PG, ref, then per query the time
+    against the reference [CI] and the instructions against it."""
+    cells = [str(r.build), str(r.pg_version) if _present(r.pg_version) else "–",
+             str(r.ref_build) if _present(r.ref_build) else "–"]
+    for tag in ("plain", "q2", "q3"):
+        g = lambda k, tag=tag: getattr(r, f"{tag}_vs_ref_{k}")  # noqa: E731
+        cells += [_fmt_pct(g("pct"), (g("ci_low"), g("ci_high"))),
+                  _fmt_pct(g("instr_pct"), digits=3)]
+    return cells
 
 
 def _present(x: object) -> bool:
