@@ -93,13 +93,17 @@ mkdir -p "$tmp" || die "cannot create $tmp"
 perf_pid=""
 psql_pid=""
 
+# stop what this script started and wait for it (perf writes its build-id cache into
+# $tmp as it exits: removing $tmp before that would leave it behind), then remove $tmp
 cleanup() {
     if [ -n "$perf_pid" ]; then
         kill -TERM "$perf_pid" 2>/dev/null
+        wait "$perf_pid" 2>/dev/null
     fi
     if [ -n "$psql_pid" ]; then
         exec 3>&- 2>/dev/null
         kill -TERM "$psql_pid" 2>/dev/null
+        wait "$psql_pid" 2>/dev/null
     fi
     rm -rf "$tmp"
 }

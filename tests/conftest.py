@@ -136,3 +136,15 @@ def nested_loop_conn(pg_cluster, _nested_loop_loaded):
 def join_sum_conn(pg_cluster, _join_sum_loaded):
     with pg_cluster.connect() as conn:
         yield conn
+
+
+def kept_counts(run_dir) -> dict[tuple[str, str], int]:
+    """(build, mode) -> executions of a bench run that its summary's ``n`` counts: those
+    whose vCPU calibrations were not slow (stats.vcpu_adjust, the `cpu_kept_ms` rule)."""
+    import pandas as pd
+
+    from profkit.analyze import stats
+
+    adjusted, _ = stats.vcpu_adjust(pd.read_csv(Path(run_dir) / "timings.csv"))
+    kept = adjusted.dropna(subset=["cpu_kept_ms"]).groupby(["build", "mode"]).size()
+    return {k: int(v) for k, v in kept.items()}

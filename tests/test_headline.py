@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import kept_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ["vanilla", "step1", "step2", "step3", "step4", "step5"]
@@ -62,15 +63,10 @@ def test_reproduce_writes_the_demo_files(reproduced):
     # n counts the executions kept: the ones whose vCPU calibration ran slow are left out
     import pandas as pd
 
-    from profkit.analyze import stats
-
-    timings = pd.read_csv(run / "timings.csv")
-    assert len(timings) == len(STEPS) * 3 * 3  # every (build, mode) ran 3 times
-    adjusted, _ = stats.vcpu_adjust(timings)
-    kept = adjusted.dropna(subset=["cpu_kept_ms"]).groupby(["build", "mode"]).size()
+    assert len(pd.read_csv(run / "timings.csv")) == len(STEPS) * 3 * 3  # 3 of each ran
+    kept = kept_counts(run)
     for r in rows:
-        assert int(r["n"]) == int(kept.get((r["build"], r["mode"]), 0)), r
-        assert 1 <= int(r["n"]) <= 3
+        assert int(r["n"]) == kept.get((r["build"], r["mode"]), 0) and 1 <= int(r["n"]) <= 3, r
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["status"] == "complete"
     svgs = sorted(p.name for p in (base / "flamegraphs").glob("*.svg"))
