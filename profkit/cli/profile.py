@@ -7,6 +7,7 @@ stacks (:mod:`profkit.experiments.profile`), and prints a short summary.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 import pandas as pd
@@ -24,6 +25,14 @@ def _fmt_table(df: pd.DataFrame) -> str:
 
 
 # --------------------------------------------------------------------------- perf
+
+
+def _echo_top(prof: Any, top_n: int) -> None:
+    """The profile's top functions by self samples, shares as percentages."""
+    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
+    click.echo(f"top {top_n} functions by self samples:")
+    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
+                                     total_share=top["total_share"].map("{:.1%}".format))))
 
 @click.command("perf")
 @click.argument("build", required=False)
@@ -83,12 +92,9 @@ def perf_cmd(build: str | None, pid: int | None, dsn: str | None, sql: str | Non
     svg = flamegraph_for(prof.counts, prof.run,
                          flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
                          title=f"{build}: {label} {qname} (perf)")
-    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
     click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples "
                f"({', '.join(prof.folding.events)})")
-    click.echo(f"top {top_n} functions by self samples:")
-    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
-                                     total_share=top["total_share"].map("{:.1%}".format))))
+    _echo_top(prof, top_n)
     click.echo(f"instrumentation share (self): {prof.instrumentation_share:.1%}")
     if prof.stat is not None and len(prof.stat):
         st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
@@ -121,10 +127,7 @@ def _perf_attached(pid: int | None, dsn: str | None, sql: str | None, seconds: f
                                f"{prof.run.get('target.pid')} (perf)")
     click.echo(f"binary: {rep.describe()}")
     click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples")
-    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
-    click.echo(f"top {top_n} functions by self samples:")
-    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
-                                     total_share=top["total_share"].map("{:.1%}".format))))
+    _echo_top(prof, top_n)
     click.echo(f"artifacts: {prof.run.path}")
     click.echo(f"flamegraph: {svg}")
 
@@ -233,9 +236,6 @@ def import_cmd(tarball: str, out: str | None, flamegraphs: str | None, top_n: in
     click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples of pid "
                f"{cap.get('pid')} on {cap.get('hostname')} ({cap.get('postgres_version')}, "
                f"clocksource {cap.get('clocksource')})")
-    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
-    click.echo(f"top {top_n} functions by self samples:")
-    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
-                                     total_share=top["total_share"].map("{:.1%}".format))))
+    _echo_top(prof, top_n)
     click.echo(f"artifacts: {prof.run.path}")
     click.echo(f"flamegraph: {svg}")
