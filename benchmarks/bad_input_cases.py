@@ -1,4 +1,5 @@
-"""Every bad-input case issue 14 lists, run again as a user would: a markdown table of
+"""Every known bad-input case (broken files, bad arguments, missing tools: what once gave
+a traceback or silent garbage), run again as a user would: a markdown table of
 what each does now (exit status, the first line of output, seconds).
 
 Commands run as subprocesses of the installed ``profkit`` next to this interpreter;

@@ -2,7 +2,8 @@
 
 Each case is rendered by ``profkit flamegraph FILE -o OUT.svg`` in its own process (wall
 time including start-up and reading the folded file; peak RSS from ``/usr/bin/time``),
-and, as the peer measured in the same run, by the renderer profkit had before issue 12
+and, as the peer measured in the same run, by the renderer profkit had before its
+rewrite for big and deep profiles
 (``git show BEFORE:profkit/render/flamegraph.py``: a stack tree with one path tuple per
 frame), on the same file:
 
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BEFORE = "1559350"          # the last commit before issue 12's renderer
+BEFORE = "1559350"          # the last commit before the rewritten renderer
 
 NAMES = ("ExecProcNodeInstr ExecNestLoop ExecHashJoin ExecAgg ExecSort ExecMaterial "
          "ExecSeqScan ExecIndexScan ExecInterpExpr fetch_input_tuple tuplestore_gettupleslot "
@@ -134,7 +135,7 @@ def main() -> int:
                         "as fg; from profkit.parse.folded import read_folded; "
                         "open(sys.argv[3], 'w').write(fg.render(read_folded(sys.argv[2]), "
                         f"min_width_px={args.minwidth}))")
-                runs.append((f"before issue 12 ({BEFORE})",
+                runs.append((f"before the rewrite ({BEFORE})",
                              [sys.executable, "-c", code, str(peer_dir), str(src),
                               str(work / f"{case}-before.svg")], work / f"{case}-before.svg"))
             results = {}

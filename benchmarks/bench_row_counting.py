@@ -1,4 +1,4 @@
-"""Row-counting overhead of the step variants, against vanilla's plain query (issue 13).
+"""Row-counting overhead of the step variants, against vanilla's plain query.
 
 One ``profkit bench`` run (callgrind instruction counts, one execution per build and
 mode; CPU times with bootstrap CIs beside them in the run's summary.csv) of plain
@@ -10,7 +10,7 @@ then, per build, from the run's ``instructions.csv``:
 - ``Q1 vs vanilla Q1``: what the patch costs queries that run without EXPLAIN;
 - ``Q2 vs vanilla Q1``: the cost of counting rows against the unpatched plain query.
 
-Targets (issue 13): Q2 vs vanilla Q1 <= 1.0 % and Q1 vs vanilla Q1 <= 0.3 %.  The
+Targets: Q2 vs vanilla Q1 <= 1.0 % and Q1 vs vanilla Q1 <= 0.3 %.  The
 peer (vanilla, of the same major version) is measured in the same run.
 
 Usage::

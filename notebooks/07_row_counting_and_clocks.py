@@ -16,7 +16,8 @@
 # %% [markdown]
 # # 07 — Row counting against plain vanilla, and PostgreSQL 19's clocks
 #
-# Two questions of issue 13, answered from **one** interleaved `profkit bench` run:
+# Two questions about going beyond the seed, answered from **one** interleaved
+# `profkit bench` run:
 #
 # 1. **Row counting at ≤ 1 %.** What Query-2 (`EXPLAIN (ANALYZE, TIMING FALSE)`) costs
 #    against **vanilla's** plain Query-1 — not the build's own, which a patch that slows the

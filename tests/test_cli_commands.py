@@ -1,4 +1,4 @@
-"""Every command in the README runs here as a command — ``python -m profkit ...`` in a
+"""Every command in the README and docs/ runs here as a command — ``python -m profkit ...`` in a
 subprocess, as a user types it — on its success path and on one error path (issue 14:
 commands no test ran were broken). Plus the command line's conventions: --version,
 help text on every command and option, exit statuses (0 / 1 failure / 2 usage), one
@@ -94,8 +94,14 @@ def test_every_command_and_option_has_help_text() -> None:
     assert not set(missing) - HELP_PENDING_ELSEWHERE, f"no help text: {missing}"
 
 
+def docs_text() -> str:
+    """The README and every page under docs/, as a user reads them."""
+    return "\n".join(p.read_text(encoding="utf-8")
+                     for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+
+
 def test_readme_documents_exit_status_and_completion() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = docs_text()
     assert "## Exit status" in readme and "_PROFKIT_COMPLETE=bash_source profkit" in readme
     for runner in ([str(Path(sys.executable).parent / "profkit")],
                    [sys.executable, "-m", "profkit"]):
@@ -111,7 +117,8 @@ def test_readme_documents_exit_status_and_completion() -> None:
     assert cp.stdout.split() == ["plain,clock-calls", "plain,clock-cost"], cp.stdout
 
 
-# Every `profkit X` in the README's command blocks, and the test below that runs it.
+# Every `profkit X` the README and docs/*.md show (in ```sh blocks and `inline code`), and
+# every command of the CLI itself (docs/cli.md lists them all): the test below that runs it.
 README_COMMANDS = {
     "build": "test_build", "cluster start": "test_cluster_psql_load_probe",
     "cluster psql": "test_cluster_psql_load_probe",
@@ -130,20 +137,51 @@ README_COMMANDS = {
 }
 
 
-def test_every_readme_command_is_covered_here() -> None:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
+#: `profkit CMD` where a shell would run it: at the start, after a path
+#: (.venv/bin/profkit), an assignment (VAR=x profkit) or a pipe; CMD is a command or
+#: "cluster X" / "parse X".
+_COMMAND = re.compile(r"(?:^|[\s/|;&(])profkit ((?:cluster|parse) [a-z][a-z-]*|[a-z][a-z-]*)")
+
+
+def shown_commands(text: str) -> set[str]:
+    """The profkit commands a Markdown text shows: every line of its ```sh blocks (shell
+    comments left out) and every `inline code` span."""
     found = set()
-    for block in blocks:
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
         for line in block.splitlines():
-            m = re.match(r"\s*profkit ((?:cluster|parse) [a-z-]+|[a-z-]+)", line)
-            if m:
-                found.add(m.group(1))
-    assert found, "no profkit commands found in the README"
-    assert found <= set(README_COMMANDS), f"README commands without a test: {found - set(README_COMMANDS)}"
+            found.update(_COMMAND.findall(line.split(" # ")[0]))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        found.update(_COMMAND.findall(span))
+    return found
+
+
+def test_shown_commands_reads_blocks_spans_and_prefixes() -> None:
+    text = ("```sh\nprofkit cluster start vanilla   # then profkit observers\n"
+            "PROFKIT_PG19_SOURCE=tarball:x .venv/bin/profkit reproduce --pg19\n```\n"
+            "Use `profkit parse gprof FILE` or `python -m profkit bench`; `%%profkit --build` "
+            "and `profkit.lab` are not commands.\n")
+    assert shown_commands(text) == {"cluster start", "reproduce", "parse gprof", "bench"}
+
+
+def test_every_readme_command_is_covered_here() -> None:
+    found = shown_commands(docs_text())
+    assert found >= {"reproduce", "bench", "build"}, "no profkit commands found in README/docs"
+    assert found <= set(README_COMMANDS), \
+        f"commands shown in README/docs without a test: {found - set(README_COMMANDS)}"
     names = {n.split(" (")[0] for v in README_COMMANDS.values() for n in v.split(" / ")}
     here = {n for n in globals() if n.startswith("test_")}
     assert names - here == set()
+
+
+def test_every_cli_command_is_covered_here() -> None:
+    """docs/cli.md lists every command of the CLI: each one has its test here too."""
+    from profkit.cli import main
+
+    leaves = {path.removeprefix("profkit ") for path, cmd in _walk(main, "profkit")
+              if path != "profkit" and not isinstance(cmd, click.Group)}
+    assert leaves - set(README_COMMANDS) == set(), \
+        f"commands without a test in README_COMMANDS: {leaves - set(README_COMMANDS)}"
 
 
 # --------------------------------------------------------------------- no cluster needed

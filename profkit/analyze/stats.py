@@ -62,8 +62,8 @@ Center = Literal["median", "mean"]
 
 BASELINE_MODE = "plain"
 
-#: Column order of ``summary.csv`` (issue 4's eleven first; readers depend on it), then
-#: issue 13's: the PostgreSQL version, the build's plain Query-1 (instructions, median
+#: Column order of ``summary.csv`` (the seed table's eleven first; readers depend on it),
+#: then the comparison against vanilla's plain query: the PostgreSQL version, the build's plain Query-1 (instructions, median
 #: and lower-quartile time) and every mode against **vanilla's** plain Query-1 of the
 #: same PostgreSQL major (``ref_build``; PG19 rows against pg19/vanilla), in time with
 #: its CI and in instructions. ``metric`` names the time measured.
@@ -587,7 +587,7 @@ def vanilla_references(builds: dict[str, dict[str, Any]]) -> dict[str, str]:
 def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
                      builds: dict[str, dict[str, Any]], instr_counts: pd.DataFrame | None,
                      metric: str | None = None, **kwargs: Any) -> pd.DataFrame:
-    """Add issue 13's columns (:data:`SUMMARY_CSV_COLUMNS` from ``pg_version`` on).
+    """Add the against-vanilla columns (:data:`SUMMARY_CSV_COLUMNS` from ``pg_version`` on).
 
     ``vs_ref_pct`` [``vs_ref_ci_low_pct``, ``vs_ref_ci_high_pct``]: the mode's time
     against the reference vanilla build's plain Query-1 (:func:`vanilla_references`),
@@ -781,7 +781,8 @@ def metric_frame(timings: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, str]
         if not has_calibration(timings):
             raise ComparisonError(f"{metric} needs the vCPU calibration columns "
                                   f"({', '.join(CALIB_COLUMNS)}): this run has none (recorded "
-                                  "by profkit bench since issue 13, unless calibrate=False)")
+                                  "by profkit bench when it calibrates the vCPU, unless "
+                                  "calibrate=False)")
         adj, _ = vcpu_adjust(timings)
         adj = adj[adj[metric].notna()]
         return adj.assign(server_ms=adj[metric].astype("float64")), "server_ms"

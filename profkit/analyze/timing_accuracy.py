@@ -1,6 +1,6 @@
 """How far the clock-source variants' per-node times are from vanilla's, and what they cost.
 
-Issue 3 asks, for ``coarse_clock``, ``tsc_clock`` and ``sampled_timing``: how far are
+For ``coarse_clock``, ``tsc_clock`` and ``sampled_timing`` the question is: how far are
 their per-node times (EXPLAIN ANALYZE, TIMING TRUE) from vanilla's, and what do they
 cost?  The collector (:mod:`profkit.experiments.timing_accuracy`) runs each workload's plain query,
 ``EXPLAIN (ANALYZE, TIMING FALSE, FORMAT JSON)`` and ``EXPLAIN (ANALYZE, TIMING TRUE,
@@ -933,8 +933,8 @@ def in_situ_read_ns(timings: pd.DataFrame, nodes: pd.DataFrame, arm: str, *,
     (median TIMING TRUE − median TIMING FALSE time) / clock reads of the plan's nodes
     (2 per InstrStartNode call, :func:`instr_calls_per_node`, from the arm's first TIMING
     TRUE plan).  The same estimate as :func:`profkit.analyze.correction.in_situ_ns_per_read`
-    (issue 6 found it corrects vanilla's totals to within 3% of the plain query, where
-    the tight-loop cost over-corrects).
+    (the correction experiment found it corrects vanilla's totals to within 3% of the plain
+    query, where the tight-loop cost over-corrects).
     """
     _require(timings, ["workload", "build", "mode", metric], "in_situ_read_ns")
     out: dict[str, float] = {}

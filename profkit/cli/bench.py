@@ -30,7 +30,8 @@ if not out_console.is_terminal:
 #: repetitions). Measured with --pg19 (9 builds) while other work loaded the VM (load 6-10;
 #: the backends are pinned to one CPU and wait for it): 23 minutes of benchmark, callgrind
 #: at 0.01 (work / 49) 100 s (2 in parallel); its instruction overheads differ from
-#: 0.02's by < 0.2 points. step4 and step5 go beyond the seed's article (issue 13).
+#: 0.02's by < 0.2 points. step4 and step5 go beyond the seed's article
+#: (row counting within 1 % of vanilla's plain query).
 REPRO_BUILDS = "vanilla,step1,step2,step3,step4,step5"
 #: What ``profkit reproduce --pg19`` adds: PostgreSQL 19 rows, each measured against
 #: pg19/vanilla's plain query (summary.csv's ref_build). Its source:

@@ -70,7 +70,7 @@ def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
                         out: Path | None,
                         report_dir: Path | None) -> None:
     """How far coarse_clock/tsc_clock/sampled_timing's per-node times are from vanilla's,
-    and what TIMING TRUE costs on each (issue 3).
+    and what TIMING TRUE costs on each.
 
     Takes a few minutes with the default scales and 5 arms on 2 cores.
     """

@@ -1,5 +1,5 @@
 """The correction check: EXPLAIN ANALYZE's TIMING ON minus clock reads × cost per read,
-against the plain query (issue 6's second experiment).
+against the plain query (the second observer-effect experiment).
 
 For each seed workload, plain / TIMING OFF / TIMING ON interleaved (shuffled per
 repetition by :func:`profkit.experiments.harness.interleave`, each execution timed by

@@ -1,6 +1,7 @@
 """The observer-effect experiment: the query unobserved and under each profiler, timed alike.
 
-Two experiments of issue 6 (the second is :mod:`profkit.experiments.correction`), each
+Two experiments on what observing a query costs (the second is
+:mod:`profkit.experiments.correction`), each
 writing ``profiles/<run_id>/`` through :mod:`profkit.rundir` and timing every execution
 with :func:`profkit.experiments.harness.timed_execute`:
 

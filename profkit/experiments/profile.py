@@ -93,7 +93,7 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
                "instrumentation A→B": f"{a.instrumentation_share:.1%} → "
                                       f"{b.instrumentation_share:.1%}"})
     paths.append(diff)
-    from profkit.render.flamegraph import demo_views  # icicle and merged views (issue 12)
+    from profkit.render.flamegraph import demo_views  # icicle and merged views
 
     paths += demo_views([(n, p.counts) for n, p in zip(builds, profs, strict=True)], out,
                         slug=slug, what=f"{workload} {qname} (perf)")

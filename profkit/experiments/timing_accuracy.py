@@ -1,4 +1,4 @@
-"""Collect the timing-accuracy runs of the clock-source variants (issue 3).
+"""Collect the timing-accuracy runs of the clock-source variants.
 
 For each *arm* (a build preset plus optional settings: ``vanilla``, ``coarse_clock``,
 ``tsc_clock``, ``sampled_timing`` at its default sample rate and at 1) and each seed
@@ -68,7 +68,7 @@ TIMINGS_COLUMNS: tuple[str, ...] = (
     "settings", "slot", "backend_pid", "t_start",
 )
 
-#: Issue 3's scales: modest, so that one run of all arms takes minutes on 2 cores.
+#: Modest scales, so that one run of all arms takes minutes on 2 cores.
 DEFAULT_SCALES: dict[str, float] = {"nested_loop": 0.05, "join_sum": 0.2, "count_star": 0.1}
 DEFAULT_REPS = 9
 BASELINE = "vanilla"

@@ -131,7 +131,8 @@ def seed_table(summary: pd.DataFrame, seed: ModuleType = _seed) -> pd.DataFrame:
 
 def reference_table(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per build: its plain Query-1, Query-2 and Query-3 against **vanilla's**
-    plain Query-1 of the same PostgreSQL major (issue 13; columns from
+    plain Query-1 of the same PostgreSQL major (what a patch costs against an unpatched
+    server; columns from
     :func:`profkit.analyze.stats.attach_reference`). Empty when the summary lacks them."""
     cols = ["build", "pg_version", "ref_build", "plain_vs_ref_pct", "plain_vs_ref_ci_low",
             "plain_vs_ref_ci_high", "plain_vs_ref_instr_pct", "q2_vs_ref_pct", "q2_vs_ref_ci_low",
@@ -166,7 +167,7 @@ def reference_markdown(summary: pd.DataFrame) -> list[str]:
             f"vanilla build of the same PostgreSQL major (`ref`), by `{metric}` (median of the "
             "per-repetition ratios: the builds are interleaved; brackets: 95 % CI) and in "
             "instructions (callgrind). The plain column is what a patch costs a query that is "
-            "not explained (issue 13's target: ≤ 0.3 %); Query-2's is the row-counting cost "
+            "not explained (target: ≤ 0.3 %); Query-2's is the row-counting cost "
             "a user sees against an unpatched server (target: ≤ 1.0 %). Between two binaries "
             "CPU time also carries code layout (step2's plain query, vanilla's instruction "
             "count, ran 3.3–3.7 % slower here): judge a 1 % difference by the instructions."),
@@ -745,7 +746,8 @@ def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
     return "\n".join(out) + "\n"
 
 
-#: The precision issue 13 asks of a Query-2 overhead (CI half-width, percentage points).
+#: The precision a Query-2 overhead needs to judge a 1 % target (CI half-width, percentage
+#: points).
 Q2_HALF_WIDTH_GOAL_PP = 1.0
 
 
