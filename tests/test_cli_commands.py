@@ -139,8 +139,9 @@ README_COMMANDS = {
 
 #: `profkit CMD` where a shell would run it: at the start, after a path
 #: (.venv/bin/profkit), an assignment (VAR=x profkit) or a pipe; CMD is a command or
-#: "cluster X" / "parse X".
-_COMMAND = re.compile(r"(?:^|[\s/|;&(])profkit ((?:cluster|parse) [a-z][a-z-]*|[a-z][a-z-]*)")
+#: "cluster X" / "parse X" (the groups alone run nothing but their help).
+_COMMAND = re.compile(r"(?:^|[\s/|;&(])profkit ((?:cluster|parse) [a-z][a-z-]*"
+                      r"|(?!(?:cluster|parse)\b)[a-z][a-z-]*)")
 
 
 def shown_commands(text: str) -> set[str]:
@@ -160,7 +161,7 @@ def test_shown_commands_reads_blocks_spans_and_prefixes() -> None:
     text = ("```sh\nprofkit cluster start vanilla   # then profkit observers\n"
             "PROFKIT_PG19_SOURCE=tarball:x .venv/bin/profkit reproduce --pg19\n```\n"
             "Use `profkit parse gprof FILE` or `python -m profkit bench`; `%%profkit --build` "
-            "and `profkit.lab` are not commands.\n")
+            "and `profkit.lab` are not commands, nor is the group `profkit cluster`.\n")
     assert shown_commands(text) == {"cluster start", "reproduce", "parse gprof", "bench"}
 
 

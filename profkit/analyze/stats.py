@@ -63,10 +63,11 @@ Center = Literal["median", "mean"]
 BASELINE_MODE = "plain"
 
 #: Column order of ``summary.csv`` (the seed table's eleven first; readers depend on it),
-#: then the comparison against vanilla's plain query: the PostgreSQL version, the build's plain Query-1 (instructions, median
-#: and lower-quartile time) and every mode against **vanilla's** plain Query-1 of the
-#: same PostgreSQL major (``ref_build``; PG19 rows against pg19/vanilla), in time with
-#: its CI and in instructions. ``metric`` names the time measured.
+#: then the comparison against vanilla's plain query: the PostgreSQL version, the build's
+#: plain Query-1 (instructions, median and lower-quartile time) and every mode against
+#: **vanilla's** plain Query-1 of the same PostgreSQL major (``ref_build``; PG19 rows
+#: against pg19/vanilla), in time with its CI and in instructions. ``metric`` names the
+#: time measured.
 SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
     "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct",
