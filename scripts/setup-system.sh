@@ -20,6 +20,12 @@ case "$ID" in
   *) echo "setup-system: unsupported distribution '$ID' (Debian 12 or Ubuntu 24.04 expected)" >&2; exit 2 ;;
 esac
 
+# Node.js and npm run the readers the export tests check profkit's files with (tests/js):
+# the distribution's, unless a node and npm are there already
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  pkgs+=(nodejs npm)
+fi
+
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
