@@ -135,6 +135,8 @@ def _from_table(df: pd.DataFrame, base: ProfileFacts) -> list[StackProfile]:
         g = groups.setdefault(gk, {})
         k = (str(stack), node)
         g[k] = g.get(k, 0.0) + float(w)
+    if not groups:  # an empty table is one empty profile, not none
+        return [StackProfile(base, {})]
     out = []
     for gk, weights in groups.items():
         given = dict(zip(keys, gk, strict=True))
