@@ -443,19 +443,17 @@ def _not_blank(png: Path) -> int:
     return len(colours)
 
 
-@pytest.mark.browser
-def test_speedscope_viewer_opens_the_export(tmp_path: Path) -> None:
-    """speedscope's own app (npm package speedscope, its built static files) loads the
-    file by #profileURL= from 127.0.0.1, draws it, and its Sandwich table — computed by
-    speedscope from the file — gives every function's total and self samples as profkit
-    counts them from the folded input."""
+def open_in_speedscope(export: bytes, label: str, title: str, tmp_path: Path
+                       ) -> dict[str, tuple[int, int]]:
+    """Serve speedscope's built app (npm package speedscope) and *export* on 127.0.0.1,
+    open the file by ``#profileURL=`` in headless Chromium, screenshot the flamegraph
+    and the Sandwich view (tests/artifacts/speedscope-LABEL-*.png), and return the
+    Sandwich table as speedscope computed it: function → (total, self)."""
     viewer = _need(JS / "node_modules" / "speedscope" / "dist" / "release",
                    "the npm package speedscope")
-    name = "expected_pg18-query3.folded"
-    counts = read_folded(PERF / name)
     data = tmp_path / "data"
-    data.mkdir()
-    (data / "q3.speedscope.json").write_bytes(export_run(PERF / name, "speedscope"))
+    data.mkdir(exist_ok=True)
+    (data / f"{label}.speedscope.json").write_bytes(export)
     handler = type("Files", (_Files,), {"viewer": viewer, "data": data})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -463,16 +461,16 @@ def test_speedscope_viewer_opens_the_export(tmp_path: Path) -> None:
     browser = None
     try:
         port = server.server_address[1]
-        browser = _Chromium(tmp_path / "chromium-profile")
+        browser = _Chromium(tmp_path / f"chromium-{label}")
         browser.call("Page.enable")
         url = (f"http://127.0.0.1:{port}/viewer/index.html#profileURL="
-               f"http://127.0.0.1:{port}/data/q3.speedscope.json")
+               f"http://127.0.0.1:{port}/data/{label}.speedscope.json")
         browser.call("Page.navigate", url=url)
         # the toolbar names the loaded file, and the flamegraph canvas is there
-        browser.wait_for(f"document.body && document.body.innerText.includes({name!r})")
+        browser.wait_for(f"document.body && document.body.innerText.includes({title!r})")
         browser.wait_for("document.querySelectorAll('canvas').length > 0")
         time.sleep(1.0)  # the first frames are drawn after the load event
-        shot = browser.screenshot(ARTIFACTS / "speedscope-query3-time-order.png")
+        shot = browser.screenshot(ARTIFACTS / f"speedscope-{label}-time-order.png")
         assert _not_blank(shot) > 50
         # the Sandwich view: a DOM table, one row per function: total, self, name
         clicked = browser.eval("""(() => {
@@ -483,23 +481,83 @@ def test_speedscope_viewer_opens_the_export(tmp_path: Path) -> None:
         browser.wait_for("document.body.innerText.includes('Symbol Name')")
         time.sleep(0.5)
         text = str(browser.eval("document.body.innerText"))
-        browser.screenshot(ARTIFACTS / "speedscope-query3-sandwich.png")
+        browser.screenshot(ARTIFACTS / f"speedscope-{label}-sandwich.png")
     finally:
         if browser is not None:
             browser.close()
         server.shutdown()
         server.server_close()
     rows = {m[3]: (int(m[1]), int(m[2])) for m in _ROW.finditer(text)}
+    assert rows, text[:2000]
+    return rows
+
+
+def check_sandwich(rows: dict[str, tuple[int, int]], counts: dict[str, float]) -> None:
+    """Every row speedscope shows has the total and self profkit counts from the folded
+    input (total once per stack, as both count it), and the top self functions are there."""
     fn = functions_table(counts, root_is_process=False)
     want = {f: (int(t), int(s)) for f, t, s in zip(fn["function"], fn["total"], fn["self"],
                                                    strict=True)}
-    assert len(rows) >= 30, text[:2000]
     for f, got in rows.items():
         assert want[f] == got, (f, got, want[f])
-    # the functions with the most self samples are all listed, the vDSO clock read first
-    top = [f for f in fn["function"][:10]]
-    assert top[0] == "__vdso_clock_gettime" and rows["__vdso_clock_gettime"] == (441, 437)
-    assert set(top) <= set(rows)
+    assert set(fn["function"][:10]) <= set(rows)
+
+
+@pytest.mark.browser
+def test_speedscope_viewer_opens_the_export(tmp_path: Path) -> None:
+    """speedscope's own app loads the file, draws it, and its Sandwich table — computed
+    by speedscope from the file — gives every function's total and self samples as
+    profkit counts them from the folded input."""
+    name = "expected_pg18-query3.folded"
+    counts = read_folded(PERF / name)
+    rows = open_in_speedscope(export_run(PERF / name, "speedscope"), "query3", name, tmp_path)
+    assert len(rows) >= 30
+    check_sandwich(rows, counts)
+    # Query-3 (TIMING on): the vDSO clock read is the function with the most self samples
+    assert rows["__vdso_clock_gettime"] == (441, 437)
+
+
+# --------------------------------------------------------------------------- a live run
+
+
+@pytest.mark.pg
+@pytest.mark.browser
+def test_exports_of_a_live_perf_run(pg_cluster, _nested_loop_loaded, tmp_path: Path) -> None:
+    """Query-2 recorded by perf on the vanilla build now (the collector `make demo`'s
+    flamegraphs use), exported as pprof and speedscope and read by both readers."""
+    from profkit.collect import perf
+    from profkit.pg.workloads import get_workload
+
+    sql = get_workload("nested_loop").query("analyze_notiming")
+    with pg_cluster.connect() as conn:
+        perf.run_query(conn, sql)  # warm-up, not recorded
+        rec, _res = perf.record_query(pg_cluster, conn, sql, reps=3, workload="nested_loop",
+                                      mode="analyze_notiming", scale=_nested_loop_loaded,
+                                      query_name="Query-2", base=tmp_path / "profiles")
+    prof = perf.fold_run(rec.run_dir)
+    run_dir = Path(rec.run_dir)
+    counts = read_folded(run_dir / "stacks.folded")
+    assert sum(counts.values()) == prof.folding.samples > 0
+    path = tmp_path / "live.pb.gz"
+    path.write_bytes(export_run(run_dir, "pprof"))
+    d = pprof_read(path)
+    got: dict[str, int] = {}
+    nodes: set[str] = set()
+    for s in d["samples"]:
+        got[s["stack"]] = got.get(s["stack"], 0) + s["values"][0]
+        assert s["values"][1] == s["values"][0] * 1_001_001
+        assert {k: s["labels"][k] for k in ("build", "mode", "tool")} == {
+            "build": "vanilla", "mode": "analyze_notiming", "tool": "perf"}
+        nodes.add(s["labels"].get("plan_node", ""))
+    assert got == ints(counts)
+    assert "Nested Loop" in nodes or "Aggregate" in nodes, nodes
+    postgres = str(pg_cluster.build.postgres)
+    assert d["mappings"][0]["file"] == postgres
+    assert d["durationNanos"] == str(round(float(
+        json.loads((run_dir / "provenance.json").read_text())["recording_seconds"]) * 1e9))
+    rows = open_in_speedscope(export_run(run_dir, "speedscope"), "live-query2",
+                              run_dir.name, tmp_path)
+    check_sandwich(rows, counts)
 
 
 # --------------------------------------------------------------------------- magic

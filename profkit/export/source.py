@@ -116,7 +116,7 @@ def _from_run(rd: Any) -> ExportSource:
     freq = _num(rd.get("perf.freq")) or _num(rd.get("capture.freq"))
     started = _ns(rd.get("capture.started_at")) or _ns(prov.get("started_at"))
     seconds = _num(prov.get("recording_seconds"))
-    duration = int(seconds * 1e9) if seconds else None
+    duration = round(seconds * 1e9) if seconds else None
     if duration is None:
         a, b = _ns(rd.get("capture.started_at")), _ns(rd.get("capture.ended_at"))
         duration = b - a if a and b and b > a else None
