@@ -590,3 +590,23 @@ def test_profkit_export_line_magic(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "invalid choice: 'svg'" in capsys.readouterr().err
     assert ip.run_line_magic("profkit_export", "--help") is None
     assert "pprof" in capsys.readouterr().out
+
+
+def test_perf_script_text_is_folded_as_profkit_collectors_do(tmp_path: Path) -> None:
+    """A `perf script` text (here the Query-2 capture) exports like its run: one per
+    sample, each frame in the module perf printed."""
+    from profkit.parse.perf_script import fold_perf_script
+
+    text = PERF / "pg18-query2.perf-script.txt.gz"
+    fold = fold_perf_script(text, weight="samples", vdso_names=True)
+    path = tmp_path / "t.pb.gz"
+    path.write_bytes(export_run(text, "pprof", freq_hz=999))
+    d = pprof_read(path)
+    got: dict[str, int] = {}
+    for s in d["samples"]:
+        got[s["stack"]] = got.get(s["stack"], 0) + s["values"][0]
+        assert s["labels"]["tool"] == "perf"
+        for frame, module in zip(s["stack"].split(";")[1:], s["modules"][1:], strict=True):
+            assert module == fold.modules[frame]
+    assert got == ints(fold.counts) and sum(got.values()) == 201
+    assert export_run(text, "collapsed") == (PERF / "expected_pg18-query2.folded").read_bytes()

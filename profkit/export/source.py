@@ -71,13 +71,24 @@ def load_source(source: str | os.PathLike[str], *, root: str | os.PathLike[str] 
 
 
 def _from_file(p: Path) -> ExportSource:
-    from profkit.parse import load_stacks
+    from profkit.parse import detect_stack_format
+    from profkit.parse.folded import read_folded
 
     if not p.exists():
         raise ExportError(f"{p}: no such file: give a folded-stacks file, a run directory "
                           "or a run id under profiles/")
-    counts = load_stacks(p)
-    facts = ProfileFacts(name=p.name, root_is_process=True)
+    if detect_stack_format(p) == "folded":
+        counts = read_folded(p)
+        facts = ProfileFacts(name=p.name, root_is_process=True)
+    else:
+        # profkit's own reading of perf script text, as its collectors fold it: one per
+        # sample, vDSO frames named, each frame's module as perf printed it
+        from profkit.parse.perf_script import fold_perf_script
+
+        fold = fold_perf_script(p, weight="samples", vdso_names=True)
+        counts = dict(fold.counts)
+        facts = ProfileFacts(name=p.name, tool="perf", unit=fold.unit,
+                             modules=dict(fold.modules), root_is_process=True)
     return ExportSource(counts, facts, str(p),
                         comments=(f"profkit export of {p.name}",))
 

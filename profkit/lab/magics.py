@@ -526,8 +526,10 @@ def export_line(line: str) -> Path:
                               f"got {ns.freq:g}")
     src = load_source(ns.run)
     data = export_run(src, ns.fmt, unit=ns.unit, freq_hz=ns.freq, binary=ns.binary)
-    out = Path(ns.output) if ns.output else Path(
-        Path(src.origin).name.removesuffix(".folded") + SUFFIXES[ns.fmt])
+    stem = Path(src.origin).name
+    for suffix in (".gz", ".txt", ".folded"):
+        stem = stem.removesuffix(suffix)
+    out = Path(ns.output) if ns.output else Path(stem + SUFFIXES[ns.fmt])
     out.write_bytes(data)
     return out
 
