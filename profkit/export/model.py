@@ -126,36 +126,24 @@ def _from_table(df: pd.DataFrame, base: ProfileFacts) -> list[StackProfile]:
         raise ExportError(f"a stacks table needs the columns stack and weight; it lacks "
                           f"{', '.join(sorted(missing))}")
     keys = [c for c in ("build", "tool", "unit", "mode") if c in df.columns]
+    cols = [_strings(df[c]) for c in keys]
+    nodes = _strings(df["plan_node"]) if "plan_node" in df.columns else [""] * len(df)
     groups: dict[tuple[str, ...], dict[tuple[str, str], float]] = {}
-    nodes = df["plan_node"] if "plan_node" in df.columns else None
-    cols = [df[c] for c in keys]
-    for i, (stack, w) in enumerate(zip(df["stack"], df["weight"], strict=True)):
-        gk = tuple(_s(c.iloc[i]) for c in cols)
-        node = _s(nodes.iloc[i]) if nodes is not None else ""
-        g = groups.setdefault(gk, {})
-        k = (str(stack), node)
+    for i, (stack, w) in enumerate(zip(df["stack"].tolist(), df["weight"].tolist(),
+                                       strict=True)):
+        g = groups.setdefault(tuple(c[i] for c in cols), {})
+        k = (str(stack), nodes[i])
         g[k] = g.get(k, 0.0) + float(w)
     if not groups:  # an empty table is one empty profile, not none
         return [StackProfile(base, {})]
-    out = []
-    for gk, weights in groups.items():
-        given = dict(zip(keys, gk, strict=True))
-        f = replace(base, **{k: v for k, v in given.items() if v or k != "unit"})
-        out.append(StackProfile(f, weights))
-    return out
+    # the table's own build/tool/unit/mode win over *base*; an empty cell does not
+    return [StackProfile(replace(base, **{k: v for k, v in zip(keys, gk, strict=True) if v}),
+                         weights) for gk, weights in groups.items()]
 
 
-def _s(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    try:
-        import pandas as pd
-
-        if v is pd.NA:
-            return ""
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        pass
-    return str(v)
+def _strings(col: Any) -> list[str]:
+    """A column as str, missing values (None, NaN, NA) as ""."""
+    return [str(v) for v in col.astype("string").fillna("").tolist()]
 
 
 def _check_weights(p: StackProfile) -> None:
@@ -263,8 +251,9 @@ def describe_frame(frame: str, facts: ProfileFacts, *, is_root: bool = False) ->
         module = known
     elif not module and len(frame) > 2 and frame[0] == "[" and frame[-1] == "]":
         inner = frame[1:-1]
-        if inner not in ("unknown", "no Python frame"):
-            module = "[vdso]" if inner == "vdso" else inner
+        if inner in ("unknown", "no Python frame"):  # perf knew no module: neither do we
+            return Frame(frame, symbol, "", file, line)
+        module = "[vdso]" if inner == "vdso" else inner
     if module and facts.binary and module == facts.binary.rsplit("/", 1)[-1]:
         module = facts.binary
     if not module and not file and not (is_root and facts.root_is_process):
