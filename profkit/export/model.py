@@ -5,6 +5,7 @@ file) and about the plan node that was running.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -206,10 +207,15 @@ def plan_node_of(frames: Iterable[str]) -> str:
     names the node (``ExecNestLoop`` → ``Nested Loop``); "" outside the executor."""
     node = ""
     for f in frames:
-        name = EXECUTOR_NODES.get(_CLONE.sub("", f))
+        name = _node_of_frame(f)
         if name:
             node = name
     return node
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _node_of_frame(frame: str) -> str:
+    return EXECUTOR_NODES.get(_CLONE.sub("", frame), "")
 
 
 _PYSPY = re.compile(r"^(?P<name>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")

@@ -24,8 +24,15 @@ LEN = 2
 _U64 = 1 << 64
 
 
+# the varints of 0..16383 (one or two bytes): ids and most counts, looked up
+_SMALL: tuple[bytes, ...] = tuple(
+    bytes((n,)) if n < 0x80 else bytes(((n & 0x7F) | 0x80, n >> 7)) for n in range(1 << 14))
+
+
 def varint(n: int) -> bytes:
     """*n* as a base-128 varint; a negative *n* as its 64-bit two's complement."""
+    if 0 <= n < 16384:
+        return _SMALL[n]
     if n < 0:
         n += _U64
     if not 0 <= n < _U64:
@@ -96,7 +103,7 @@ class Message:
         return self
 
     def packed(self, field: int, values: Iterable[int]) -> Message:
-        data = b"".join(varint(int(v)) for v in values)
+        data = b"".join(map(varint, values))
         if data:
             self._len(field, data)
         return self
