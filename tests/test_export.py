@@ -612,3 +612,22 @@ def test_perf_script_text_is_folded_as_profkit_collectors_do(tmp_path: Path) -> 
             assert module == fold.modules[frame]
     assert got == ints(fold.counts) and sum(got.values()) == 201
     assert export_run(text, "collapsed") == (PERF / "expected_pg18-query2.folded").read_bytes()
+
+
+def test_several_runs_make_one_file(perf_run: tuple[Path, dict], tmp_path: Path) -> None:
+    run_dir, _ = perf_run
+    q3 = PERF / "expected_pg18-query3.folded"
+    path = tmp_path / "two.pb.gz"
+    path.write_bytes(export_run([run_dir, q3], "pprof", freq_hz=999))
+    d = pprof_read(path)
+    per: dict[str, dict[str, int]] = {}
+    for s in d["samples"]:
+        got = per.setdefault(s["labels"]["run"], {})
+        got[s["stack"]] = got.get(s["stack"], 0) + s["values"][0]
+    assert per == {run_dir.name: ints(read_folded(run_dir / "stacks.folded")),
+                   q3.name: ints(read_folded(q3))}
+    doc = json.loads(export_run([run_dir, q3], "speedscope"))
+    assert [p["name"] for p in doc["profiles"]] == ["vanilla analyze_notiming (perf)", q3.name]
+    assert _stacks_of(doc, 1) == read_folded(q3)
+    with pytest.raises(ExportError, match="collapsed stacks hold one profile"):
+        export_run([run_dir, q3], "collapsed")

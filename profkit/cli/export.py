@@ -19,7 +19,7 @@ FORMATS = ("pprof", "speedscope", "collapsed")
 
 
 @click.command("export")
-@click.argument("run")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN...")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="pprof: gzipped profile.proto (go tool pprof, Grafana Pyroscope, Parca); "
                    "speedscope: speedscope's JSON file format; collapsed: folded stacks "
@@ -36,11 +36,12 @@ FORMATS = ("pprof", "speedscope", "collapsed")
               help="The profiled program's path: the module of frames whose module the "
                    "stacks do not name (a run says it itself).")
 @_friendly
-def export_cmd(run: str, fmt: str, output: str | None, unit: str | None, freq: float | None,
+def export_cmd(runs: tuple[str, ...], fmt: str, output: str | None, unit: str | None, freq: float | None,
                binary: str | None) -> None:
     """Export a run's stacks (RUN: a run directory, a run id under profiles/, `latest`,
     or a folded-stacks file) in a format other tools read: pprof for Pyroscope, Parca and
-    `go tool pprof`; speedscope; collapsed folded stacks."""
+    `go tool pprof`; speedscope; collapsed folded stacks. Several RUNs make one file:
+    pprof samples labelled by build and mode, a speedscope profile per run."""
     from profkit.export import export_run
     from profkit.export.source import load_source
 
@@ -48,8 +49,8 @@ def export_cmd(run: str, fmt: str, output: str | None, unit: str | None, freq: f
         raise _Failed(f"--freq must be a positive number of samples per second, got {freq:g}")
     if output is None and fmt == "pprof" and sys.stdout.isatty():
         raise _Failed("a pprof file is binary: give -o FILE, or redirect standard output")
-    src = load_source(run)
-    data = export_run(src, fmt, unit=unit, freq_hz=freq, binary=binary)
+    srcs = [load_source(r) for r in runs]
+    data = export_run(srcs, fmt, unit=unit, freq_hz=freq, binary=binary)
     if output:
         Path(output).write_bytes(data)
     else:
@@ -59,6 +60,9 @@ def export_cmd(run: str, fmt: str, output: str | None, unit: str | None, freq: f
             sys.stdout.buffer.flush()
         except OSError as e:
             raise StdoutFailed(e) from None
-    samples = sum(src.counts.values())
-    _say(f"{fmt}: {len(src.counts):,} stacks, {samples:,.0f} {src.facts.unit if unit is None else unit}"
-         f" from {src.origin}" + (f" → {output}" if output else ""))
+    for src in srcs:
+        total = sum(src.counts.values())
+        _say(f"{fmt}: {len(src.counts):,} stacks, {total:,.0f} {unit or src.facts.unit} "
+             f"from {src.origin}")
+    if output:
+        _say(f"wrote {output} ({len(data):,} bytes)")

@@ -83,16 +83,25 @@ def export_stacks(stacks: StacksInput, fmt: str, facts: ProfileFacts | None = No
     return to_pprof(profiles, comments=comments)
 
 
-def export_run(source: str | os.PathLike[str] | ExportSource, fmt: str, *,
+def export_run(source: str | os.PathLike[str] | ExportSource
+               | Sequence[str | os.PathLike[str] | ExportSource], fmt: str, *,
                unit: str | None = None, freq_hz: float | None = None,
                binary: str | None = None) -> bytes:
     """Export a run directory, a run id under profiles/, ``latest``, or a folded-stacks
-    (or ``perf script``) file. *unit*, *freq_hz*, *binary* override what the run says
-    (a bare folded file says none of them)."""
+    (or ``perf script``) file — or several: one pprof file whose samples are labelled
+    with each run's build and mode, or one speedscope file with a profile per run.
+    *unit*, *freq_hz*, *binary* override what the runs say (a bare folded file says none
+    of them)."""
     from profkit.export.source import ExportSource, load_source
 
-    src = source if isinstance(source, ExportSource) else load_source(source)
-    if fmt == "collapsed" and src.folded_bytes is not None:
-        return src.folded_bytes  # the run's own stacks.folded, byte for byte
-    facts = src.facts.with_overrides(unit=unit, freq_hz=freq_hz, binary=binary)
-    return export_stacks(src.counts, fmt, facts, comments=src.comments)
+    many = not isinstance(source, str | os.PathLike | ExportSource)
+    given = list(source) if many else [source]  # type: ignore[list-item, arg-type]
+    if not given:
+        raise ExportError("nothing to export: give at least one run or stacks file")
+    srcs = [s if isinstance(s, ExportSource) else load_source(s) for s in given]
+    if fmt == "collapsed" and len(srcs) == 1 and srcs[0].folded_bytes is not None:
+        return srcs[0].folded_bytes  # the run's own stacks.folded, byte for byte
+    profiles = [StackProfile(s.facts.with_overrides(unit=unit, freq_hz=freq_hz, binary=binary),
+                             {(k, ""): float(v) for k, v in s.counts.items()}) for s in srcs]
+    comments = [c for s in srcs for c in s.comments]
+    return export_stacks(profiles, fmt, comments=comments)

@@ -15,7 +15,7 @@ What is written:
   ``Line``, and one ``Mapping`` per module (the profiler's module of each frame, a
   ``[postgres]``-style annotation, else the build's binary; mapping 1 is the binary);
 - one ``Sample`` per distinct stack (and plan node), leaf first, labelled ``build``,
-  ``mode``, ``tool`` and ``plan_node`` where known;
+  ``mode``, ``tool``, ``run`` (the run id or file name) and ``plan_node`` where known;
 - ``time_nanos``/``duration_nanos`` where the run recorded them, and comments saying
   where the profile came from and how CPU time was derived.
 
@@ -129,7 +129,7 @@ def to_pprof(profiles: Sequence[StackProfile], *, comments: Sequence[str] = (),
         f = p.facts
         frame_cache: dict[tuple[str, bool], int] = {}
         base_labels = [(k, v) for k, v in (("build", f.build), ("mode", f.mode),
-                                           ("tool", f.tool)) if v]
+                                           ("tool", f.tool), ("run", f.name)) if v]
         for (stack, node), w in sorted(p.weights.items()):
             n = _integer(w, stack)
             frames = stack.split(";")
