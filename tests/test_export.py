@@ -121,7 +121,7 @@ def test_pprof_format_reads_every_stack_with_its_value(name: str, tmp_path: Path
         assert s["values"][1] == s["values"][0] * 1_001_001
         got[s["stack"]] = got.get(s["stack"], 0) + s["values"][0]
         assert s["labels"]["build"] == "vanilla" and s["labels"]["mode"] == "analyze_timing"
-        assert s["labels"]["tool"] == "perf"
+        assert s["labels"]["tool"] == "perf" and s["labels"]["run"] == "r1"
         assert s["labels"].get("plan_node", "") == plan_node_of(s["stack"].split(";"))
     assert got == ints(counts)
     assert sum(got.values()) == sum(counts.values())

@@ -91,7 +91,7 @@ def profiles_of(stacks: StacksInput, facts: ProfileFacts | None = None,
     """The profiles in *stacks*, each with *facts* (its build/tool/unit/mode from the table).
 
     *stacks*: a ``stacks`` table (:mod:`profkit.tables`; one profile per distinct
-    build, tool, unit and, where the table has that column, mode; a ``plan_node``
+    build, tool, unit, run id and, where the table has that column, mode; a ``plan_node``
     column, where present, names each row's plan node), a ``{stack: weight}`` mapping
     (one profile), a :class:`StackProfile` or a list of them. With *plan_nodes* a stack
     without an explicit plan node gets the one its frames show
@@ -126,7 +126,7 @@ def _from_table(df: pd.DataFrame, base: ProfileFacts) -> list[StackProfile]:
     if missing:
         raise ExportError(f"a stacks table needs the columns stack and weight; it lacks "
                           f"{', '.join(sorted(missing))}")
-    keys = [c for c in ("build", "tool", "unit", "mode") if c in df.columns]
+    keys = [c for c in ("build", "tool", "unit", "mode", "run_id") if c in df.columns]
     cols = [_strings(df[c]) for c in keys]
     nodes = _strings(df["plan_node"]) if "plan_node" in df.columns else [""] * len(df)
     groups: dict[tuple[str, ...], dict[tuple[str, str], float]] = {}
@@ -137,8 +137,10 @@ def _from_table(df: pd.DataFrame, base: ProfileFacts) -> list[StackProfile]:
         g[k] = g.get(k, 0.0) + float(w)
     if not groups:  # an empty table is one empty profile, not none
         return [StackProfile(base, {})]
-    # the table's own build/tool/unit/mode win over *base*; an empty cell does not
-    return [StackProfile(replace(base, **{k: v for k, v in zip(keys, gk, strict=True) if v}),
+    # the table's own build/tool/unit/mode/run id win over *base*; an empty cell does not
+    field_of = {"run_id": "name"}
+    return [StackProfile(replace(base, **{field_of.get(k, k): v
+                                          for k, v in zip(keys, gk, strict=True) if v}),
                          weights) for gk, weights in groups.items()]
 
 
