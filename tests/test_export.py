@@ -631,3 +631,13 @@ def test_several_runs_make_one_file(perf_run: tuple[Path, dict], tmp_path: Path)
     assert _stacks_of(doc, 1) == read_folded(q3)
     with pytest.raises(ExportError, match="collapsed stacks hold one profile"):
         export_run([run_dir, q3], "collapsed")
+
+
+def test_times_from_provenance() -> None:
+    from profkit.export.source import _ns
+
+    # pk-record.sh writes UTC with Z; profkit's own runs, local time with an offset
+    assert _ns("2026-11-30T12:00:00Z") == 1_796_040_000 * 10**9
+    assert _ns("2026-11-30T13:00:00.250000+01:00") == 1_796_040_000 * 10**9 + 250_000_000
+    assert _ns("2026-11-30T12:00:00") is None   # no offset: not an instant
+    assert _ns("") is None and _ns(None) is None and _ns("yesterday") is None
