@@ -643,3 +643,17 @@ def test_times_from_provenance() -> None:
     assert _ns("2026-11-30T13:00:00.250000+01:00") == 1_796_040_000 * 10**9 + 250_000_000
     assert _ns("2026-11-30T12:00:00") is None   # no offset: not an instant
     assert _ns("") is None and _ns(None) is None and _ns("yesterday") is None
+
+
+def test_latest_is_the_newest_run_with_stacks(perf_run: tuple[Path, dict]) -> None:
+    from profkit.export.source import load_source
+    from profkit.rundir import new_run, update_latest
+
+    run_dir, _ = perf_run
+    base = run_dir.parent
+    bench = new_run("bench", base=base, run_id="29991231-235959-bench")  # newer, no stacks
+    update_latest(bench.path)
+    src = load_source("latest", root=base)
+    assert src.origin == str(run_dir) and src.facts.build == "vanilla"
+    with pytest.raises(ExportError, match="no run with stacks under"):
+        load_source("latest", root=bench.path)

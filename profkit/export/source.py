@@ -1,5 +1,8 @@
 """What an export reads: a run directory (or its id) or a stacks file, with its facts.
 
+``latest`` is the newest run that holds stacks (``profiles/latest`` may name a
+benchmark, which has none).
+
 A run is found and read by :mod:`profkit.rundir` (``load_run``: a path, a run id under
 profiles/, or ``latest``); its stacks are ``stacks.folded`` (perf and py-spy runs), its
 unit the ``stacks.parquet`` table's, its modules the ``functions.parquet`` table's, and
@@ -61,13 +64,32 @@ def load_source(source: str | os.PathLike[str], *, root: str | os.PathLike[str] 
     p = Path(source)
     if p.is_file() or (p.suffix in (".folded", ".txt", ".gz") and not p.is_dir()):
         return _from_file(p)
-    from profkit.rundir import load_run, resolve
+    from profkit.rundir import LATEST, load_run, resolve
 
+    if str(source) == LATEST and not p.exists():
+        return _from_run(load_run(newest_with_stacks(root)))
     where = resolve(source, root)
     if not where.is_dir():
         raise ExportError(f"{source}: no such file or run: give a folded-stacks file, a run "
                           f"directory, a run id under {where.parent} or 'latest'")
     return _from_run(load_run(source, root=root))
+
+
+def newest_with_stacks(root: str | os.PathLike[str] | None = None) -> Path:
+    """The newest run under profiles/ (or *root*) that holds stacks: run ids start with
+    their start time, so the greatest name is the newest. ``profiles/latest`` itself
+    may point at a run without stacks (a benchmark)."""
+    from profkit import paths
+
+    base = Path(root) if root is not None else paths.profiles_dir()
+    runs = sorted((d for d in base.iterdir() if d.is_dir() and not d.is_symlink()
+                   and (d / STACKS_FILE).is_file()), key=lambda d: d.name) \
+        if base.is_dir() else []
+    if not runs:
+        raise ExportError(f"no run with stacks under {base}: record one (profkit perf, "
+                          "profkit import, profkit py-spy) or give a run directory or a "
+                          "folded-stacks file")
+    return runs[-1]
 
 
 def _from_file(p: Path) -> ExportSource:
