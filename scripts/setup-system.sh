@@ -12,7 +12,7 @@ pkgs=(
   ccache binutils valgrind ltrace bpftrace bpfcc-tools python3-bpfcc
   libelf-dev dpkg-dev xz-utils bzip2 curl ca-certificates git
   python3-venv python3-dev chromium ruby gdb perl postgresql
-  shellcheck lld clang time
+  shellcheck lld clang time nodejs
 )
 case "$ID" in
   debian) pkgs+=(linux-perf) ;;
@@ -21,10 +21,11 @@ case "$ID" in
   *) echo "setup-system: unsupported distribution '$ID' (Debian 12 or Ubuntu 24.04 expected)" >&2; exit 2 ;;
 esac
 
-# Node.js and npm run the readers the export tests check profkit's files with (tests/js):
-# the distribution's, unless a node and npm are there already
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  pkgs+=(nodejs npm)
+# npm installs the readers the export tests check profkit's files with (tests/js, run by
+# nodejs): the distribution's npm, unless an npm came with the installed nodejs already
+# (Debian's npm package would replace such a nodejs)
+if ! command -v npm >/dev/null 2>&1; then
+  pkgs+=(npm)
 fi
 
 missing=()
