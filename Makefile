@@ -6,13 +6,16 @@ PYTHON ?= python3
 VENV := $(or $(PROFKIT_VENV),.venv)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The npm packages the export tests read profkit's files with (pinned by the lockfile)
+JS := tests/js
+JS_STAMP := $(JS)/node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all setup system venv test test-fast demo lab regress clean-venv lint
+.PHONY: all setup system venv js test test-fast demo lab regress clean-venv lint
 
 all: setup
 
-setup: system venv
+setup: system venv js
 
 # Re-checked every time (fast when everything is installed).
 system:
@@ -25,6 +28,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# npm ci with the machine's npm configuration; again only when the lockfile changes
+js: $(JS_STAMP)
+
+$(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
+	cd $(JS) && npm ci --ignore-scripts --no-audit --no-fund
+	@touch $(JS_STAMP)
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)

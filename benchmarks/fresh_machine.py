@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -34,11 +35,20 @@ def clone(dest: Path) -> None:
 
 def timed_make(target: str, cwd: Path, env: dict[str, str], log: Path,
                extra: list[str] | None = None) -> tuple[float, int]:
+    """Wall seconds and exit status; the CPU seconds (user + system of every process under
+    it) are printed too: unlike wall time they do not grow when other work shares the
+    machine, so a run on a busy machine still tells what the work itself costs."""
     t0 = time.monotonic()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "w") as f:
         cp = subprocess.run(["make", target, *(extra or [])], cwd=cwd, env=env, stdout=f,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return time.monotonic() - t0, cp.returncode
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    wall = time.monotonic() - t0
+    print(f"make {target}: wall {wall:.0f} s, CPU {cpu:.0f} s (user+sys of its processes), "
+          f"load average at the end {os.getloadavg()[0]:.1f}", flush=True)
+    return wall, cp.returncode
 
 
 def builds_table(cache: Path) -> list[dict]:

@@ -193,6 +193,9 @@ def _run_group(argv: list[str], *, timeout: float | None, input: bytes | None,
     """subprocess.run, but the child leads a process group of its own, and on a
     timeout, an error or Ctrl-C the whole group is killed: a `make -j2` interrupted
     half-way leaves no compiler behind (subprocess.run would kill make alone)."""
+    # SIGTERM must unwind through the except below too (a build started by a script that
+    # is then terminated left `make -j2` compiling in its own session)
+    _install_handlers()
     with subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                           start_new_session=True, **popen_kwargs) as proc:
         try:

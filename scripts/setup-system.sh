@@ -12,7 +12,7 @@ pkgs=(
   ccache binutils valgrind ltrace bpftrace bpfcc-tools python3-bpfcc
   libelf-dev dpkg-dev xz-utils bzip2 curl ca-certificates git
   python3-venv python3-dev chromium ruby gdb perl postgresql
-  shellcheck lld clang time
+  shellcheck lld clang time nodejs
 )
 case "$ID" in
   debian) pkgs+=(linux-perf) ;;
@@ -20,6 +20,13 @@ case "$ID" in
   ubuntu) pkgs=("${pkgs[@]/#chromium/chromium-browser}"); pkgs+=(linux-tools-common "linux-tools-$(uname -r)" "linux-headers-$(uname -r)") ;;
   *) echo "setup-system: unsupported distribution '$ID' (Debian 12 or Ubuntu 24.04 expected)" >&2; exit 2 ;;
 esac
+
+# npm installs the readers the export tests check profkit's files with (tests/js, run by
+# nodejs): the distribution's npm, unless an npm came with the installed nodejs already
+# (Debian's npm package would replace such a nodejs)
+if ! command -v npm >/dev/null 2>&1; then
+  pkgs+=(npm)
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do

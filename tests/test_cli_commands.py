@@ -134,6 +134,7 @@ README_COMMANDS = {
     "correction": "test_correction", "timing-accuracy": "test_timing_accuracy",
     "py-spy": "test_py_spy",
     "import": "test_import_error (success: tests/test_pk_record.py)",
+    "export": "test_export_command",
 }
 
 
@@ -192,6 +193,37 @@ def test_import_error(tmp_path: Path) -> None:
     (tmp_path / "x.tar.gz").write_bytes(b"no")
     cp = profkit("import", str(tmp_path / "x.tar.gz"), "--out", str(tmp_path / "p"), code=1)
     assert "not a readable tarball" in cp.stderr and "pk-record.sh" in cp.stderr
+
+
+def test_export_command(tmp_path: Path) -> None:
+    import gzip
+
+    folded = FIX / "perf" / "expected_pg18-query2.folded"
+    # collapsed on stdout: the folded file, byte for byte
+    cp = subprocess.run([sys.executable, "-m", "profkit", "export", str(folded), "--format",
+                         "collapsed"], capture_output=True, timeout=120,
+                        stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0 and cp.stdout == folded.read_bytes(), cp.stderr[-2000:]
+    out = tmp_path / "q2.pb.gz"
+    cp2 = profkit("export", str(folded), "-f", "pprof", "--freq", "999", "-o", str(out))
+    assert "pprof: 36 stacks, 201 samples" in message(cp2)
+    raw = gzip.decompress(out.read_bytes())
+    assert b"ExecNestLoop" in raw and b"Nested Loop" in raw  # a function, a plan_node label
+    doc = json.loads(profkit("export", str(folded), "-f", "speedscope").stdout)
+    assert sum(doc["profiles"][0]["weights"]) == 201
+    # errors: no such run; a run without stacks; a bad format; a bad frequency
+    env = {"PROFKIT_PROFILES": str(tmp_path / "profiles")}
+    assert "no such file or run" in message(profkit("export", "no-such-run", "-f", "pprof",
+                                                    "-o", str(out), env=env, code=1))
+    from profkit.rundir import new_run
+
+    rd = new_run("bench", base=tmp_path / "profiles")
+    assert "holds no stacks" in message(profkit("export", rd.run_id, "-f", "speedscope",
+                                                env=env, code=1))
+    assert "'svg' is not one of" in message(profkit("export", str(folded), "-f", "svg",
+                                                    code=2))
+    assert "--freq must be a positive number" in message(
+        profkit("export", str(folded), "-f", "pprof", "--freq", "0", "-o", str(out), code=2))
 
 
 def test_parse_gprof_cmd(tmp_path: Path) -> None:

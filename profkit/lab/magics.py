@@ -6,7 +6,9 @@ Registers
   cluster under a collector and shows the result (see :data:`USAGE`);
 - the line magic ``%profkit_stop [BUILD ...]`` — stops the clusters the magic
   started (all of them without arguments);
-- the line magic ``%profkit_clusters`` — lists them.
+- the line magic ``%profkit_clusters`` — lists them;
+- the line magic ``%profkit_export RUN --format pprof|speedscope|collapsed [-o FILE]`` —
+  a run's stacks in a format other tools read (:func:`profkit.export.export_run`).
 
 One cluster per build is started on first use and kept for the kernel's
 session in :data:`REGISTRY`, so successive cells reuse loaded tables; all of
@@ -480,11 +482,85 @@ def profkit_clusters(line: str) -> ClusterRegistry:
     return REGISTRY
 
 
+class _ExportParser(_Parser):
+    def error(self, message: str) -> NoReturn:
+        raise MagicUsageError(f"{self.format_usage().strip()}\n%profkit_export: error: "
+                              f"{message} (see %profkit_export --help)")
+
+
+def make_export_parser() -> _ExportParser:
+    from profkit.export import FORMATS
+
+    p = _ExportParser(
+        prog="%profkit_export", add_help=True,
+        description="Export a run's stacks (a run directory, a run id under profiles/, "
+                    "'latest', or a folded-stacks file) for pprof readers (Pyroscope, "
+                    "Parca, go tool pprof), speedscope, or as collapsed stacks.")
+    p.add_argument("run", help="run directory, run id under profiles/, latest, or a "
+                               "folded-stacks file")
+    p.add_argument("-f", "--format", dest="fmt", choices=FORMATS, required=True,
+                   help="pprof (gzipped profile.proto), speedscope (JSON), collapsed")
+    p.add_argument("-o", "--output", default=None,
+                   help="file to write (default: RUN's name + the format's suffix, in the "
+                        "current folder)")
+    p.add_argument("--unit", default=None, help="what a folded file's counts are "
+                                                "(default: samples)")
+    p.add_argument("--freq", type=float, default=None,
+                   help="sampling frequency (Hz) of a folded file's samples")
+    p.add_argument("--binary", default=None, help="the profiled program's path")
+    return p
+
+
+def export_line(line: str) -> Path:
+    """``%profkit_export`` options → the file written (raises on errors)."""
+    from profkit.export import SUFFIXES, export_run
+    from profkit.export.source import load_source
+
+    try:
+        argv = shlex.split(line)
+    except ValueError as e:
+        raise MagicUsageError(f"cannot split the options ({e}): check the quotes") from None
+    ns = make_export_parser().parse_args(argv)
+    if ns.freq is not None and not 0 < ns.freq < float("inf"):
+        raise MagicUsageError(f"--freq must be a positive number of samples per second, "
+                              f"got {ns.freq:g}")
+    src = load_source(ns.run)
+    data = export_run(src, ns.fmt, unit=ns.unit, freq_hz=ns.freq, binary=ns.binary)
+    stem = Path(src.origin).name
+    for suffix in (".gz", ".txt", ".folded"):
+        stem = stem.removesuffix(suffix)
+    out = Path(ns.output) if ns.output else Path(stem + SUFFIXES[ns.fmt])
+    out.write_bytes(data)
+    return out
+
+
+def profkit_export(line: str) -> Path | None:
+    """Export a run's stacks: ``%profkit_export RUN --format pprof|speedscope|collapsed
+    [-o FILE]`` (RUN: a run directory, run id, ``latest`` or a folded file)."""
+    try:
+        out = export_line(line)
+    except _HelpShown:
+        return None
+    except MagicUsageError as e:
+        _error(str(e))
+        return None
+    except ProfkitError as e:
+        _error(f"profkit: {type(e).__name__}: {e}")
+        return None
+    except OSError as e:
+        _error(f"profkit: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
+        return None
+    _say(f"wrote {out} ({out.stat().st_size:,} bytes)")
+    return out
+
+
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magic_function(profkit_cell, magic_kind="cell", magic_name="profkit")
     ipython.register_magic_function(profkit_stop, magic_kind="line", magic_name="profkit_stop")
     ipython.register_magic_function(profkit_clusters, magic_kind="line",
                                     magic_name="profkit_clusters")
+    ipython.register_magic_function(profkit_export, magic_kind="line",
+                                    magic_name="profkit_export")
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -25,6 +25,7 @@ of a major version is :func:`default_source_for_major`:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -300,9 +301,20 @@ def sha256_file(path: Path) -> str:
 
 
 def _extract_tarball(tarball: Path, dest: Path) -> Path:
-    """Extract into dest atomically (tmp dir then rename); return the tree root."""
+    """Extract into dest atomically (tmp dir then rename); return the tree root.  Two
+    processes asking for the same source at once (two test runs, a build and a probe)
+    extract it once: the second waits on a lock beside it and finds it there."""
     if dest.exists():
         return _tree_root(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.with_name(dest.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if dest.exists():
+            return _tree_root(dest)
+        return _extract_locked(tarball, dest)
+
+
+def _extract_locked(tarball: Path, dest: Path) -> Path:
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -1,0 +1,49 @@
+"""A foreground command profkit runs (a build's make -j2) dies with profkit: on SIGTERM and
+on Ctrl-C the whole process group goes, not only its leader."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """
+import sys
+from profkit.run import run
+# a leader with a grandchild in its group, like make -j2 with its compilers
+run(["sh", "-c", "sleep 300 & echo $! > {pidfile}; wait"], timeout=600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purpose
+    stat = Path(f"/proc/{pid}/stat").read_text().split()
+    return stat[2] != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_foreground_group_dies_with_profkit(tmp_path, sig):
+    pidfile = tmp_path / "pid"
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(pidfile=pidfile)],
+                            # SIGINT reaches Python as KeyboardInterrupt only when not ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    assert _alive(grandchild)
+    proc.send_signal(sig)
+    proc.wait(30)
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild), f"sleep {grandchild} outlived profkit after {sig.name}"
