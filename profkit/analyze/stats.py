@@ -805,3 +805,22 @@ def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
     out = summarize(frame, col, **kwargs)  # type: ignore[arg-type]
     out["metric"] = metric
     return out
+
+
+def impossible_orders(summary: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """Builds whose plain Query-1 took longer than their EXPLAIN (ANALYZE, TIMING FALSE),
+    as (build, plain median ms, Query-2 median ms), from :func:`summarize_metric`'s rows.
+
+    EXPLAIN runs the same plan and more, so such a plain figure was disturbed (seen here:
+    one backend's plain executions all ~1.7x slow while its EXPLAIN ones were not) and
+    every overhead of that build against it is wrong."""
+    med = summary.set_index(["build", "mode"])["median_ms"]
+    q2 = "analyze_notiming"
+    found = []
+    for b in dict.fromkeys(summary["build"]):
+        if (b, "plain") not in med.index or (b, q2) not in med.index:
+            continue
+        plain, explain = float(med[(b, "plain")]), float(med[(b, q2)])
+        if math.isfinite(plain) and math.isfinite(explain) and plain > explain:
+            found.append((str(b), plain, explain))
+    return found

@@ -54,21 +54,10 @@ def _report_after_failure(e: ProfkitError) -> None:
 
 
 def _print_results(files: Any) -> None:
-    from profkit.render.report import (
-        comparisons_table,
-        ordering_check,
-        reference_console,
-        render_console,
-    )
+    from profkit.render.bench_report import console_report
 
-    out_console.print(render_console(files.summary))
-    ref = reference_console(files.summary)
-    if ref is not None:
-        out_console.print(ref)
-    if files.comparisons is not None and not files.comparisons.empty:
-        out_console.print(comparisons_table(files.comparisons))
-    for line in ordering_check(files.summary, files.comparisons):
-        out_console.print(line, highlight=False)
+    for part in console_report(files.summary, files.comparisons):
+        out_console.print(part, highlight=False)
     out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
                       f"chart: {files.chart_png} (+ .svg)", highlight=False)
 
