@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import pandas as pd
 
 from profkit import paths, tables
+from profkit.collect import perf_stat
 from profkit.collect.artifacts import server_settings
 from profkit.rundir import RunDir, load_run, new_run
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
@@ -136,17 +137,9 @@ def _perf(perf: str, *args: str | os.PathLike[str]) -> list[str]:
     return [perf, "--buildid-dir", str(buildid_dir()), *(str(a) for a in args)]
 
 
-@functools.cache
 def hardware_counters(perf: str = "perf") -> bool:
     """True if ``perf stat -e instructions`` counts here (False in most VMs)."""
-    exe = perf_path(perf)
-    cp = run_argv([exe, "stat", "-x,", "-e", "instructions", "true"], timeout=30, check=False,
-             what="perf stat")
-    text = (cp.stderr or "") + (cp.stdout or "")
-    for line in text.splitlines():
-        if ",instructions" in line:
-            return not line.startswith("<") and cp.returncode == 0
-    return False
+    return perf_stat.counts("instructions", perf_path(perf))
 
 
 def stat_events(perf: str = "perf") -> tuple[str, ...]:
