@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from profkit.collect.perf import (
 )
 from profkit.errors import ProbeError, ProfkitError
 from profkit.experiments.probe import EXPLAIN, _baseline, _sql_failed, check_query, probe_nodes
+from profkit.pg.cluster import connect_dsn, redact_dsn
 from profkit.rundir import load_run, new_run
 from profkit.run import run
 
@@ -122,21 +122,6 @@ def binary_report(exe: str | Path) -> BinaryReport:
     else:
         level = "addresses"
     return BinaryReport(p, level, ".symtab" in names, funcs, instr, dbg, version)
-
-
-def redact_dsn(dsn: str) -> str:
-    return re.sub(r"(password\s*=\s*)\S+|(://[^:/@]+:)[^@]+@", lambda m: (
-        (m.group(1) + "***") if m.group(1) else (m.group(2) + "***@")), dsn)
-
-
-def connect_dsn(dsn: str) -> Any:
-    """A connection to a server profkit did not start (autocommit, nothing changed)."""
-    try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.Error as e:
-        first = (str(e).strip().splitlines() or ["?"])[-1].strip()
-        raise AttachError(f"cannot connect to {redact_dsn(dsn)!r}: {first} (check host, port, "
-                          "user and dbname; a socket directory is host=/path)") from None
 
 
 def check_backend(pid: int) -> Path:

@@ -22,7 +22,6 @@ from profkit.collect import bpf, clock, ltrace
 from profkit.errors import ProbeError
 from profkit.parse.ltrace import parse_ltrace_summary
 from profkit.pg.build import get_build
-from profkit.pg.cluster import DB_USER, detached_info
 from profkit.pg.workloads import MODES, explain_prefix, get_workload, workload_spec
 
 EXPLAIN = {m: explain_prefix(m, "json") for m in MODES}
@@ -42,15 +41,6 @@ def write_parquet(df: pd.DataFrame, path: Path) -> None:
         if out[c].dtype == object and out[c].map(lambda v: isinstance(v, (dict, list))).any():
             out[c] = out[c].map(lambda v: json.dumps(v, default=str))
     out.to_parquet(path, index=False)
-
-
-def connect(cluster: str) -> Any:
-    info = detached_info(cluster)
-    try:
-        return psycopg.connect(host=info.socket_dir, port=info.port, user=DB_USER,
-                               dbname="postgres", autocommit=True)
-    except psycopg.OperationalError as e:
-        raise ProbeError(f"cannot connect to cluster {cluster!r}: {e}") from None
 
 
 def select_sql(workload: str | None, sql: str | None,

@@ -19,23 +19,17 @@ import pandas as pd
 
 from profkit.collect import bpf
 from profkit.errors import ProbeError
-from profkit.experiments.attach import (
-    binary_report,
-    check_backend,
-    connect_dsn,
-    probe_attached,
-    redact_dsn,
-)
+from profkit.experiments.attach import binary_report, check_backend, probe_attached
 from profkit.experiments.probe import (
     check_query,
     clock_calls,
-    connect,
     ltrace_counts,
     new_run_dir,
     probe_nodes,
     select_sql,
     write_parquet,
 )
+from profkit.pg.cluster import connect_detached, connect_dsn, redact_dsn
 
 Say = Callable[[str], None]
 
@@ -97,7 +91,7 @@ def clock_calls_run(workload: str | None, sql: str | None, query: str | None, *,
         target = {"target": _target_facts(pid, check_backend(pid), say)}
     else:
         assert cluster is not None
-        conn = connect(cluster)
+        conn = connect_detached(cluster)
     with conn:
         check_query(conn, select)
         run_id, d = new_run_dir("clock-calls", out, workload=name, sql=select,
@@ -166,7 +160,7 @@ def probe_run(workload: str | None, sql: str | None, query: str | None, *,
         return _probe_attached_run(workload, sql, query, dsn, pid, seconds, mode, tool, force,
                                    out, say)
     name, select = select_sql(workload, sql, query)
-    with connect(cluster) as conn:
+    with connect_detached(cluster) as conn:
         check_query(conn, select)
         run_id, d = new_run_dir("probe", out, workload=name, sql=select, mode=mode,
                                 tools=("bpftrace",))
