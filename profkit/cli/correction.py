@@ -52,7 +52,7 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
                    top: int, out: str | None) -> None:
     """TIMING ON minus clock reads × cost per read, against the plain query's time."""
     from profkit.experiments.correction import measure_correction
-    from profkit.render.markdown import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW
+    from profkit.render.correction import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
 

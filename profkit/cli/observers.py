@@ -47,7 +47,7 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
                   max_probe_s: float, out: str | None) -> None:
     """Slowdown of the query under each observer (ltrace, bcc, bpftrace, perf, callgrind)."""
     from profkit.experiments.observers import DEFAULT_METHODS, measure_observers
-    from profkit.render.markdown import SLOWDOWN_SHOW
+    from profkit.render.observers import SLOWDOWN_SHOW
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
     from profkit.pg.workloads import check_args, check_count
