@@ -28,6 +28,11 @@ from rich.table import Table
 from profkit.render import seed_figures as _seed
 from profkit.analyze.stats import (
     METRICS,
+    SLOW_MIN_EXCESS,
+    SLOW_Z,
+    has_calibration,
+    summary_table,
+    vcpu_adjust,
     build_order,
     compare_builds,
     metric_frame,
@@ -35,6 +40,7 @@ from profkit.analyze.stats import (
 )
 from profkit.analyze.stats import impossible_orders as find_impossible_orders
 from profkit.errors import ComparisonError, ProfkitError
+from profkit.pg.workloads import SEED_QUERY_NAMES
 from profkit.render.markdown import table as md_table
 
 
@@ -625,7 +631,6 @@ def summary_csv(summary: pd.DataFrame, instr_counts: pd.DataFrame | None = None,
     cell); also written to *path* when given."""
     import io
 
-    from profkit.analyze.stats import summary_table
 
     buf = io.StringIO()
     summary_table(summary, instr_counts).to_csv(buf, index=False, na_rep="",
@@ -757,7 +762,6 @@ Q2_HALF_WIDTH_GOAL_PP = 1.0
 def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> list[str]:
     """The vCPU's speed per execution, what disturbed the backends, and whether the
     Query-2 CIs are narrow enough to judge 1 %."""
-    from profkit.analyze.stats import SLOW_MIN_EXCESS, SLOW_Z, has_calibration, vcpu_adjust
 
     if not has_calibration(timings):
         return []
@@ -870,7 +874,6 @@ def ordering_check(summary: pd.DataFrame, comparisons: pd.DataFrame | None = Non
     *comparisons*, :func:`profkit.analyze.stats.compare_chain`) excludes zero. Empty when
     fewer than two of *builds* are in the summary.
     """
-    from profkit.pg.workloads import SEED_QUERY_NAMES
 
     s = summary[summary["mode"] == mode].set_index("build")
     present = [b for b in builds if b in s.index]
