@@ -141,11 +141,6 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
                             "experiment's session object owns its clusters",
         "profkit.pg.cluster": "as profkit.pg.build",
     },
-    "profkit.cli.profile": {
-        "profkit.collect.pyspy": "py-spy samples a Python process, not PostgreSQL: no "
-                                 "experiment of its own yet",
-        "profkit.collect": "as profkit.collect.pyspy",
-    },
     "profkit.lab.notebook": {
         "profkit.rundir": "the notebook's Run reads run directories (load_run, list_runs)",
         "profkit.pg.build": "available_builds: which builds a notebook can use",

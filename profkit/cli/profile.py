@@ -194,22 +194,16 @@ def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: b
               label: str | None, out: str | None, top_n: int, command: tuple[str, ...]) -> None:
     """Sample a Python process (--pid PID) or command (-- python script.py) with py-spy;
     flamegraph + top functions."""
-    from profkit.collect import pyspy
-    from profkit.experiments.profile import flamegraph_dir, flamegraph_for
+    from profkit.experiments.profile import flamegraph_dir, flamegraph_for, pyspy_profile
 
     if (pid is None) == (not command):
         raise _Failed("give either --pid PID or a command after --")
-    if pid is not None:
-        rec, _ = pyspy.record_pid(pid, duration=duration, rate=rate, native=native, idle=idle,
-                                  label=label)
-    else:
-        rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
-                                   label=label)
-    prof = pyspy.fold_run(rec.run_dir)
+    prof, samples = pyspy_profile(pid=pid, command=command, duration=duration, rate=rate,
+                                  native=native, idle=idle, label=label)
     name = label or (f"pid{pid}" if pid is not None else Path(command[-1]).stem)
     svg = flamegraph_for(prof.counts, prof.run, flamegraph_dir(out) / f"py-spy-{name}.svg",
                          title=f"py-spy: {name}")
-    click.echo(f"run {prof.run.run_id}: {rec.samples} samples")
+    click.echo(f"run {prof.run.run_id}: {samples} samples")
     click.echo(_fmt_table(prof.top(top_n)))
     click.echo(f"artifacts: {prof.run.path}")
     click.echo(f"flamegraph: {svg}")

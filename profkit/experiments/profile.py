@@ -19,6 +19,7 @@ import pandas as pd
 
 from profkit.analyze.predict import context_from_conn, predict
 from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
+from profkit.collect import pyspy
 from profkit.collect.callgrind import collect_callgrind_cluster
 from profkit.collect.gprof import (
     GprofResult,
@@ -290,6 +291,24 @@ def callgrind_on_cluster(cluster: Cluster, queries: dict[str, str], out_dir: str
     session = collect_callgrind_cluster(cluster, queries, out_dir)
     counts = instr_counts_from_session(session, build=build, workload=workload)
     return counts, parse_callgrind_file(session.queries[0].out_file, build=build)
+
+
+# --------------------------------------------------------------------------- py-spy
+
+def pyspy_profile(*, pid: int | None = None, command: Sequence[str] = (),
+                  duration: float = 10.0, rate: int = 100, native: bool = False,
+                  idle: bool = False, label: str | None = None) -> tuple[Any, int]:
+    """py-spy on a Python process: *pid* for *duration* seconds, or *command* run to its
+    end. Returns (the folded profile, samples recorded)."""
+    if (pid is None) == (not command):
+        raise ProfkitError("give either a pid or a command to sample")
+    if pid is not None:
+        rec, _ = pyspy.record_pid(pid, duration=duration, rate=rate, native=native, idle=idle,
+                                  label=label)
+    else:
+        rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
+                                   label=label)
+    return pyspy.fold_run(rec.run_dir), rec.samples
 
 
 # --------------------------------------------------------------------------- import
