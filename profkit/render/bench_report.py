@@ -30,16 +30,12 @@ from profkit.analyze.stats import (
     METRICS,
     SLOW_MIN_EXCESS,
     SLOW_Z,
-    has_calibration,
+    BenchExtras,
+    bench_extras,
     summary_table,
-    vcpu_adjust,
     build_order,
-    compare_builds,
-    metric_frame,
-    summarize_metric,
 )
-from profkit.analyze.stats import impossible_orders as find_impossible_orders
-from profkit.errors import ComparisonError, ProfkitError
+from profkit.errors import ProfkitError
 from profkit.pg.workloads import SEED_QUERY_NAMES
 from profkit.render.markdown import table as md_table
 
@@ -691,7 +687,14 @@ def _loadavg(x: Any) -> str | None:
 
 def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: str,
                          center: str) -> str:
+    """:func:`extra_sections` of :func:`profkit.analyze.stats.bench_extras` (the call
+    experiments/bench.py makes; it can call the two itself)."""
+    return extra_sections(bench_extras(timings, instr, metric, center))
+
+
+def extra_sections(x: BenchExtras) -> str:
     """The other time measures and the raw instruction counts, after the main report."""
+    metric = x.metric
     out = ["", "## The time measures", "",
            (f"The tables above use `{metric}`. `cpu_ms`: the backend's on-CPU time over the "
             "execution (/proc/PID/schedstat), blind to waiting for a core on a shared machine; "
@@ -701,12 +704,7 @@ def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
     header = ["build", "mode", *(h for m in METRICS
                                  for h in (f"{m} median", f"{m} overhead % [95% CI]"))]
     rows = []
-    sums = {}
-    for m in METRICS:
-        try:
-            sums[m] = summarize_metric(timings, m, center=center).set_index(["build", "mode"])
-        except ProfkitError:
-            continue
+    sums = x.by_metric
     if sums:
         first = next(iter(sums.values()))
         for key in first.index:
@@ -721,34 +719,23 @@ def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
                 cells += [f"{r.median_ms:.2f}", f"{r.overhead_pct:.2f}{ci}"]
             rows.append([key[0], key[1], *cells])
     out.append(md_table(header, rows, ["l", "l"] + ["r"] * (2 * len(METRICS))))
-    out += vcpu_section(timings, metric, center)
-    try:
-        out += impossible_orders(find_impossible_orders(
-            summarize_metric(timings, metric, center=center)))
-    except ProfkitError:
-        pass
-    out += _plain_across_builds(timings, instr, metric)
-    if instr is not None and not instr.empty:
+    out += vcpu_section(x)
+    out += impossible_orders(x.impossible)
+    out += _plain_across_builds(x)
+    instr, it = x.instr, x.instructions
+    if instr is not None and it is not None:
         tools = ", ".join(sorted(set(instr["tool"].astype(str))))
         scopes = ", ".join(sorted(set(instr["scope"].astype(str))))
-        scales = ", ".join(str(x) for x in sorted(set(instr.get("scale", pd.Series([])))))
+        scales = ", ".join(str(v) for v in sorted(set(instr.get("scale", pd.Series([])))))
         out += ["", "## Instruction counts (one execution each)", "",
                 (f"Counter: {tools}; scope: {scopes}; scale {scales}. `executor` is the "
                  "inclusive count of standard_ExecutorRun (no parse, plan or EXPLAIN output)."),
                 ""]
-        has_ex = "executor_instructions" in instr.columns
-        irows = []
-        for b in instr["build"].unique():
-            ib = instr[instr["build"] == b].set_index("mode")
-            base = ib["instructions"].get("plain")
-            base_ex = ib["executor_instructions"].get("plain") if has_ex else None
-            for mode, r in ib.iterrows():
-                ov = (r["instructions"] / base - 1) * 100 if _num(base) else math.nan
-                ex = r["executor_instructions"] if has_ex else None
-                ovx = (ex / base_ex - 1) * 100 if _num(ex) and _num(base_ex) else math.nan
-                irows.append([b, mode, f"{int(r['instructions']):,}", f"{ov:.2f}",
-                              f"{int(ex):,}" if _num(ex) else "–",
-                              "–" if math.isnan(ovx) else f"{ovx:.2f}"])
+        irows = [[r.build, r.mode, f"{r.instructions:,}", f"{r.overhead_pct:.2f}",
+                  f"{int(r.executor_instructions):,}" if _num(r.executor_instructions)
+                  else "–",
+                  "–" if math.isnan(r.executor_overhead_pct)
+                  else f"{r.executor_overhead_pct:.2f}"] for r in it.itertuples()]
         out.append(md_table(["build", "mode", "instructions", "overhead %",
                              "executor instructions", "executor overhead %"], irows,
                             ["l", "l", "r", "r", "r", "r"]))
@@ -759,47 +746,42 @@ def bench_extra_sections(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
 Q2_HALF_WIDTH_GOAL_PP = 1.0
 
 
-def vcpu_section(timings: pd.DataFrame, metric: str, center: str = "median") -> list[str]:
+def vcpu_section(x: BenchExtras) -> list[str]:
     """The vCPU's speed per execution, what disturbed the backends, and whether the
     Query-2 CIs are narrow enough to judge 1 %."""
-
-    if not has_calibration(timings):
+    if x.vcpu is None or x.vcpu_table is None:
         return []
-    adj, info = vcpu_adjust(timings)
+    metric, table = x.metric, x.vcpu_table
     out = ["", "## The vCPU's speed and what disturbed the backends", "",
            ("A fixed calibration work (~3 ms, profkit/collect/vcpu_calib.c) ran on the "
             "backend's CPU just before and just after every execution; its CPU time is the "
             "vCPU's speed then (the host slows a vCPU in bursts, which a backend's CPU time "
-            f"cannot tell from work). {info.describe()}. Threshold: the run's median "
+            f"cannot tell from work). {x.vcpu.describe()}. Threshold: the run's median "
             f"calibration + {SLOW_Z:g} × 1.4826 × MAD, at least +{SLOW_MIN_EXCESS:.0%}; an "
             "execution is rejected (`cpu_kept_ms`) when either of its calibrations is above "
             "it."), ""]
-    cols = [c for c in ("speed_factor", "invol_cs", "vol_cs", "migrations", "minflt",
-                        "majflt", "steal_cpu_ms", "runq_ms") if c in adj.columns]
+    cols = list(table.attrs.get("columns", []))
+    modes = sorted(table["mode"].unique(), key=lambda m: (m not in MODE_LABELS,
+                                                          list(MODE_LABELS).index(m)
+                                                          if m in MODE_LABELS else 0, m))
+    by_key = {(r["build"], r["mode"]): r for r in table.to_dict("records")}
     rows = []
-    modes = sorted(adj["mode"].unique(), key=lambda m: (m not in MODE_LABELS,
-                                                        list(MODE_LABELS).index(m)
-                                                        if m in MODE_LABELS else 0, m))
-    groups = dict(iter(adj.groupby(["build", "mode"])))
-    for b, m in ((b, m) for b in build_order(adj["build"].unique().tolist()) for m in modes):
-        if (b, m) not in groups:
-            continue
-        g = groups[(b, m)]
-        rows.append([str(b), str(m), f"{int(g['calib_slow'].sum())}/{len(g)}",
-                     *(f"{g[c].median():.2f}" if c == "speed_factor" else
-                       f"{g[c].median():.0f} (max {g[c].max():.0f})" for c in cols)])
+    for b in dict.fromkeys(table["build"]):
+        for m in modes:
+            r = by_key.get((b, m))
+            if r is None:
+                continue
+            rows.append([str(b), str(m), f"{r['rejected']}/{r['n']}",
+                         *(f"{r[c + '_median']:.2f}" if c == "speed_factor" else
+                           f"{r[c + '_median']:.0f} (max {r[c + '_max']:.0f})" for c in cols)])
     out.append(md_table(["build", "mode", "rejected", *(f"{c} median" for c in cols)], rows,
                         ["l", "l"] + ["r"] * (len(cols) + 1)))
-    try:
-        s = summarize_metric(timings, metric, center=center)
-    except ProfkitError:
+    if x.q2_half_width is None:
         return out
-    q2 = s[s["mode"] == Q2]
-    if q2.empty:
-        return out
-    hw = ((q2["ci_high_pct"] - q2["ci_low_pct"]) / 2).astype("float64")
+    hw = x.q2_half_width["half_width_pp"]
     worst = float(hw.max()) if hw.notna().any() else math.nan
-    parts = ", ".join(f"{b} ±{h:.2f}" for b, h in zip(q2["build"], hw, strict=True))
+    parts = ", ".join(f"{b} ±{h:.2f}" for b, h in zip(x.q2_half_width["build"], hw,
+                                                       strict=True))
     out += ["", f"Query-2 overhead CI half-width by `{metric}` (percentage points): {parts}."]
     if _num(worst) and worst <= Q2_HALF_WIDTH_GOAL_PP:
         out.append(f"Every Query-2 CI is within ±{Q2_HALF_WIDTH_GOAL_PP:g} pp: the times can "
@@ -823,31 +805,18 @@ def impossible_orders(found: Sequence[tuple[str, float, float]]) -> list[str]:
         "query are wrong (the columns against vanilla's plain Query-1 are not affected by it)."]
 
 
-def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None,
-                         metric: str) -> list[str]:
+def _plain_across_builds(x: BenchExtras) -> list[str]:
     """Query-1 of every build against the first (the seed's step 3 slowed it by ~1 %)."""
-    builds = build_order(timings["build"].unique().tolist())
-    if len(builds) < 2 or "plain" not in set(timings["mode"]):
+    if x.plain_base is None or x.plain_vs_base is None:
         return []
-    frame, col = metric_frame(timings, metric)
-    ic = None
-    if instr is not None and not instr.empty:
-        ic = instr[instr["mode"] == "plain"].set_index("build")["instructions"].astype(float)
-    base = builds[0]
+    base, metric = x.plain_base, x.metric
     out = ["", f"## The plain query across builds (against {base})", "",
            (f"Median `{metric}` of Query-1 relative to {base}'s (Mann–Whitney U on the "
             "per-execution times) and its instruction count: what a patch costs a query "
             "that is not being explained."), ""]
-    rows = []
-    for b in builds[1:]:
-        try:
-            c = compare_builds(frame, base, b, "plain", col)  # type: ignore[arg-type]
-        except ComparisonError:
-            continue
-        iv = (ic[b] / ic[base] - 1) * 100 if ic is not None and b in ic and base in ic \
-            else math.nan
-        rows.append([b, f"{c.median_b_ms:.2f}", f"{(c.time_ratio - 1) * 100:+.2f}",
-                     f"{c.time_p_value:.3g}", "–" if math.isnan(iv) else f"{iv:+.2f}"])
+    rows = [[r.build, f"{r.median_ms:.2f}", f"{r.time_pct:+.2f}", f"{r.p_value:.3g}",
+             "–" if math.isnan(r.instr_pct) else f"{r.instr_pct:+.2f}"]
+            for r in x.plain_vs_base.itertuples()]
     out.append(md_table(["build", "median ms", f"time vs {base} %", "p",
                          f"instructions vs {base} %"], rows, ["l", "r", "r", "r", "r"]))
     return out
