@@ -128,9 +128,6 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
         "profkit.pg.build": "the regress command runs a build's own regression tests",
         "profkit.pg.regress": "the regress command's job is pg_regress",
     },
-    "profkit.cli.bench": {
-        "profkit.pg.build": "reproduce builds the variants first (its own stage, timed)",
-    },
     "profkit.cli.observers": {
         "profkit.pg.build": "starts the cluster measure_observers runs on, until the "
                             "experiment's session object owns its clusters",
