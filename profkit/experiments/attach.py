@@ -39,7 +39,9 @@ from profkit.collect.perf import (
 )
 from profkit.errors import ProbeError, ProfkitError
 from profkit.experiments.probe import EXPLAIN, _baseline, _sql_failed, check_query, probe_nodes
+from profkit.experiments.profile import ProfileRun, flamegraph_dir, flamegraph_for, top_functions
 from profkit.pg.cluster import connect_dsn, redact_dsn
+from profkit.pg.workloads import EXPLAIN_PREFIX, get_workload, workload_spec
 from profkit.rundir import load_run, new_run
 from profkit.run import run
 
@@ -180,6 +182,33 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
     prof = fold_run(load_run(rd.path), binary=exe, check=False)
     rd.finish(status="complete")
     return prof, rep
+
+
+def perf_attached_run(*, pid: int | None = None, dsn: str | None = None,
+                      sql: str | None = None, workload: str = "nested_loop",
+                      query: str | None = None, mode: str = "analyze_timing",
+                      seconds: float = 10.0, reps: int = 1, freq: int = 999,
+                      call_graph: str = "fp", stat: bool = True, top: int = 10,
+                      out: str | Path | None = None,
+                      progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit perf --pid|--dsn``: :func:`perf_attached` (with --dsn: *sql*, else the
+    workload's query, in *mode*), its flamegraph and top functions."""
+    spec = None
+    if dsn is not None and not sql:
+        spec = workload_spec(workload, query)
+        sql = get_workload(spec).select_sql
+    full = EXPLAIN_PREFIX[mode] + sql.strip().rstrip(";") if sql else None
+    prof, rep = perf_attached(pid=pid, dsn=dsn, sql=full, seconds=seconds, reps=reps,
+                              freq=freq, call_graph=call_graph, stat=stat, workload=spec,
+                              mode=mode if dsn else None, progress=progress)
+    target = f"pid{prof.run.get('target.pid')}"
+    svg = flamegraph_for(prof.counts, prof.run,
+                         flamegraph_dir(out) / f"perf-{target}-{prof.run.run_id}.svg",
+                         title=f"{rep.version or 'PostgreSQL'}: backend "
+                               f"{prof.run.get('target.pid')} (perf)")
+    return ProfileRun(prof, svg, [f"binary: {rep.describe()}",
+                                  f"run {prof.run.run_id}: {prof.folding.samples} samples"],
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))])
 
 
 # ---------------------------------------------------------------------------------------

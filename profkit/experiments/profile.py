@@ -8,10 +8,12 @@ The tools themselves are driven by :mod:`profkit.collect.perf` and
 """
 from __future__ import annotations
 
+import html
 import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from profkit.parse.callgrind import instr_counts_from_session, parse_callgrind_f
 from profkit.paths import flamegraphs_dir
 from profkit.pg.build import Build, get_build
 from profkit.pg.cluster import Cluster
-from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
+from profkit.pg.workloads import SEED_QUERY_NAMES, check_args, workload_label
 from profkit.progress import say as _say
 from profkit.render.flamegraph import demo_views, render, write_svg
 from profkit.rundir import load_run, new_run, update_latest
@@ -149,6 +151,75 @@ def instrumentation_calls(res: Any, pred: Any, reps: int) -> tuple[Any, list[str
         notes.append("the prediction is an upper bound, by at most one call per loop of "
                      f"these nodes (a loop may end without its NULL-returning call): {why}")
     return pd.DataFrame(rows), notes
+
+
+# --------------------------------------------------------------------------- what a profile shows
+
+def _table_text(df: pd.DataFrame) -> str:
+    return df.to_string(index=False) if len(df) else "(no rows)"
+
+
+def top_functions(prof: Any, n: int) -> pd.DataFrame:
+    """A sampled profile's top *n* functions by self samples, shares as percentages."""
+    top = prof.top(n)[["function", "self", "self_share", "total_share"]]
+    return top.assign(self_share=top["self_share"].map("{:.1%}".format),
+                      total_share=top["total_share"].map("{:.1%}".format))
+
+
+@dataclass
+class ProfileRun:
+    """A profile and its flamegraph as ``profkit perf|gprof|py-spy|import`` show them:
+    lines, titled tables, notes, then where the artifacts and the flamegraph are."""
+
+    profile: Any  # PerfProfile, GprofResult or PySpyProfile (its .run is the run directory)
+    flamegraph: Path | None
+    head: list[str] = field(default_factory=list)
+    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+
+    def console(self) -> str:
+        out = list(self.head)
+        for title, table in self.tables:
+            out += [title, _table_text(table)] if title else [_table_text(table)]
+        out += self.tail
+        out.append(f"artifacts: {self.profile.run.path}")
+        if self.flamegraph is not None:
+            out.append(f"flamegraph: {self.flamegraph}")
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p>{html.escape(line)}</p>" for line in self.head]
+        for title, table in self.tables:
+            parts += [f"<b>{html.escape(title)}</b>" if title else "", table.to_html(index=False)]
+        parts += [f"<p>{html.escape(line)}</p>" for line in self.tail]
+        if self.flamegraph is not None:
+            parts.append(f'<p>flamegraph: <a href="{html.escape(str(self.flamegraph))}">'
+                         f"{html.escape(str(self.flamegraph))}</a></p>")
+        return "\n".join(parts)
+
+
+def perf_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 1,
+             freq: int = 999, call_graph: str = "fp", stat: bool = True, top: int = 10,
+             out: str | Path | None = None,
+             progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit perf BUILD``: :func:`perf_profile`, its flamegraph in *out* (or
+    flamegraphs/), the top functions, the instrumentation share and perf stat's counts."""
+    label = workload_label(workload)
+    prof = perf_profile(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
+                        call_graph=call_graph, stat=stat, progress=progress)
+    qname = prof.run.provenance.get("query_name") or mode
+    svg = flamegraph_for(prof.counts, prof.run,
+                         flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
+                         title=f"{build}: {label} {qname} (perf)")
+    tail = [f"instrumentation share (self): {prof.instrumentation_share:.1%}"]
+    if prof.stat is not None and len(prof.stat):
+        st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
+        tail.append("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
+                                              for r in st.itertuples()))
+    return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {prof.folding.samples} samples "
+                                  f"({', '.join(prof.folding.events)})"],
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))],
+                      tail)
 
 
 # --------------------------------------------------------------------------- perf
@@ -281,6 +352,21 @@ def gprof_on_cluster(cluster: Cluster, sql: str, **collect: Any) -> GprofResult:
     return parse_run(load_run(grun.run_dir))
 
 
+def gprof_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 1,
+              top: int = 15, progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit gprof BUILD``: :func:`gprof_profile_with_prediction`, the flat profile's
+    top and the instrumentation calls beside what the plan predicts."""
+    res, pred = gprof_profile_with_prediction(build, workload, scale=scale, mode=mode,
+                                              reps=reps, progress=progress)
+    table, notes = instrumentation_calls(res, pred, reps)
+    return ProfileRun(res, None, [f"run {res.run.run_id}: gprof of backend "
+                                  f"{res.run.get('backend_pid')}"],
+                      [(f"flat profile, top {top}:", res.top(top)),
+                       ("instrumentation calls (predicted from the plan's rows and loops):",
+                        table)],
+                      [f"note: {n}" for n in notes])
+
+
 # --------------------------------------------------------------------------- callgrind
 
 def callgrind_on_cluster(cluster: Cluster, queries: dict[str, str], out_dir: str | Path, *,
@@ -295,11 +381,12 @@ def callgrind_on_cluster(cluster: Cluster, queries: dict[str, str], out_dir: str
 
 # --------------------------------------------------------------------------- py-spy
 
-def pyspy_profile(*, pid: int | None = None, command: Sequence[str] = (),
-                  duration: float = 10.0, rate: int = 100, native: bool = False,
-                  idle: bool = False, label: str | None = None) -> tuple[Any, int]:
+def pyspy_run(*, pid: int | None = None, command: Sequence[str] = (),
+              duration: float = 10.0, rate: int = 100, native: bool = False,
+              idle: bool = False, label: str | None = None, top: int = 10,
+              out: str | Path | None = None) -> ProfileRun:
     """py-spy on a Python process: *pid* for *duration* seconds, or *command* run to its
-    end. Returns (the folded profile, samples recorded)."""
+    end; its flamegraph and top functions."""
     if (pid is None) == (not command):
         raise ProfkitError("give either a pid or a command to sample")
     if pid is not None:
@@ -308,7 +395,12 @@ def pyspy_profile(*, pid: int | None = None, command: Sequence[str] = (),
     else:
         rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
                                    label=label)
-    return pyspy.fold_run(rec.run_dir), rec.samples
+    prof = pyspy.fold_run(rec.run_dir)
+    name = label or (f"pid{pid}" if pid is not None else Path(command[-1]).stem)
+    svg = flamegraph_for(prof.counts, prof.run, flamegraph_dir(out) / f"py-spy-{name}.svg",
+                         title=f"py-spy: {name}")
+    return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {rec.samples} samples"],
+                      [("", prof.top(top))])
 
 
 # --------------------------------------------------------------------------- import
@@ -398,3 +490,17 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
     update_latest(rd.path)
     rd.finish(status="complete", samples=prof.folding.samples)
     return prof, svg
+
+
+def import_run(tarball: str | Path, *, base: str | Path | None = None,
+               flamegraphs: str | Path | None = None, top: int = 10,
+               progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit import``: :func:`import_capture`, with the capture's facts and the top
+    functions."""
+    prof, svg = import_capture(tarball, base=base, flamegraphs=flamegraphs, progress=progress)
+    cap = prof.run.provenance.get("capture", {})
+    return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {prof.folding.samples} samples of "
+                                  f"pid {cap.get('pid')} on {cap.get('hostname')} "
+                                  f"({cap.get('postgres_version')}, clocksource "
+                                  f"{cap.get('clocksource')})"],
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))])
