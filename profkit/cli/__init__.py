@@ -4,8 +4,10 @@ Each command group lives in its own small module here; this file imports every o
 them plainly, so a module that fails to import fails ``profkit`` loudly (there is no
 "optional" command). Library errors become one-line messages and exit status 1, usage
 errors exit 2 (see :mod:`profkit.cli.common` and the README's "Exit status"). Commands
-hold no library code: they parse arguments, call an experiment / collector / parser,
-and print.
+hold no library code: they parse arguments, call one experiment (the parse and flamegraph
+commands: a parser and a renderer) and print its result. Each command lives in the module
+named after it and imports its experiment inside the command function, so ``profkit
+--version`` starts without the heavy libraries.
 """
 from __future__ import annotations
 
