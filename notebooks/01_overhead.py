@@ -41,7 +41,7 @@ from IPython.display import Image, Markdown, display
 
 from profkit.experiments import bench
 from profkit.lab import notebook as nb
-from profkit.render import report
+from profkit.render import bench_report
 
 choice = nb.available_builds(BUILDS)
 print(choice.report())
@@ -75,7 +75,7 @@ display(run)
 files = bench.write_report(run.path)
 summary = files.summary
 timings = run.timings()
-seed = report.seed_table(summary)
+seed = bench_report.seed_table(summary)
 display(seed.round(2))
 
 # %%

@@ -62,7 +62,7 @@ from profkit.experiments import bench
 from profkit.lab import notebook as nb
 from profkit.pg.build import define_build, get_build
 from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload, workload_spec
-from profkit.render import report
+from profkit.render import bench_report
 
 patch = Path(PATCH).expanduser().resolve()
 wl_spec = workload_spec(str(Path(WORKLOAD).expanduser().resolve()), QUERY)
@@ -99,7 +99,7 @@ else:
 files = bench.write_report(run.path)
 summary = files.summary
 timings = run.timings()
-seed = report.seed_table(summary)
+seed = bench_report.seed_table(summary)
 display(seed.drop(columns=["seed_name", "seed_q2_overhead_pct", "seed_q3_overhead_pct"])
         .round(2))
 

@@ -58,7 +58,7 @@ from IPython.display import Markdown, display
 from profkit.analyze import stats
 from profkit.experiments import bench
 from profkit.lab import notebook as nb
-from profkit.render import report
+from profkit.render import bench_report
 
 arms = bench.parse_builds([*ROW_BUILDS, *CLOCK_ARMS, *BEST_TIMING])
 choice = nb.available_builds(list(dict.fromkeys(a.preset for a in arms)))
@@ -110,7 +110,7 @@ assert speed.rejected < len(timings) / 2, speed  # most executions are kept
 # ## 1. Row counting against vanilla's plain Query-1
 
 # %%
-rt = report.reference_table(summary).set_index("build")
+rt = bench_report.reference_table(summary).set_index("build")
 rows = [a.label for a in bench.parse_builds(ROW_BUILDS) if a.label in labels]
 rc = rt.loc[rows, ["pg_version", "ref_build",
                    "plain_vs_ref_instr_pct", "q2_vs_ref_instr_pct",

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from profkit.errors import ProfkitError
+
 # The package's parent: the clone's root when profkit runs from a source tree, the
 # site-packages folder in an installed profkit (never a place for outputs).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +73,6 @@ def _output_dir(env: str, name: str) -> Path:
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        from profkit.errors import ProfkitError
 
         raise ProfkitError(f"cannot create {p} ({e.strerror or e}): run profkit from a folder "
                            f"you can write to, or set PROFKIT_HOME (or {env}), or pass "

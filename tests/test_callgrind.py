@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from profkit.collect import callgrind as cgc
+from profkit.collect import perf_stat
 from profkit.errors import ClusterError, ParseError, ProbeError
 from profkit.parse import callgrind as cgp
 from profkit.run import run
@@ -173,22 +174,22 @@ def test_parse_perf_stat_csv():
     text = ("# started on Mon Nov 30 02:40:03 2026\n\n"
             "<not supported>,,instructions:u,0,100.00,,\n"
             "0.55,msec,task-clock,545070,100.00,0.436,CPUs utilized\n")
-    assert cgc.parse_perf_stat_csv(text, "task-clock") == (0.55, "msec")
+    assert perf_stat.parse_perf_stat_csv(text, "task-clock") == (0.55, "msec")
     with pytest.raises(ProbeError, match="no hardware performance counters"):
-        cgc.parse_perf_stat_csv(text, "instructions:u")
+        perf_stat.parse_perf_stat_csv(text, "instructions:u")
     with pytest.raises(ProbeError, match="no line for event"):
-        cgc.parse_perf_stat_csv(text, "cycles")
-    assert cgc.parse_perf_stat_csv("4153264,,instructions:u,1095204,100.00,,\n",
+        perf_stat.parse_perf_stat_csv(text, "cycles")
+    assert perf_stat.parse_perf_stat_csv("4153264,,instructions:u,1095204,100.00,,\n",
                                    "instructions:u") == (4153264.0, "")
 
 
 def test_perf_stat_availability_matches_perf():
-    got = cgc.perf_stat_instructions_available()
+    got = perf_stat.counts()
     cp = subprocess.run(["perf", "stat", "-x,", "-e", "instructions:u", "true"],
                         check=False, capture_output=True, text=True, timeout=30)
     supported = cp.returncode == 0 and "<not supported>" not in cp.stderr
     assert got is supported
-    assert cgc.instruction_counter() == ("perf_stat" if supported else "callgrind")
+    assert perf_stat.instruction_counter() == ("perf_stat" if supported else "callgrind")
 
 
 # ---------------------------------------------------------------------------
@@ -325,6 +326,6 @@ def test_perf_stat_mechanism_on_a_backend(cg_cluster, tmp_path):
     sql = get_workload("nested_loop").select_sql
     with cg_cluster.connect() as conn:
         pid = cg_cluster.backend_pid(conn)
-        ms = cgc.perf_stat_instructions(pid, lambda: conn.execute(sql).fetchall(),
+        ms = perf_stat.perf_stat_instructions(pid, lambda: conn.execute(sql).fetchall(),
                                         out_path=tmp_path / "perf-stat.csv", event="task-clock")
     assert ms > 1.0  # the query ran ~10+ ms of CPU in that backend

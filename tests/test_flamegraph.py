@@ -249,7 +249,7 @@ def test_render_from_stacks_dataframe_and_path(tmp_path: Path) -> None:
 def test_cli_flamegraph(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from profkit.cli.parse import flamegraph_cmd
+    from profkit.cli.flamegraph import flamegraph_cmd
 
     out = tmp_path / "q3.svg"
     r = CliRunner().invoke(flamegraph_cmd, [str(PERF / "pg18-query3.perf-script.txt.gz"),
@@ -584,7 +584,7 @@ def test_non_utf8_names_render_as_valid_xml(tmp_path: Path) -> None:
 
 
 def test_cli_stdin_merge_icicle_and_bad_width(tmp_path: Path) -> None:
-    from profkit.cli.parse import flamegraph_cmd
+    from profkit.cli.flamegraph import flamegraph_cmd
 
     q3 = PERF / "expected_pg18-query3.folded"
     q2 = PERF / "expected_pg18-query2.folded"

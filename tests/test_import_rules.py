@@ -97,3 +97,126 @@ def test_experiments_do_not_import_front_doors():
     bad = {m: sorted(i for i in deps if _in(i, "cli") or _in(i, "lab"))
            for m, deps in _graph().items() if _in(m, "experiments")}
     assert {m: d for m, d in bad.items() if d} == {}
+
+
+# --------------------------------------------------------------------------- front doors
+
+#: What a front door (cli/, lab/) may import besides experiments/ and render/: the base
+#: modules, and the vocabulary (modes, EXPLAIN prefixes, workload names and their checks;
+#: in pg/workloads until it has a base module of its own).
+FRONT_DOOR_BASE = {"profkit", "profkit.errors", "profkit.paths", "profkit.tables",
+                   "profkit.progress", "profkit.run", "profkit.pg.workloads"}
+
+#: Front-door imports outside that rule, each with its reason.
+FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
+    "profkit.cli.parse": {
+        "profkit.parse.perf_script": "the parse commands' job is parsing files",
+        "profkit.parse.gprof": "the parse commands' job is parsing files",
+    },
+    "profkit.cli.flamegraph": {
+        "profkit.parse": "its input is a file of stacks, read like `profkit parse` reads one",
+        "profkit.parse.perf_script": "its input may be perf script text (a vDSO image names "
+                                     "its frames)",
+    },
+    "profkit.cli.build": {"profkit.pg.build": "the build command's job is the build itself"},
+    "profkit.cli.cluster": {
+        "profkit.pg.build": "the cluster command starts a cluster of a build",
+        "profkit.pg.cluster": "the cluster command's job is the cluster itself",
+    },
+    "profkit.cli.regress": {
+        "profkit.patches": "the regress command runs the patch presets' regression tests",
+        "profkit.pg.build": "the regress command runs a build's own regression tests",
+        "profkit.pg.regress": "the regress command's job is pg_regress",
+    },
+    "profkit.cli.observers": {
+        "profkit.pg.build": "starts the cluster measure_observers runs on, until the "
+                            "experiment's session object owns its clusters",
+        "profkit.pg.cluster": "as profkit.pg.build",
+    },
+    "profkit.cli.correction": {
+        "profkit.pg.build": "starts the cluster measure_correction runs on, until the "
+                            "experiment's session object owns its clusters",
+        "profkit.pg.cluster": "as profkit.pg.build",
+    },
+    "profkit.lab.notebook": {
+        "profkit.rundir": "the notebook's Run reads run directories (load_run, list_runs)",
+        "profkit.pg.build": "available_builds: which builds a notebook can use",
+        "profkit.analyze.stats": "Comparison: the notebook's view of compare_chain",
+        "profkit.analyze": "as profkit.analyze.stats",
+    },
+}
+
+
+def _front_door(mod: str) -> bool:
+    return _in(mod, "cli") or _in(mod, "lab")
+
+
+def test_front_doors_import_only_experiments_render_and_base_modules():
+    """cli/ and lab/ call experiments/ and render/ (and each other's modules), never
+    collect/, parse/, analyze/ or pg/ — except where FRONT_DOOR_EXCEPTIONS says why."""
+    allowed_stages = ("experiments", "render", "cli", "lab")
+    bad: dict[str, list[str]] = {}
+    for m, deps in _graph().items():
+        if not _front_door(m):
+            continue
+        extra = sorted(i for i in deps if i not in FRONT_DOOR_BASE
+                       and not any(_in(i, s) for s in allowed_stages)
+                       and i not in FRONT_DOOR_EXCEPTIONS.get(m, {}))
+        if extra:
+            bad[m] = extra
+    assert bad == {}
+
+
+def test_front_door_exceptions_are_still_needed():
+    """An exception the code no longer needs is struck from the list."""
+    g = _graph()
+    stale = {m: sorted(set(why) - g.get(m, set())) for m, why in FRONT_DOOR_EXCEPTIONS.items()}
+    assert {m: s for m, s in stale.items() if s} == {}
+
+
+# --------------------------------------------------------------------------- imports in functions
+
+#: Imports of profkit modules inside functions, per package, at most (a package not
+#: listed: none). They hide the dependency graph, so profkit imports sit at the top of a
+#: module, except
+#: - cli/: every command module imports its experiment inside the command function, so
+#:   `profkit --version` and `--help` start fast (no pandas, psycopg, matplotlib);
+#: - profkit/__init__.py: the IPython extension hooks (IPython is optional);
+#:   stackcollapse.py: the `profkit-stackcollapse-perf` script starts fast;
+#: - parse/: the folding path stays free of pandas (parse/folded's tables, parse's
+#:   load_stacks), for the stackcollapse script's start-up time;
+#: - collect/: bpf's handle on profkit.run (its `run` name is taken by the function),
+#:   artifacts' clock facts (the machine facts are moving to a base module);
+#: - experiments/: the engine modules being reshaped (bench, timing_accuracy, observers,
+#:   correction, harness); every other experiments module imports at the top.
+#: The ceilings are today's counts: lower one when you move an import to the top.
+FUNCTION_IMPORT_CEILING = {"(top)": 6, "cli": 47, "collect": 3, "experiments": 43, "parse": 3}
+
+
+def _function_imports() -> dict[str, int]:
+    """Imports of profkit modules inside function bodies, per package (each counted once)."""
+    out: dict[str, int] = {}
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(PKG).parts
+        pkg = rel[0] if len(rel) > 1 else "(top)"
+        seen: set[int] = set()
+        for fn in ast.walk(ast.parse(p.read_text(), str(p))):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for n in ast.walk(fn):
+                if id(n) in seen:
+                    continue
+                seen.add(id(n))
+                if (isinstance(n, ast.ImportFrom) and n.level == 0
+                        and (n.module or "").split(".")[0] == "profkit") or (
+                        isinstance(n, ast.Import)
+                        and any(a.name.split(".")[0] == "profkit" for a in n.names)):
+                    out[pkg] = out.get(pkg, 0) + 1
+    return out
+
+
+def test_profkit_imports_inside_functions_stay_under_their_ceiling():
+    counts = _function_imports()
+    over = {pkg: (n, FUNCTION_IMPORT_CEILING.get(pkg, 0)) for pkg, n in counts.items()
+            if n > FUNCTION_IMPORT_CEILING.get(pkg, 0)}
+    assert over == {}, f"(count, ceiling) per package: {over}"

@@ -10,6 +10,7 @@ import pytest
 
 from profkit.lab import magics
 from profkit.pg.workloads import get_workload
+from profkit.rundir import load_run
 
 SCALE = 0.01
 
@@ -163,6 +164,10 @@ def test_bpf_collector_counts_per_plan_node(ip, capsys, vanilla_build, tmp_path,
     scan = nodes[nodes["node_id"] == 2].iloc[0]  # Seq Scan on i1: 2000 rows + 1 NULL call
     assert scan["exec_calls"] == 2001
     assert "probes on" in capsys.readouterr().out
+    # the cell's run is a run directory with its provenance, found like any other run
+    (run,) = [load_run(p) for p in tmp_path.iterdir() if p.is_dir() and p.name != "latest"]
+    assert run.kind == "magic-bpf" and run.get("build_name") == "vanilla"
+    assert run.get("status") == "complete"
     magics.REGISTRY.stop()
 
 
@@ -197,6 +202,9 @@ def test_callgrind_collector_counts_instructions(ip, capsys, vanilla_build, tmp_
     calls = dict(zip(fn["function"], fn["calls"], strict=True))
     assert calls["ExecProcNodeInstr"] == 2009  # rows + loops of the four pulled nodes
     assert "instructions in exec_simple_query" in capsys.readouterr().out
+    (run,) = [load_run(p) for p in tmp_path.iterdir() if p.is_dir() and p.name != "latest"]
+    assert run.kind == "magic-callgrind" and run.get("mode") == "analyze_notiming"
+    assert run.get("instructions") > 0 and run.get("status") == "complete"
     # the cluster was restarted after callgrind: the next cell runs on it again
     df = ip.run_cell_magic("profkit", "--workload join_sum --scale 0.002", "SELECT 1 AS one")
     assert df is not None and int(df.iloc[0, 0]) == 1

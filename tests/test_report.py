@@ -10,7 +10,7 @@ from matplotlib import image as mpimg
 from rich.console import Console
 
 from profkit.analyze import stats
-from profkit.render import report
+from profkit.render import bench_report
 
 
 def make_timings(overheads: dict[str, dict[str, float]], reps: int = 8,
@@ -76,7 +76,7 @@ def summary(timings: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_seed_table_rows(summary: pd.DataFrame):
-    st = report.seed_table(summary)
+    st = bench_report.seed_table(summary)
     assert list(st.build) == ["vanilla", "step1", "step2", "step3"]
     v = st.iloc[0]
     assert v.seed_q2_overhead_pct == 29.36 and v.seed_name == "Original"
@@ -87,7 +87,7 @@ def test_seed_table_rows(summary: pd.DataFrame):
 
 
 def test_markdown_has_table_seed_figures_and_provenance(summary, timings):
-    md = report.render_markdown(summary, PROV, comparisons=stats.compare_chain(
+    md = bench_report.render_markdown(summary, PROV, comparisons=stats.compare_chain(
         timings, n_resamples=999), chart="overhead.png")
     # provenance header
     assert "20261130-0240-nested_loop" in md
@@ -111,26 +111,26 @@ def test_markdown_has_table_seed_figures_and_provenance(summary, timings):
 
 
 def test_markdown_empty_summary_says_no_data():
-    md = report.render_markdown(stats.summarize(make_timings({"v": {}}).iloc[:0]), PROV)
+    md = bench_report.render_markdown(stats.summarize(make_timings({"v": {}}).iloc[:0]), PROV)
     assert "No data" in md and "20261130-0240-nested_loop" in md
     assert "| vanilla" not in md
 
 
 def test_bad_summary_raises_clear_error():
-    with pytest.raises(report.ReportError, match="summarize"):
-        report.render_markdown(pd.DataFrame({"build": ["x"]}), {})
-    with pytest.raises(report.ReportError, match="DataFrame"):
-        report.render_console([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(bench_report.ReportError, match="summarize"):
+        bench_report.render_markdown(pd.DataFrame({"build": ["x"]}), {})
+    with pytest.raises(bench_report.ReportError, match="DataFrame"):
+        bench_report.render_console([1, 2])  # type: ignore[arg-type]
 
 
 def test_console_table(summary):
-    t = report.render_console(summary)
+    t = bench_report.render_console(summary)
     assert t.row_count == 4
     con = Console(record=True, width=200)
     con.print(t)
     text = con.export_text()
     assert "vanilla" in text and "29.36" in text and "26.30" in text
-    empty = report.render_console(summary.iloc[:0])
+    empty = bench_report.render_console(summary.iloc[:0])
     assert empty.row_count == 1
 
 
@@ -140,7 +140,7 @@ def _sha(p) -> str:
 
 def test_plot_writes_png_and_svg_deterministically(summary, tmp_path):
     png, svg = tmp_path / "a.png", tmp_path / "a.svg"
-    fig = report.plot_overheads(summary, png, svg, provenance=PROV)
+    fig = bench_report.plot_overheads(summary, png, svg, provenance=PROV)
     img = mpimg.imread(png)
     assert img.shape[0] > 500 and img.shape[1] > 800
     text = svg.read_text()
@@ -148,25 +148,25 @@ def test_plot_writes_png_and_svg_deterministically(summary, tmp_path):
     # 2 modes + instruction panel
     assert len(fig.axes) == 3
     png2, svg2 = tmp_path / "b.png", tmp_path / "b.svg"
-    report.plot_overheads(summary, png2, svg2, provenance=PROV)
+    bench_report.plot_overheads(summary, png2, svg2, provenance=PROV)
     assert _sha(png) == _sha(png2)
     assert _sha(svg) == _sha(svg2)
 
 
 def test_plot_without_instruction_counts(summary, tmp_path):
     s = summary.drop(columns=["instr", "instr_overhead_pct"])
-    report.plot_overheads(s, tmp_path / "n.png", None)
+    bench_report.plot_overheads(s, tmp_path / "n.png", None)
     assert (tmp_path / "n.png").stat().st_size > 10_000
 
 
 def test_plot_empty_summary_is_a_placeholder(tmp_path):
     empty = stats.summarize(make_timings({"v": {}}).iloc[:0])
-    fig = report.plot_overheads(empty, tmp_path / "e.png", tmp_path / "e.svg")
+    fig = bench_report.plot_overheads(empty, tmp_path / "e.png", tmp_path / "e.svg")
     assert (tmp_path / "e.png").exists() and "no data" in (tmp_path / "e.svg").read_text()
     assert len(fig.axes) == 1
     # only plain rows measured: still a placeholder
     only_plain = stats.summarize(make_timings({"v": {}}, reps=3))
-    report.plot_overheads(only_plain, tmp_path / "p.png", None)
+    bench_report.plot_overheads(only_plain, tmp_path / "p.png", None)
     assert (tmp_path / "p.png").exists()
 
 
@@ -175,9 +175,11 @@ def test_plain_slower_than_its_explain_is_flagged():
     warning naming it (EXPLAIN does the plain query's work and more); sane runs none."""
     sane = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 200.0},
                          "step3": {"analyze_notiming": 5.0, "analyze_timing": 150.0}})
-    assert report.impossible_orders(sane, "server_ms") == []
+    assert stats.impossible_orders(stats.summarize_metric(sane, "server_ms")) == []
     bad = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 200.0},
                         "step3": {"analyze_notiming": -20.0, "analyze_timing": 150.0}})
-    lines = report.impossible_orders(bad, "server_ms")
+    found = stats.impossible_orders(stats.summarize_metric(bad, "server_ms"))
+    assert [b for b, _plain, _explain in found] == ["step3"]
+    lines = bench_report.impossible_orders(found)
     assert len(lines) == 2 and "`step3` plain Query-1" in lines[1]
     assert "`vanilla`" not in lines[1]

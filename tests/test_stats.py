@@ -10,7 +10,7 @@ import pytest
 
 from profkit.render import seed_figures
 from profkit.analyze import stats
-from profkit.render import report
+from profkit.render import bench_report
 from profkit.errors import ComparisonError
 
 
@@ -162,7 +162,7 @@ def test_empty_input_gives_empty_table_with_columns():
     s = stats.summarize(make_timings({"v": {}}).iloc[:0])
     assert s.empty
     assert list(s.columns) == list(stats.SUMMARY_COLUMNS)
-    text = report.summary_csv(s)
+    text = bench_report.summary_csv(s)
     assert text == ",".join(stats.SUMMARY_CSV_COLUMNS) + "\n"
 
 
@@ -270,7 +270,7 @@ def test_summary_csv_columns_and_instruction_overhead(tmp_path):
     ic = instr_table({("vanilla", "plain"): 355_051_091, ("vanilla", "analyze_notiming"): 448_476_655,
                       ("vanilla", "analyze_timing"): 517_580_547})
     path = tmp_path / "summary.csv"
-    text = report.summary_csv(s, ic, path=path)
+    text = bench_report.summary_csv(s, ic, path=path)
     assert path.read_text() == text
     lines = text.splitlines()
     assert lines[0] == ("build,mode,n,median_ms,mean_ms,variance,overhead_pct,ci_low_pct,"
@@ -335,7 +335,7 @@ def test_summary_against_vanilla_of_the_same_major():
     assert g.vs_ref_instr_pct == pytest.approx(0.5)
     assert math.isnan(g.plain_instr)  # pg19-step5's plain was not counted
     assert r.loc[("pg19tsc", "analyze_notiming"), "vs_ref_pct"] == pytest.approx(25.0, abs=0.2)
-    text = report.summary_csv(out)
+    text = bench_report.summary_csv(out)
     back = pd.read_csv(io.StringIO(text))
     assert list(back.columns) == list(stats.SUMMARY_CSV_COLUMNS)
     assert "nan" not in text.lower() and "<NA>" not in text

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from profkit.analyze import timing_accuracy as ta
-from profkit.render import markdown as render_md
+from profkit.render import timing_accuracy as render_timing_accuracy
 from profkit.experiments.timing_accuracy import (
     CLOCK_MONOTONIC_COARSE,
     Arm,
@@ -401,7 +401,7 @@ def test_verdicts_and_report_on_empty_input():
     empty = ta.node_accuracy(_nodes_table({"vanilla": _jitter}, reps=1).iloc[0:0], "vanilla")
     assert empty.empty
     assert ta.verdicts(empty, pd.DataFrame(), pd.DataFrame(), "vanilla").empty
-    md = render_md.timing_accuracy_report(title="t", facts={"a": 1}, verdict_df=pd.DataFrame(
+    md = render_timing_accuracy.timing_accuracy_report(title="t", facts={"a": 1}, verdict_df=pd.DataFrame(
         columns=["workload", "arm", "verdict", "text", "short_max_abs_ms"]),
         cost=pd.DataFrame(), truth=pd.DataFrame(), accuracy=empty,
         mismatches=pd.DataFrame(), grid={}, baseline="vanilla")

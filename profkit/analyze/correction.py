@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.parse.explain import flatten_plan
+from profkit.parse.explain import explain_order, flatten_plan, load_explain
 from profkit.errors import ProfkitError
 
 
@@ -41,12 +41,9 @@ def node_times(explain: Any) -> pd.DataFrame:
     Input: EXPLAIN (ANALYZE, TIMING TRUE, FORMAT JSON) output.  With TIMING
     FALSE there are no node times and this raises CorrectionError.
     """
-    from profkit.parse.explain import explain_order as _explain_order
-    from profkit.parse.explain import load_explain as _load
-
-    top = _load(explain)
+    top = load_explain(explain)
     flat = flatten_plan(top)
-    nodes = _explain_order(top["Plan"])
+    nodes = explain_order(top["Plan"])
     # flatten_plan's "order" is the index of each node in EXPLAIN's print order
     by_order = {i: n for i, n in enumerate(nodes)}
     totals = []

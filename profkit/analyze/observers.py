@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import tables
-from profkit.analyze import correction as C
+from profkit.analyze import correction
 from profkit.errors import ProfkitError
 
 UNOBSERVED = "unobserved"
@@ -286,14 +286,14 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
         if missing:
             raise ObserverError(f"{wl}: no {metric} for modes {missing}")
         reads, calls = int(f.clock_reads), int(f.instr_calls)
-        in_situ = C.in_situ_ns_per_read(med["analyze_timing"], med["analyze_notiming"], reads)
-        row_cost = C.row_counting_cost_ns(med["analyze_notiming"], med["plain"], calls)
+        in_situ = correction.in_situ_ns_per_read(med["analyze_timing"], med["analyze_notiming"], reads)
+        row_cost = correction.row_counting_cost_ns(med["analyze_notiming"], med["plain"], calls)
         odd, even = tw[tw["rep"] % 2 == 1], tw[tw["rep"] % 2 == 0]
         mo, me = _medians(odd, metric), _medians(even, metric)
         if all(math.isfinite(v) for v in (*mo.values(), *me.values())):
-            s_read = C.in_situ_ns_per_read(mo["analyze_timing"], mo["analyze_notiming"], reads)
-            s_row = C.row_counting_cost_ns(mo["analyze_notiming"], mo["plain"], calls)
-            split = C.corrected_total_ms(me["analyze_timing"], reads, s_read, calls, s_row)
+            s_read = correction.in_situ_ns_per_read(mo["analyze_timing"], mo["analyze_notiming"], reads)
+            s_row = correction.row_counting_cost_ns(mo["analyze_notiming"], mo["plain"], calls)
+            split = correction.corrected_total_ms(me["analyze_timing"], reads, s_read, calls, s_row)
             plain_even = me["plain"]
         else:  # fewer than two repetitions
             split = plain_even = math.nan
@@ -306,9 +306,9 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
             "clock_reads": reads, "instr_calls": calls,
             "ns_per_read_micro": float(f.ns_per_read_micro),
             "ns_per_read_in_situ": in_situ, "row_cost_ns": row_cost,
-            "corrected_clock_only_micro_ms": C.corrected_total_ms(
+            "corrected_clock_only_micro_ms": correction.corrected_total_ms(
                 med["analyze_timing"], reads, float(f.ns_per_read_micro)),
-            "corrected_micro_ms": C.corrected_total_ms(
+            "corrected_micro_ms": correction.corrected_total_ms(
                 med["analyze_timing"], reads, float(f.ns_per_read_micro), calls, row_cost),
             "corrected_in_situ_split_ms": split, "plain_split_ms": plain_even,
         }
@@ -317,7 +317,7 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
         if others:
             x_read = float(np.median([per[o]["ns_per_read_in_situ"] for o in others]))
             x_row = float(np.median([per[o]["row_cost_ns"] for o in others]))
-            xval = C.corrected_total_ms(r["timing_on_ms"], r["clock_reads"], x_read,
+            xval = correction.corrected_total_ms(r["timing_on_ms"], r["clock_reads"], x_read,
                                         r["instr_calls"], x_row)
         else:
             x_read = x_row = xval = math.nan
@@ -339,7 +339,7 @@ def median_node_times(plans: Sequence[Any]) -> pd.DataFrame:
     """
     if not plans:
         raise ObserverError("no EXPLAIN (ANALYZE, TIMING TRUE, FORMAT JSON) plans given")
-    frames = [C.node_times(p) for p in plans]
+    frames = [correction.node_times(p) for p in plans]
     shape = [tuple(f["node_type"]) for f in frames]
     if len(set(shape)) != 1:
         raise ObserverError("the plans differ in shape between executions: the planner chose "
@@ -348,7 +348,7 @@ def median_node_times(plans: Sequence[Any]) -> pd.DataFrame:
     totals = pd.concat([f.set_index("node_id")["total_ms"] for f in frames], axis=1)
     first["total_ms"] = first["node_id"].map(totals.median(axis=1))
     first["executions"] = len(frames)
-    return C._add_self(first, "total_ms", "self_ms")
+    return correction._add_self(first, "total_ms", "self_ms")
 
 
 def node_correction(nodes: pd.DataFrame, predicted: pd.DataFrame, *,
@@ -371,7 +371,7 @@ def node_correction(nodes: pd.DataFrame, predicted: pd.DataFrame, *,
               "clock_calls_predicted"]].copy()
     out = out.rename(columns={"clock_calls_predicted": "clock_reads"})
     for name, (ns_read, row_ns) in costs.items():
-        c = C.corrected_node_times(df, ns_read, row_ns)
+        c = correction.corrected_node_times(df, ns_read, row_ns)
         out[f"corrected_total_{name}_ms"] = c["corrected_total_ms"].to_numpy()
         out[f"corrected_self_{name}_ms"] = c["corrected_self_ms"].to_numpy()
         out[f"overhead_share_{name}"] = c["overhead_share"].to_numpy()

@@ -55,7 +55,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from profkit import tables
-from profkit.errors import ComparisonError
+from profkit.errors import ComparisonError, ProfkitError
 
 Metric = Literal["server_ms", "client_ms"]
 Center = Literal["median", "mean"]
@@ -75,7 +75,7 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "plain_q25_ms", "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
     "vs_ref_instr_pct",
 )
-#: The issue-13 columns a summary without :func:`attach_reference` lacks (left empty).
+#: The against-vanilla columns a summary without :func:`attach_reference` lacks (left empty).
 _REFERENCE_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[11:]
 
 #: Columns of the DataFrame :func:`summarize` returns.
@@ -807,3 +807,157 @@ def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
     out = summarize(frame, col, **kwargs)  # type: ignore[arg-type]
     out["metric"] = metric
     return out
+
+
+def impossible_orders(summary: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """Builds whose plain Query-1 took longer than their EXPLAIN (ANALYZE, TIMING FALSE),
+    as (build, plain median ms, Query-2 median ms), from :func:`summarize_metric`'s rows.
+
+    EXPLAIN runs the same plan and more, so such a plain figure was disturbed (seen here:
+    one backend's plain executions all ~1.7x slow while its EXPLAIN ones were not) and
+    every overhead of that build against it is wrong."""
+    med = summary.set_index(["build", "mode"])["median_ms"]
+    q2 = "analyze_notiming"
+    found = []
+    for b in dict.fromkeys(summary["build"]):
+        if (b, "plain") not in med.index or (b, q2) not in med.index:
+            continue
+        plain, explain = float(med[(b, "plain")]), float(med[(b, q2)])
+        if math.isfinite(plain) and math.isfinite(explain) and plain > explain:
+            found.append((str(b), plain, explain))
+    return found
+
+
+#: The per-execution disturbance columns the bench report shows beside the vCPU's speed.
+DISTURBANCE_COLUMNS: tuple[str, ...] = ("speed_factor", "invol_cs", "vol_cs", "migrations",
+                                        "minflt", "majflt", "steal_cpu_ms", "runq_ms")
+
+
+@dataclass
+class BenchExtras:
+    """The figures of the bench report's closing sections (the text is
+    :func:`profkit.render.bench_report.extra_sections`'s)."""
+
+    metric: str
+    #: summarize_metric of every metric that could be computed, indexed by (build, mode)
+    by_metric: dict[str, pd.DataFrame]
+    #: summarize_metric of *metric* (None: it cannot be computed for this run)
+    summary: pd.DataFrame | None
+    #: the vCPU calibrations' rule (None: the run has none)
+    vcpu: VcpuSpeed | None
+    #: per (build, mode): rejected, n, and the median (and max) of DISTURBANCE_COLUMNS
+    vcpu_table: pd.DataFrame | None
+    #: Query-2 overhead CI half-width per build, percentage points (build, half_width_pp)
+    q2_half_width: pd.DataFrame | None
+    #: builds whose plain Query-1 took longer than their Query-2 (impossible_orders)
+    impossible: list[tuple[str, float, float]]
+    #: the plain query of every build against the first build (None: fewer than two)
+    plain_base: str | None
+    plain_vs_base: pd.DataFrame | None
+    #: instruction counts with their overheads against each build's plain query
+    instructions: pd.DataFrame | None
+    instr: pd.DataFrame | None
+
+
+def bench_extras(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: str,
+                 center: str = "median") -> BenchExtras:
+    """Everything the bench report says after its main table: every time measure's
+    overheads, the vCPU's speed and what disturbed the backends, the Query-2 CI widths,
+    impossible orders, the plain query across builds, and the instruction overheads."""
+    by_metric: dict[str, pd.DataFrame] = {}
+    for m in METRICS:
+        try:
+            by_metric[m] = summarize_metric(timings, m, center=center).set_index(
+                ["build", "mode"])
+        except ProfkitError:
+            continue
+    try:
+        summary: pd.DataFrame | None = summarize_metric(timings, metric, center=center)
+    except ProfkitError:
+        summary = None
+    vcpu, vcpu_table = None, None
+    if has_calibration(timings):
+        adj, vcpu = vcpu_adjust(timings)
+        cols = [c for c in DISTURBANCE_COLUMNS if c in adj.columns]
+        rows = []
+        groups = dict(iter(adj.groupby(["build", "mode"])))
+        for b in build_order(adj["build"].unique().tolist()):
+            for m in adj["mode"].unique():
+                if (b, m) not in groups:
+                    continue
+                g = groups[(b, m)]
+                rows.append({"build": str(b), "mode": str(m),
+                             "rejected": int(g["calib_slow"].sum()), "n": len(g),
+                             **{f"{c}_median": g[c].median() for c in cols},
+                             **{f"{c}_max": g[c].max() for c in cols}})
+        vcpu_table = pd.DataFrame(rows)
+        vcpu_table.attrs["columns"] = cols
+    q2_half_width = None
+    if summary is not None:
+        q2 = summary[summary["mode"] == "analyze_notiming"]
+        if not q2.empty:
+            q2_half_width = pd.DataFrame({
+                "build": q2["build"].to_numpy(),
+                "half_width_pp": ((q2["ci_high_pct"] - q2["ci_low_pct"]) / 2
+                                  ).astype("float64").to_numpy()})
+    plain_base, plain_vs_base = _plain_across_builds(timings, instr, metric)
+    return BenchExtras(metric, by_metric, summary, vcpu, vcpu_table, q2_half_width,
+                       impossible_orders(summary) if summary is not None else [],
+                       plain_base, plain_vs_base, _instruction_overheads(instr), instr)
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return x is not None and x is not pd.NA and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: str
+                         ) -> tuple[str | None, pd.DataFrame | None]:
+    """Query-1 of every build against the first: (the first build, one row per other
+    build: median_ms, time_pct, p_value, instr_pct)."""
+    builds = build_order(timings["build"].unique().tolist())
+    if len(builds) < 2 or "plain" not in set(timings["mode"]):
+        return None, None
+    frame, col = metric_frame(timings, metric)
+    ic = None
+    if instr is not None and not instr.empty:
+        ic = instr[instr["mode"] == "plain"].set_index("build")["instructions"].astype(float)
+    base = builds[0]
+    rows = []
+    for b in builds[1:]:
+        try:
+            c = compare_builds(frame, base, b, "plain", col)  # type: ignore[arg-type]
+        except ComparisonError:
+            continue
+        iv = (ic[b] / ic[base] - 1) * 100 if ic is not None and b in ic and base in ic \
+            else math.nan
+        rows.append({"build": b, "median_ms": c.median_b_ms,
+                     "time_pct": (c.time_ratio - 1) * 100, "p_value": c.time_p_value,
+                     "instr_pct": iv})
+    return base, pd.DataFrame(rows, columns=["build", "median_ms", "time_pct", "p_value",
+                                             "instr_pct"])
+
+
+def _instruction_overheads(instr: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per build and mode: instructions and executor instructions, and their overhead %
+    against the build's plain query (NaN where a count is missing)."""
+    if instr is None or instr.empty:
+        return None
+    has_ex = "executor_instructions" in instr.columns
+    rows = []
+    for b in instr["build"].unique():
+        ib = instr[instr["build"] == b].set_index("mode")
+        base = ib["instructions"].get("plain")
+        base_ex = ib["executor_instructions"].get("plain") if has_ex else None
+        for mode, r in ib.iterrows():
+            ex = r["executor_instructions"] if has_ex else None
+            rows.append({
+                "build": b, "mode": mode, "instructions": int(r["instructions"]),
+                "overhead_pct": (r["instructions"] / base - 1) * 100 if _finite(base)
+                else math.nan,
+                "executor_instructions": ex if _finite(ex) else None,
+                "executor_overhead_pct": (ex / base_ex - 1) * 100
+                if _finite(ex) and _finite(base_ex) else math.nan})
+    return pd.DataFrame(rows)

@@ -54,6 +54,9 @@ import numpy as np
 import pandas as pd
 
 from profkit import tables
+from profkit.analyze.correction import _descendants
+from profkit.analyze.predict import MULTIEXEC_TYPES
+from profkit.analyze.stats import summarize
 from profkit.parse.explain import flatten_plan
 from profkit.errors import ProfkitError
 
@@ -418,7 +421,6 @@ def cost_table(timings: pd.DataFrame, baseline: str, *, metric: str = "cpu_ms",
     ``timing_saved_pp``: the baseline's TIMING TRUE overhead minus the arm's, in
     percentage points.
     """
-    from profkit.analyze.stats import summarize
 
     _require(timings, ["workload", "build", "mode", "rep", metric], "cost_table")
     out: list[dict[str, Any]] = []
@@ -464,7 +466,6 @@ def cost_vs_plain_of(timings: pd.DataFrame, plain_of: Mapping[str, str], *,
     Columns: workload, arm, plain_of, metric, plain_of_ms, and
     ``notiming_vs_plain_of_pct``/``timing_vs_plain_of_pct`` with ``_ci_low``/``_ci_high``.
     """
-    from profkit.analyze.stats import summarize
 
     _require(timings, ["workload", "build", "mode", "rep", metric], "cost_vs_plain_of")
     cols = ["workload", "arm", "plain_of", "metric", "plain_of_ms"]
@@ -917,7 +918,6 @@ def instr_calls_per_node(nodes: pd.DataFrame) -> pd.Series:
     :func:`node_times`.  A loop a parent stops early (Limit, a merge join side, a semi
     join's inner) makes this an upper bound by one call per such loop.
     """
-    from profkit.analyze.predict import MULTIEXEC_TYPES
 
     _require(nodes, ["node_type", "rows", "loops"], "instr_calls_per_node")
     rows = nodes["rows"].fillna(0.0).astype(float)
@@ -961,7 +961,6 @@ def corrected_times(nodes: pd.DataFrame, ns_per_read: float) -> pd.DataFrame:
     floored at 0; ``exclusive`` again as inclusive minus the children's.  Input: the
     rows of one plan (node_id, parent_id, node_type, rows, loops, inclusive_ms).
     """
-    from profkit.analyze.correction import _descendants
 
     if ns_per_read < 0 or math.isnan(ns_per_read):
         raise TimingAccuracyError(f"ns_per_read must be >= 0, got {ns_per_read}")

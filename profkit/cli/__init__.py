@@ -4,8 +4,10 @@ Each command group lives in its own small module here; this file imports every o
 them plainly, so a module that fails to import fails ``profkit`` loudly (there is no
 "optional" command). Library errors become one-line messages and exit status 1, usage
 errors exit 2 (see :mod:`profkit.cli.common` and the README's "Exit status"). Commands
-hold no library code: they parse arguments, call an experiment / collector / parser,
-and print.
+hold no library code: they parse arguments, call one experiment (the parse and flamegraph
+commands: a parser and a renderer) and print its result. Each command lives in the module
+named after it and imports its experiment inside the command function, so ``profkit
+--version`` starts without the heavy libraries.
 """
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ from profkit.cli import (  # noqa: E402
     bench,
     build,
     cluster,
+    correction,
     export,
+    flamegraph,
     observers,
     parse,
     probe,
@@ -50,7 +54,7 @@ COMMANDS: list[click.Command] = [
     cluster.load,
     regress.regress,
     parse.parse_group,
-    parse.flamegraph_cmd,
+    flamegraph.flamegraph_cmd,
     export.export_cmd,
     probe.clock_cost_cmd,
     probe.clock_calls_cmd,
@@ -58,7 +62,7 @@ COMMANDS: list[click.Command] = [
     bench.bench_cmd,
     bench.reproduce_cmd,
     observers.observers_cmd,
-    observers.correction_cmd,
+    correction.correction_cmd,
     profile.perf_cmd,
     profile.gprof_cmd,
     profile.pyspy_cmd,

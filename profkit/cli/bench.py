@@ -6,7 +6,6 @@ exit status 2; Ctrl-C stops everything profkit started (exit 130).
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,33 +43,16 @@ REPRO_INSTR_SCALE = 0.01
 
 
 def _report_after_failure(e: ProfkitError) -> None:
-    """A run that stopped half-way still gets its report from the rows it kept."""
-    from profkit.experiments.bench import BenchError, write_report
+    from profkit.experiments.reproduce import report_after_failure
 
-    if isinstance(e, BenchError) and e.run_dir is not None and e.rows > 0:
-        try:
-            files = write_report(e.run_dir)
-            _say(f"report of the {e.rows} rows measured before the failure: {files.report_md}")
-        except (ProfkitError, OSError) as e2:
-            _say(f"no report from the partial run ({e2})")
+    report_after_failure(e, _say)
 
 
 def _print_results(files: Any) -> None:
-    from profkit.render.report import (
-        comparisons_table,
-        ordering_check,
-        reference_console,
-        render_console,
-    )
+    from profkit.render.bench_report import console_report
 
-    out_console.print(render_console(files.summary))
-    ref = reference_console(files.summary)
-    if ref is not None:
-        out_console.print(ref)
-    if files.comparisons is not None and not files.comparisons.empty:
-        out_console.print(comparisons_table(files.comparisons))
-    for line in ordering_check(files.summary, files.comparisons):
-        out_console.print(line, highlight=False)
+    for part in console_report(files.summary, files.comparisons):
+        out_console.print(part, highlight=False)
     out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
                       f"chart: {files.chart_png} (+ .svg)", highlight=False)
 
@@ -212,54 +194,23 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
     counts carry the comparison between builds; the time columns show the large effects
     and say what the time can resolve on this machine.
     """
-    from profkit.experiments.bench import check_request, run_bench, write_report
-    from profkit.pg.build import get_build
+    from profkit.experiments.reproduce import add_builds, reproduce
 
-    t_all = time.monotonic()
-    if pg19:
-        builds = ",".join([*(b for b in builds.split(",") if b.strip()),
-                           *(b for b in REPRO_PG19_BUILDS.split(",")
-                             if b not in builds.split(","))])
-    req = check_request(builds, "nested_loop", scale, reps, warmup=warmup)
+    def shown(res: Any, files: Any) -> None:
+        _warn_instructions(res.provenance)
+        err_console.rule("result")
+        _print_results(files)
+        out_console.print(f"run: {res.out_dir} (profiles/latest → {res.run_id})",
+                          highlight=False)
 
-    err_console.rule("builds")
-    t0 = time.monotonic()
-    for ref in req.refs:
-        with err_console.status(f"build {ref.preset} (cached after the first time)"):
-            b = get_build(ref.preset, progress=_say)
-        _say(f"{ref.label}: {b.version}, "
-             f"{', '.join(p['name'] for p in b.patches) or 'no patches'} ({b.key[:12]})")
-    t_builds = time.monotonic() - t0
-
-    err_console.rule(f"benchmark: nested_loop at scale {scale}, {reps} repetitions")
-    t0 = time.monotonic()
-    try:
-        res = run_bench(req, root=out, progress=True,
-                        instructions="none" if no_callgrind else "auto",
-                        instr_scale=instr_scale, order_seed=order_seed,
-                        command_line=["profkit", *sys.argv[1:]])
-    except ProfkitError as e:
-        _report_after_failure(e)
-        raise
-    t_bench = time.monotonic() - t0
-    files = write_report(res)
-    _warn_instructions(res.provenance)
-
-    err_console.rule("result")
-    _print_results(files)
-    out_console.print(f"run: {res.out_dir} (profiles/latest → {res.run_id})", highlight=False)
-
-    t_flame = 0.0
-    if not no_flamegraphs:
-        from profkit.experiments.profile import demo_flamegraphs
-
-        err_console.rule("flamegraphs")
-        t0 = time.monotonic()
-        # Query-2 on vanilla, on step3, and the vanilla→step3 differential, in flamegraphs/
-        svgs = demo_flamegraphs(progress=_say)
-        t_flame = time.monotonic() - t0
-        out_console.print("flamegraphs: " + ", ".join(str(p) for p in svgs), highlight=False)
-    total = time.monotonic() - t_all
-    out_console.print(f"wall time: builds {t_builds:.0f} s, benchmark + instruction counts "
-                      f"{t_bench:.0f} s, flamegraphs {t_flame:.0f} s; total {total:.0f} s",
-                      highlight=False)
+    done = reproduce(add_builds(builds, REPRO_PG19_BUILDS) if pg19 else builds, scale=scale, reps=reps,
+                     warmup=warmup, instr_scale=instr_scale, callgrind=not no_callgrind,
+                     flamegraphs=not no_flamegraphs, order_seed=order_seed, out=out,
+                     stage=err_console.rule, progress=_say, on_result=shown)
+    if done.flamegraphs:
+        out_console.print("flamegraphs: " + ", ".join(str(p) for p in done.flamegraphs),
+                          highlight=False)
+    t = done.seconds
+    out_console.print(f"wall time: builds {t['builds']:.0f} s, benchmark + instruction counts "
+                      f"{t['benchmark']:.0f} s, flamegraphs {t['flamegraphs']:.0f} s; total "
+                      f"{t['total']:.0f} s", highlight=False)

@@ -67,16 +67,12 @@ def cluster_psql(name: str, psql_args: tuple[str, ...]) -> None:
 @friendly
 def load(workload: str, cluster_name: str, scale: float) -> None:
     """Load a seed workload (nested_loop, join_sum, count_star) into a running cluster."""
-    import psycopg
-
-    from profkit.pg.cluster import DB_USER, detached_info
+    from profkit.pg.cluster import connect_detached
     from profkit.pg.workloads import check_scale, get_workload
 
     wl = get_workload(workload)
     check_scale(scale)
-    info = detached_info(cluster_name)
     with err_console.status(f"loading {workload} at scale {scale}"):
-        with psycopg.connect(host=info.socket_dir, port=info.port, user=DB_USER,
-                             dbname="postgres", autocommit=True) as conn:
+        with connect_detached(cluster_name) as conn:
             wl.load(conn, scale)
     click.echo(f"{workload} loaded at scale {scale}: {wl.sizes(scale)}")

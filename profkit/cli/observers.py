@@ -1,11 +1,9 @@
-"""CLI: ``profkit observers`` (slowdown of each profiling method) and ``profkit correction``.
+"""CLI: ``profkit observers`` — the slowdown each profiling method causes.
 
-Both start a throwaway cluster on a build (``--build``, default vanilla), load
-the workload(s), measure, print the tables and write them under
-``profiles/<run_id>/`` (csv, markdown, provenance.json).  The work is done by
-:func:`profkit.experiments.observers.measure_observers` and
-:func:`profkit.experiments.correction.measure_correction`, which notebooks can call with a
-Cluster of their own.
+Starts a throwaway cluster on a build (``--build``, default vanilla), loads the workload,
+measures, prints the tables and writes them under ``profiles/<run_id>/`` (csv, markdown,
+provenance.json). The work is :func:`profkit.experiments.observers.measure_observers`,
+which notebooks can call with a Cluster of their own.
 """
 from __future__ import annotations
 
@@ -49,7 +47,7 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
                   max_probe_s: float, out: str | None) -> None:
     """Slowdown of the query under each observer (ltrace, bcc, bpftrace, perf, callgrind)."""
     from profkit.experiments.observers import DEFAULT_METHODS, measure_observers
-    from profkit.render.markdown import SLOWDOWN_SHOW
+    from profkit.render.observers import SLOWDOWN_SHOW
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
     from profkit.pg.workloads import check_args, check_count
@@ -72,64 +70,4 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
     if len(res.hit_costs):
         click.echo("\nns per hit by probe kind (vs profkit.collect.bpf.DEFAULT_COST_NS):")
         click.echo(res.hit_costs.to_string(index=False, float_format=_fmt))
-    click.echo(f"written to {res.run_dir}")
-
-
-def _parse_workloads(items: tuple[str, ...]) -> dict[str, float] | None:
-    if not items:
-        return None
-    out: dict[str, float] = {}
-    for it in items:
-        name, sep, scale = it.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{it!r}: use NAME=SCALE, e.g. join_sum=0.5")
-        try:
-            out[name.strip()] = float(scale)
-        except ValueError:
-            raise click.BadParameter(f"{it!r}: scale {scale!r} is not a number") from None
-    return out
-
-
-@click.command("correction")
-@click.option("--workload", "workloads", multiple=True,
-              help="NAME=SCALE (repeatable). Default: nested_loop=0.05 join_sum=0.5 "
-                   "count_star=0.1.")
-@click.option("--build", "build_name", default="vanilla", show_default=True,
-              help="Build (preset) measured.")
-@click.option("--reps", type=int, default=7, show_default=True,
-              help="Interleaved repetitions per workload and mode.")
-@click.option("--metric", type=click.Choice(["cpu_ms", "server_ms", "client_ms"]),
-              default="cpu_ms", show_default=True,
-              help="cpu_ms: the backend's CPU time (robust to other processes' load).")
-@click.option("--top", type=int, default=4, show_default=True,
-              help="Nodes per workload in the per-node table.")
-@click.option("--out", default=None, help="Parent directory of the run (default profiles/).")
-@_friendly
-def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metric: str,
-                   top: int, out: str | None) -> None:
-    """TIMING ON minus clock reads × cost per read, against the plain query's time."""
-    from profkit.experiments.correction import measure_correction
-    from profkit.render.markdown import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW
-    from profkit.pg.build import get_build
-    from profkit.pg.cluster import Cluster
-
-    from profkit.pg.workloads import check_args, check_count
-
-    wls = _parse_workloads(workloads)
-    for name, sc in (wls or {}).items():
-        check_args(name, scale=sc)
-    check_args(reps=reps)
-    check_count(top, "--top")
-    build = get_build(build_name, progress=_progress)
-    with Cluster(build, name=f"correction-{build_name}") as cl:
-        res = measure_correction(cl, workloads=wls, reps=reps, metric=metric, top=top,
-                                 base=out, progress=_progress)
-    la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
-    la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
-    click.echo(f"metric {metric}; load average before {la0}, after {la1}")
-    click.echo(res.summary[CORRECTION_SHOW].to_string(index=False, float_format=_fmt))
-    click.echo("\ncosts:")
-    click.echo(res.summary[COSTS_SHOW].to_string(index=False, float_format=_fmt))
-    click.echo("\ntop nodes:")
-    click.echo(res.nodes[NODES_SHOW].to_string(index=False, float_format=_fmt))
     click.echo(f"written to {res.run_dir}")

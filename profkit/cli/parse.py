@@ -1,10 +1,9 @@
-"""CLI: ``profkit parse perf-script|gprof`` and ``profkit flamegraph``.
+"""CLI: ``profkit parse perf-script|gprof``: profiler output from files into tables.
 
 They read files from any machine: nothing here needs PostgreSQL.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 
 import click
 
-from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
 from profkit.cli.common import StdoutFailed, json_option, records
 
@@ -144,151 +142,3 @@ def _emit(text: str, output: str | None) -> None:
         sys.stdout.flush()
     except OSError as e:
         raise StdoutFailed(e) from None
-
-
-def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        if not sep or not k:
-            raise _Failed(f"--meta wants KEY=VALUE, got {p!r}")
-        out[k] = v
-    return out
-
-
-@click.command("flamegraph")
-@click.argument("stacks", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--diff", "diff", nargs=2, type=click.Path(dir_okay=False, exists=True),
-              default=None, metavar="A B",
-              help="Differential: widths from B, red/blue = more/fewer samples than A.")
-@click.option("--merge", is_flag=True,
-              help="Merge the STACKS files (runs) into one graph, each run normalised to the "
-                   "same total.")
-@click.option("--by-run", is_flag=True,
-              help="With --merge: each run under its own root frame, side by side.")
-@click.option("--icicle", is_flag=True, help="Inverted: the root at the top, callees below.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="SVG path (default: flamegraphs/<name>.svg).")
-@click.option("--title", default=None)
-@click.option("--subtitle", default=None, help="Replaces the provenance line.")
-@click.option("--meta", multiple=True, metavar="KEY=VALUE",
-              help="Provenance shown in the subtitle (build=..., pg=..., query=...).")
-@click.option("--meta-json", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="A JSON object of provenance (e.g. a collector's metadata file).")
-@click.option("--width", type=float, default=1200, show_default=True,
-              help="Image width in pixels (at least 100).")
-@click.option("--minwidth", type=float, default=0.1, show_default=True,
-              help="Merge sibling frames narrower than this many pixels (flamegraph.pl's "
-                   "--minwidth).")
-@click.option("--diff-basis", type=click.Choice(["self", "total"]), default="self",
-              show_default=True)
-@click.option("--vdso", default=None, metavar="IMAGE|self",
-              help="vDSO image for perf script input (see `parse perf-script`).")
-@_friendly
-def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge: bool,
-                   by_run: bool, icicle: bool, output: str | None, title: str | None,
-                   subtitle: str | None, meta: tuple[str, ...], meta_json: str | None,
-                   width: float, minwidth: float, diff_basis: str, vdso: str | None) -> None:
-    """Render folded stacks or `perf script` text (STACKS; `-` reads stdin) as an
-    interactive SVG; --diff A B: B against A; --merge A B C: several runs in one graph."""
-    from profkit.render.flamegraph import (
-        RenderError,
-        check_size,
-        merge_profiles,
-        render,
-        write_svg,
-    )
-
-    # bad sizes are usage errors (exit 2), refused before any file is read
-    try:
-        check_size("--width", width, minimum=100)
-        check_size("--minwidth", minwidth, minimum=0, allow_zero=True)
-    except RenderError as e:
-        raise _Failed(str(e)) from None
-    if diff and (stacks or merge):
-        raise _Failed("give STACKS, or --diff A B, not both")
-    if not diff and not stacks:
-        raise _Failed("give STACKS (a folded file, perf script text, or - for stdin), or "
-                      "--diff A B")
-    if len(stacks) > 1 and not merge:
-        raise _Failed(f"{len(stacks)} inputs: pass --merge to draw them in one graph")
-    if merge and len(stacks) < 2:
-        raise _Failed("--merge needs at least two inputs")
-    if by_run and not merge:
-        raise _Failed("--by-run goes with --merge")
-    if stacks.count("-") > 1:
-        raise _Failed("stdin (-) can be read once")
-    # perf script text is drawn in samples with vDSO frames named (profkit's reading)
-    kw: dict[str, Any] = {"weight": "samples", "vdso_names": True}
-    if vdso:
-        from profkit.parse.perf_script import VdsoSymbols
-
-        kw["vdso"] = (VdsoSymbols.from_running_kernel() if vdso == "self"
-                      else VdsoSymbols.from_image(vdso))
-    provenance: dict[str, Any] = {}
-    if meta_json:
-        try:
-            loaded = json.loads(Path(meta_json).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise _Failed(f"--meta-json {meta_json}: {e}") from None
-        if not isinstance(loaded, dict):
-            raise _Failed(f"--meta-json {meta_json}: expected a JSON object")
-        provenance.update(loaded)
-    provenance.update(_meta(meta))
-    count_name = "samples"
-    if diff:
-        a_path, b_path = diff
-        a, b = _load(a_path, kw), _load(b_path, kw)
-        name = f"{_stem(a_path)}-vs-{_stem(b_path)}"
-        provenance.setdefault("before (A)", Path(a_path).name)
-        provenance.setdefault("after (B)", Path(b_path).name)
-        counts, against = b, a
-    elif merge:
-        runs = [_load(p, kw) for p in stacks]
-        names = [_stem(p) for p in stacks]
-        counts, against = merge_profiles(runs, names=names, by_run=by_run), None
-        name = "merged-" + "-".join(names[:3]) + ("-etc" if len(names) > 3 else "")
-        provenance.setdefault("merged runs", ", ".join(
-            f"{n} ({sum(r.values()):,.0f})" for n, r in zip(names, runs, strict=True)))
-        provenance.setdefault("normalised", "each run scaled to the mean total")
-        count_name = "samples (normalised)"
-    else:
-        counts, against = _load(stacks[0], kw), None
-        name = _stem(stacks[0])
-        provenance.setdefault("input", "stdin" if stacks[0] == "-" else Path(stacks[0]).name)
-    if icicle:
-        name += "-icicle"
-    provenance.setdefault("samples", f"{round(sum(counts.values())):,}")
-    provenance.setdefault("rendered", _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
-    svg = render(counts, diff_against=against, title=title or name, subtitle=subtitle,
-                 provenance=provenance, width=width, min_width_px=minwidth,
-                 diff_basis=diff_basis, inverted=icicle,  # type: ignore[arg-type]
-                 count_name=count_name)
-    from profkit.paths import flamegraphs_dir
-
-    out = Path(output) if output else flamegraphs_dir() / f"{name}.svg"
-    write_svg(svg, out)
-    click.echo(str(out))
-
-
-def _stem(path: str) -> str:
-    return "stdin" if path == "-" else Path(path).name.split(".")[0]
-
-
-def _load(path: str, perf_kwargs: dict[str, Any]) -> dict[str, float]:
-    """Folded stacks or perf script text (sniffed), from a path or stdin (``-``)."""
-    from profkit.parse import load_stacks
-
-    if path != "-":
-        if not Path(path).is_file():
-            raise _Failed(f"{path}: no such file")
-        return load_stacks(path, **perf_kwargs)
-    import tempfile
-
-    # stdin is sniffed like a file: spooled to a temporary file first
-    with tempfile.NamedTemporaryFile(prefix="profkit-stdin-", suffix=".txt") as tmp:
-        import shutil
-
-        shutil.copyfileobj(sys.stdin.buffer, tmp, 1 << 20)
-        tmp.flush()
-        return load_stacks(tmp.name, **perf_kwargs)

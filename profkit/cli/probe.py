@@ -2,7 +2,7 @@
 :mod:`profkit.experiments.probe`."""
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import click
 
@@ -87,104 +87,25 @@ def clock_calls_cmd(workload: str | None, cluster_name: str | None, dsn: str | N
                     modes: tuple[str, ...], methods: tuple[str, ...], force: bool,
                     out: str | None, as_json: bool) -> None:
     """Count clock_gettime calls of a query (ltrace, bcc) beside the prediction."""
-    from profkit.experiments.probe import (
-        check_query,
-        clock_calls,
-        connect,
-        new_run_dir,
-        select_sql,
-    )
+    from profkit.experiments.probe import select_sql
+    from profkit.experiments.probe_runs import clock_calls_pid_run, clock_calls_run
 
     if pid is not None:
         if cluster_name or dsn or workload or workload_opt or sql or query:
             raise Failed("--pid counts what the backend runs for --seconds: give it alone "
                          "(to run a query, use --dsn DSN with --sql or --workload)")
-        _clock_calls_pid(pid, seconds, methods, out, as_json)
-        return
-    name, select = select_sql(_one_workload(workload, workload_opt), sql, query)
-    if (cluster_name is None) == (dsn is None):
-        raise Failed("give --cluster NAME (a profkit cluster) or --dsn DSN (any server)")
-    target: dict = {}
-    if dsn is not None:
-        from profkit.experiments.attach import binary_report, check_backend, connect_dsn
-
-        conn = connect_dsn(dsn)
-        pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-        rep = binary_report(check_backend(pid))
-        click.echo(f"binary: {rep.describe()}", err=True)
-        target = {"target": {"pid": pid, "binary": str(rep.path), "binary_level": rep.level,
-                             "binary_report": rep.describe(), "version": rep.version}}
+        if seconds <= 0:
+            raise Failed(f"--seconds must be > 0, got {seconds:g}")
+        run = clock_calls_pid_run(pid, seconds, methods, out, progress=_err)
     else:
-        assert cluster_name is not None
-        conn = connect(cluster_name)
-    with conn:
-        check_query(conn, select)
-        run_id, d = new_run_dir("clock-calls", out, workload=name, sql=select,
-                                tools=("ltrace", "bpftrace"), **target)
-        df = clock_calls(conn, select, modes=modes, methods=methods, force=force, out_dir=d,
-                         run_id=run_id)
-    if as_json:
-        emit_json({"run_dir": str(d), "run_id": run_id, "query": name, "sql": select,
-                   "clock_calls": df.drop(columns=["run_id"])})
-        return
-    click.echo(df.drop(columns=["run_id"]).to_string(index=False,
-                                                      float_format=lambda v: f"{v:.1f}"))
-    click.echo("ltrace cannot see calls from extension modules (pg_stat_statements: 2 per "
-               "EXPLAIN); the predictions account for it.")
-    click.echo(f"written to {d}")
-
-
-def _clock_calls_pid(pid: int, seconds: float, methods: tuple[str, ...], out: str | None,
-                     as_json: bool) -> None:
-    """clock-calls --pid: each method counts the backend's clock_gettime calls for *seconds*
-    (one window after the other: the counts describe different moments)."""
-    import time
-
-    import pandas as pd
-
-    from profkit.collect import bpf
-    from profkit.collect import ltrace as lt
-    from profkit.experiments.attach import binary_report, check_backend
-    from profkit.experiments.probe import new_run_dir, write_parquet
-    from profkit.parse.ltrace import parse_ltrace_summary
-
-    if seconds <= 0:
-        raise Failed(f"--seconds must be > 0, got {seconds:g}")
-    rep = binary_report(check_backend(pid))
-    click.echo(f"binary: {rep.describe()}", err=True)
-    run_id, d = new_run_dir("clock-calls", out, workload=f"pid {pid}", tools=("ltrace",),
-                            target={"pid": pid, "binary": str(rep.path),
-                                    "binary_level": rep.level, "seconds": seconds})
-
-    def wait() -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and Path(f"/proc/{pid}").exists():
-            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
-
-    rows = []
-    for method in methods:
-        if method == "ltrace":
-            click.echo("ltrace: each traced call costs ~100 µs in the backend while attached",
-                       err=True)
-            run = lt.count_calls(None, pid=pid, runner=wait, out_dir=d / "ltrace")
-            df = parse_ltrace_summary(run.summary_text, run_id=run_id)
-            calls = int(df.set_index("function")["calls"].get("clock_gettime", 0))
-            ms = run.query_ms
-        else:
-            res = bpf.probe_query(None, pid=pid, runner=wait, functions=["clock_gettime"],
-                                  per_node=False, tool=method, out_dir=d / method)
-            calls, ms = res.calls("clock_gettime") or 0, res.query_ms
-        rows.append({"run_id": run_id, "pid": pid, "method": method, "measured": calls,
-                     "seconds": round(ms / 1000, 3), "per_second": calls / max(ms / 1000, 1e-9)})
-    table = pd.DataFrame(rows)
-    write_parquet(table, d / "clock_calls.parquet")
-    if as_json:
-        emit_json({"run_dir": str(d), "run_id": run_id, "pid": pid, "binary_level": rep.level,
-                   "clock_calls": table.drop(columns=["run_id"])})
-        return
-    click.echo(table.drop(columns=["run_id"]).to_string(index=False,
-                                                         float_format=lambda v: f"{v:.1f}"))
-    click.echo(f"written to {d}")
+        if (cluster_name is None) == (dsn is None):
+            # the workload is checked first: its error is the more useful one
+            select_sql(_one_workload(workload, workload_opt), sql, query)
+            raise Failed("give --cluster NAME (a profkit cluster) or --dsn DSN (any server)")
+        run = clock_calls_run(_one_workload(workload, workload_opt), sql, query,
+                              cluster=cluster_name, dsn=dsn, modes=modes, methods=methods,
+                              force=force, out=out, progress=_err)
+    _show(run, as_json)
 
 
 @click.command("probe")
@@ -220,98 +141,27 @@ def probe_cmd(workload: str | None, cluster_name: str | None, dsn: str | None,
               workload_opt: str | None, query: str | None, mode: str, tool: str,
               force: bool, out: str | None, as_json: bool) -> None:
     """Per plan node: measured ExecProcNode calls and clock reads vs the prediction (eBPF)."""
-    from profkit.experiments.probe import (
-        check_query,
-        connect,
-        new_run_dir,
-        probe_nodes,
-        select_sql,
-    )
+    from profkit.experiments.probe_runs import probe_run
 
     if sum(x is not None for x in (cluster_name, dsn, pid)) != 1:
         raise Failed("give one of --cluster NAME (a profkit cluster), --dsn DSN (any server) "
                      "or --pid PID (a running backend)")
-    if cluster_name is None:
-        _probe_attached(workload, workload_opt, sql, query, dsn, pid, seconds, mode, tool,
-                        force, out, as_json)
-        return
-    name, select = select_sql(_one_workload(workload, workload_opt), sql, query)
-    with connect(cluster_name) as conn:
-        check_query(conn, select)
-        run_id, d = new_run_dir("probe", out, workload=name, sql=select, mode=mode,
-                                tools=("bpftrace",))
-        table, res = probe_nodes(conn, select, mode=mode, tool=tool, force=force, out_dir=d,
-                                 run_id=run_id, query=name)
-    if res.fallback_reason:
-        click.echo(res.fallback_reason, err=True)
-    cols = ["node_id", "node_type", "parent_id", "rows", "loops", "exec_calls_predicted",
-            "exec_calls_measured", "clock_calls_predicted", "clock_calls_measured", "exact"]
+    if pid is not None and (workload or workload_opt or sql or query):
+        raise Failed("--pid counts what the backend runs for --seconds; to run a query "
+                     "use --dsn DSN with --sql or --workload")
+    run = probe_run(_one_workload(workload, workload_opt), sql, query, cluster=cluster_name,
+                    dsn=dsn, pid=pid, seconds=seconds, mode=mode, tool=tool, force=force,
+                    out=out, progress=_err)
+    _show(run, as_json)
+
+
+def _err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _show(run: Any, as_json: bool) -> None:
+    """A ProbeRun: its JSON document, or its text."""
     if as_json:
-        emit_json({"run_dir": str(d), "run_id": run_id, "query": name, "sql": select,
-                   "mode": mode, "tool": res.tool, "query_ms": res.query_ms,
-                   "outside_clock_reads": res.outside_clock_reads,
-                   "fallback_reason": res.fallback_reason,
-                   "nodes": table[[c for c in cols if c in table]],
-                   "functions": res.functions[["function", "calls"]]})
-        return
-    click.echo(table[[c for c in cols if c in table]].to_string(index=False))
-    click.echo(res.functions[["function", "calls"]].to_string(index=False))
-    click.echo(f"clock reads outside any node: {res.outside_clock_reads}; tool {res.tool}; "
-               f"probed query {res.query_ms:.1f} ms")
-    click.echo(f"written to {d}")
-
-
-def _probe_attached(workload: str | None, workload_opt: str | None, sql: str | None,
-                    query: str | None, dsn: str | None, pid: int | None, seconds: float,
-                    mode: str, tool: str, force: bool, out: str | None,
-                    as_json: bool) -> None:
-    """probe --dsn / --pid (see :func:`profkit.experiments.attach.probe_attached`)."""
-    from profkit.experiments.attach import _redact, check_backend, connect_dsn, probe_attached
-    from profkit.experiments.probe import new_run_dir, select_sql, write_parquet
-
-    if pid is not None:
-        if workload or workload_opt or sql or query:
-            raise Failed("--pid counts what the backend runs for --seconds; to run a query "
-                         "use --dsn DSN with --sql or --workload")
-        name, select = f"pid {pid}", None
+        emit_json(run.doc)
     else:
-        name, select = select_sql(_one_workload(workload, workload_opt), sql, query)
-    def say(message: str) -> None:
-        click.echo(message, err=True)
-
-    # a DSN that does not connect or a pid that is no backend: one line, no run directory
-    if dsn is not None:
-        connect_dsn(dsn).close()
-    else:
-        assert pid is not None
-        check_backend(pid)
-    run_id, d = new_run_dir("probe", out, workload=name, sql=select, mode=mode,
-                            tools=("bpftrace",),
-                            target={"pid": pid, "dsn": _redact(dsn) if dsn else None})
-    res = probe_attached(dsn=dsn, sql=select, pid=pid, seconds=seconds, mode=mode, tool=tool,
-                         force=force, out_dir=d, run_id=run_id, query=name, progress=say)
-    if len(res.nodes):
-        write_parquet(res.nodes, d / "plan_nodes.parquet")
-    write_parquet(res.functions, d / "functions.parquet")
-    import json
-
-    (d / "attached.json").write_text(json.dumps(
-        {"pid": res.pid, "level": res.level, "allowed": res.allowed, "notes": res.notes,
-         "tool": res.tool, "query_ms": res.query_ms, "plan": res.plan}, indent=1,
-        default=str))
-    cols = ["node_id", "node_type", "parent_id", "rows", "loops", "exec_calls_predicted",
-            "exec_calls_measured", "clock_calls_predicted", "clock_calls_measured", "exact"]
-    nodes = res.nodes[[c for c in cols if c in res.nodes]] if len(res.nodes) else res.nodes
-    if as_json:
-        emit_json({"run_dir": str(d), "run_id": run_id, "query": name, "sql": select,
-                   "mode": res.mode, "pid": res.pid, "binary_level": res.level,
-                   "allowed": res.allowed, "notes": res.notes, "tool": res.tool,
-                   "query_ms": res.query_ms, "nodes": nodes, "functions": res.functions})
-        return
-    click.echo(f"backend {res.pid}: {res.allowed}")
-    for n in res.notes:
-        click.echo(f"note: {n}")
-    if len(nodes):
-        click.echo(nodes.to_string(index=False))
-    click.echo(res.functions.to_string(index=False, na_rep="-"))
-    click.echo(f"written to {d}")
+        click.echo(run.console())

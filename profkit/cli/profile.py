@@ -6,11 +6,7 @@ stacks (:mod:`profkit.experiments.profile`), and prints a short summary.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import click
-import pandas as pd
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
@@ -19,20 +15,6 @@ from profkit.pg.workloads import EXPLAIN_PREFIX
 
 MODES = tuple(EXPLAIN_PREFIX)
 
-
-def _fmt_table(df: pd.DataFrame) -> str:
-    return df.to_string(index=False) if len(df) else "(no rows)"
-
-
-# --------------------------------------------------------------------------- perf
-
-
-def _echo_top(prof: Any, top_n: int) -> None:
-    """The profile's top functions by self samples, shares as percentages."""
-    top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
-    click.echo(f"top {top_n} functions by self samples:")
-    click.echo(_fmt_table(top.assign(self_share=top["self_share"].map("{:.1%}".format),
-                                     total_share=top["total_share"].map("{:.1%}".format))))
 
 @click.command("perf")
 @click.argument("build", required=False)
@@ -70,66 +52,25 @@ def perf_cmd(build: str | None, pid: int | None, dsn: str | None, sql: str | Non
 
     BUILD: a profkit build (its own throwaway cluster); or --pid / --dsn: a backend of a
     server profkit did not start (nothing on it is changed)."""
-    from profkit.experiments.profile import perf_profile
-    from profkit.experiments.profile import flamegraph_dir, flamegraph_for
-    from profkit.pg.workloads import workload_label, workload_spec
+    from profkit.experiments.attach import perf_attached_run
+    from profkit.experiments.profile import perf_run
+    from profkit.pg.workloads import workload_spec
 
+    call_graph = "dwarf" if dwarf else "fp"
     if pid is not None or dsn is not None:
         if build:
             raise _Failed("give BUILD (a cluster profkit starts) or --pid/--dsn, not both")
-        _perf_attached(pid, dsn, sql, seconds, workload, query, mode, freq, dwarf, reps,
-                       no_stat, top_n, out)
-        return
-    if not build:
+        run = perf_attached_run(pid=pid, dsn=dsn, sql=sql, workload=workload, query=query,
+                                mode=mode, seconds=seconds, reps=reps, freq=freq,
+                                call_graph=call_graph, stat=not no_stat, top=top_n, out=out,
+                                progress=_say)
+    elif not build:
         raise _Failed("give BUILD (vanilla, step3, your named build…) or --pid PID / --dsn DSN")
-    workload = workload_spec(workload, query)
-    label = workload_label(workload)
-
-    prof = perf_profile(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
-                            call_graph="dwarf" if dwarf else "fp", stat=not no_stat,
-                            progress=_say)
-    qname = prof.run.provenance.get("query_name") or mode
-    svg = flamegraph_for(prof.counts, prof.run,
-                         flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
-                         title=f"{build}: {label} {qname} (perf)")
-    click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples "
-               f"({', '.join(prof.folding.events)})")
-    _echo_top(prof, top_n)
-    click.echo(f"instrumentation share (self): {prof.instrumentation_share:.1%}")
-    if prof.stat is not None and len(prof.stat):
-        st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
-        click.echo("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
-                                             for r in st.itertuples()))
-    click.echo(f"artifacts: {prof.run.path}")
-    click.echo(f"flamegraph: {svg}")
-
-
-def _perf_attached(pid: int | None, dsn: str | None, sql: str | None, seconds: float,
-                   workload: str, query: str | None, mode: str, freq: int, dwarf: bool,
-                   reps: int, no_stat: bool, top_n: int, out: str | None) -> None:
-    from profkit.experiments.attach import perf_attached
-    from profkit.experiments.profile import flamegraph_dir, flamegraph_for
-    from profkit.pg.workloads import get_workload, workload_spec
-
-    spec = None
-    if dsn is not None and not sql:
-        spec = workload_spec(workload, query)
-        sql = get_workload(spec).select_sql
-    full = EXPLAIN_PREFIX[mode] + sql.strip().rstrip(";") if sql else None
-    prof, rep = perf_attached(pid=pid, dsn=dsn, sql=full, seconds=seconds, reps=reps,
-                              freq=freq, call_graph="dwarf" if dwarf else "fp",
-                              stat=not no_stat, workload=spec, mode=mode if dsn else None,
-                              progress=_say)
-    target = f"pid{prof.run.get('target.pid')}"
-    svg = flamegraph_for(prof.counts, prof.run,
-                         flamegraph_dir(out) / f"perf-{target}-{prof.run.run_id}.svg",
-                         title=f"{rep.version or 'PostgreSQL'}: backend "
-                               f"{prof.run.get('target.pid')} (perf)")
-    click.echo(f"binary: {rep.describe()}")
-    click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples")
-    _echo_top(prof, top_n)
-    click.echo(f"artifacts: {prof.run.path}")
-    click.echo(f"flamegraph: {svg}")
+    else:
+        run = perf_run(build, workload_spec(workload, query), scale=scale, mode=mode,
+                       reps=reps, freq=freq, call_graph=call_graph, stat=not no_stat,
+                       top=top_n, out=out, progress=_say)
+    click.echo(run.console())
 
 
 # --------------------------------------------------------------------------- gprof
@@ -155,23 +96,11 @@ def gprof_cmd(build: str, workload: str, query: str | None, scale: float, mode: 
     """Run a query in one backend of a -pg build (BUILD vanilla → gprof, step3 →
     step3+gprof); print gprof's flat profile top and the instrumentation call counts
     next to what the plan predicts."""
-    from profkit.experiments.profile import gprof_profile_with_prediction
-    from profkit.experiments.profile import instrumentation_calls
-
+    from profkit.experiments.profile import gprof_run
     from profkit.pg.workloads import workload_spec
 
-    workload = workload_spec(workload, query)
-    res, pred = gprof_profile_with_prediction(build, workload, scale=scale, mode=mode,
-                                                 reps=reps, progress=_say)
-    click.echo(f"run {res.run.run_id}: gprof of backend {res.run.get('backend_pid')}")
-    click.echo(f"flat profile, top {top_n}:")
-    click.echo(_fmt_table(res.top(top_n)))
-    table, notes = instrumentation_calls(res, pred, reps)
-    click.echo("instrumentation calls (predicted from the plan's rows and loops):")
-    click.echo(_fmt_table(table))
-    for n in notes:
-        click.echo(f"note: {n}")
-    click.echo(f"artifacts: {res.run.path}")
+    click.echo(gprof_run(build, workload_spec(workload, query), scale=scale, mode=mode,
+                         reps=reps, top=top_n, progress=_say).console())
 
 
 # --------------------------------------------------------------------------- py-spy
@@ -194,27 +123,12 @@ def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: b
               label: str | None, out: str | None, top_n: int, command: tuple[str, ...]) -> None:
     """Sample a Python process (--pid PID) or command (-- python script.py) with py-spy;
     flamegraph + top functions."""
-    from profkit.collect import pyspy
-    from profkit.experiments.profile import flamegraph_dir, flamegraph_for
+    from profkit.experiments.profile import pyspy_run
 
     if (pid is None) == (not command):
         raise _Failed("give either --pid PID or a command after --")
-    if pid is not None:
-        rec, _ = pyspy.record_pid(pid, duration=duration, rate=rate, native=native, idle=idle,
-                                  label=label)
-    else:
-        rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
-                                   label=label)
-    prof = pyspy.fold_run(rec.run_dir)
-    name = label or (f"pid{pid}" if pid is not None else Path(command[-1]).stem)
-    svg = flamegraph_for(prof.counts, prof.run, flamegraph_dir(out) / f"py-spy-{name}.svg",
-                         title=f"py-spy: {name}")
-    click.echo(f"run {prof.run.run_id}: {rec.samples} samples")
-    click.echo(_fmt_table(prof.top(top_n)))
-    click.echo(f"artifacts: {prof.run.path}")
-    click.echo(f"flamegraph: {svg}")
-
-
+    click.echo(pyspy_run(pid=pid, command=command, duration=duration, rate=rate,
+                         native=native, idle=idle, label=label, top=top_n, out=out).console())
 
 
 # --------------------------------------------------------------------------- import
@@ -229,13 +143,7 @@ def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: b
 def import_cmd(tarball: str, out: str | None, flamegraphs: str | None, top_n: int) -> None:
     """Turn a scripts/pk-record.sh capture (a .tar.gz) into a perf run: tables, folded
     stacks, flamegraph and provenance under profiles/, like a run profkit recorded."""
-    from profkit.experiments.profile import import_capture
+    from profkit.experiments.profile import import_run
 
-    prof, svg = import_capture(tarball, base=out, flamegraphs=flamegraphs, progress=_say)
-    cap = prof.run.provenance.get("capture", {})
-    click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples of pid "
-               f"{cap.get('pid')} on {cap.get('hostname')} ({cap.get('postgres_version')}, "
-               f"clocksource {cap.get('clocksource')})")
-    _echo_top(prof, top_n)
-    click.echo(f"artifacts: {prof.run.path}")
-    click.echo(f"flamegraph: {svg}")
+    click.echo(import_run(tarball, base=out, flamegraphs=flamegraphs, top=top_n,
+                          progress=_say).console())

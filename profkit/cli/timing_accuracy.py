@@ -15,9 +15,9 @@ from profkit.cli.common import say as _say
 
 
 def _print(res: Any) -> None:
-    from profkit.render.markdown import ta_table as _md_table
+    from profkit.render.timing_accuracy import ta_table
 
-    click.echo(_md_table(res.summary))
+    click.echo(ta_table(res.summary))
     for r in res.verdicts.itertuples():
         click.echo(f"- {r.workload} / {r.arm}: {r.verdict} — {r.text}")
     if not res.mismatches.empty:

@@ -7,7 +7,6 @@ load) is :mod:`profkit.rundir`.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import os
 import platform
@@ -24,17 +23,6 @@ if TYPE_CHECKING:
 
 
 PROVENANCE_FILE = "provenance.json"
-
-# Fields a comparison of two runs must find equal (pyperf's _CHECKED_METADATA idea).
-CHECKED_FIELDS: tuple[str, ...] = (
-    "machine.cpu_model", "machine.kernel", "machine.clocksource", "machine.virtualization",
-    "build.source.version", "workload", "scale",
-)
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).astimezone().isoformat(timespec="milliseconds")
-
 
 def _read(path: str | os.PathLike[str]) -> str:
     try:

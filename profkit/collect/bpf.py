@@ -54,7 +54,8 @@ from typing import Any
 import pandas as pd
 
 from profkit import tables
-from profkit.collect import dwarf
+from profkit.collect import dwarf, kheaders
+from profkit.collect.kheaders import BccUnavailable
 from profkit.errors import ProbeError, ProfkitError
 from profkit.run import Background, run, which
 
@@ -639,8 +640,6 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
                    layout: dwarf.ExecutorLayout | None, per_node: bool,
                    symbols: Mapping[str, Symbol], out_dir: Path | None = None) -> ProbeResult:
     """Attach bcc uprobes, run the query, read the maps, detach (always)."""
-    from profkit.collect import kheaders
-
     bcc = kheaders.import_bcc()
     saved = _apply_env(kheaders.ensure_bcc_env())
     text = bpf_text(info.pid, layout, per_node)
@@ -936,7 +935,6 @@ def probe_query(conn: Any, sql: str | None = None, *, pid: int | None = None,
                                  per_node=per_node, symbols=symbols, out_dir=out_dir)
             return res
         except ProfkitError as e:
-            from profkit.collect.kheaders import BccUnavailable
             if tool == "bcc" or not isinstance(e, BccUnavailable):
                 raise
             reason = f"bcc unavailable, used bpftrace instead: {e}"

@@ -3,8 +3,8 @@
 This VM has no hardware performance counters, so the stable measure reviewers prefer
 (seeds/specialize-indexonlyscan-thread.txt: "I'd rather go by the instruction counts,
 those are stable") comes from valgrind's callgrind. Where ``perf stat -e instructions``
-works (bare metal), :func:`perf_stat_instructions` counts the real CPU's instructions
-instead; :func:`instruction_counter` says which one to use, and the runner records it.
+works (bare metal), :mod:`profkit.collect.perf_stat` counts the real CPU's instructions
+instead and says which counter to use; the runner records it.
 
 How (callgrind)
 ---------------
@@ -52,14 +52,14 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profkit.errors import ClusterError, CommandFailed, ProbeError, ProfkitError
-from profkit.run import Background, OSUser, format_argv, run, which
+from profkit.errors import ClusterError, CommandFailed, ProbeError
+from profkit.run import OSUser, format_argv, run, which
 
 if TYPE_CHECKING:  # the cluster module needs psycopg; only its type is used here
     from profkit.pg.cluster import Cluster
@@ -348,96 +348,5 @@ def collect_callgrind_cluster(
         )
 
 
-# ---------------------------------------------------------------------------
-# perf stat (machines with hardware counters)
-
-def perf_stat_instructions_available(event: str = "instructions:u") -> bool:
-    """True when ``perf stat -e EVENT`` counts on this machine (False in most VMs).
-
-    Runs ``perf stat -x, -e EVENT true`` and looks for ``<not supported>``; False too
-    when perf is missing or not permitted (perf_event_paranoid).
-    """
-    try:
-        perf = which("perf")
-        cp = run([perf, "stat", "-x,", "-e", event, "true"], timeout=30, check=False,
-                 what="perf stat")
-    except ProfkitError:
-        return False
-    if cp.returncode != 0:
-        return False
-    try:
-        value, _unit = parse_perf_stat_csv(cp.stderr, event)
-    except ProbeError:
-        return False
-    return value > 0
-
-
-def parse_perf_stat_csv(text: str, event: str) -> tuple[float, str]:
-    """Value and unit of *event* in ``perf stat -x,`` output (via profkit.parse.perf_stat).
-
-    Producer: ``perf stat -x, -e instructions:u -p PID`` (stderr or ``-o FILE``).
-    Example::
-
-        4153264,,instructions:u,1095204,100.00,,
-        -> (4153264.0, "")
-
-    ``<not supported>`` / ``<not counted>`` raise :class:`ProbeError` saying to use
-    callgrind.
-    """
-    from profkit.parse.perf_stat import parse_perf_stat
-
-    try:
-        df = parse_perf_stat(text.splitlines())
-    except ProfkitError as e:
-        raise ProbeError(f"cannot read perf stat output: {e}") from None
-    rows = df[df["event"] == event]
-    if rows.empty:
-        raise ProbeError(f"perf stat output has no line for event {event!r}:\n{text[:500]}")
-    row = rows.iloc[0]
-    if not bool(row["supported"]):
-        raise ProbeError(
-            f"perf stat cannot count {event!r} here (<not supported>): no hardware performance "
-            "counters (typical in a VM). Count instructions with callgrind instead "
-            "(profkit.collect.callgrind.collect_callgrind)."
-        )
-    return float(row["value"]), str(row["unit"])
-
-
-def perf_stat_instructions(
-    backend_pid: int,
-    execute: Callable[[], object],
-    *,
-    out_path: str | os.PathLike[str],
-    event: str = "instructions:u",
-    settle_s: float = 0.3,
-) -> float:
-    """Count *event* in backend *backend_pid* while *execute()* runs one query.
-
-    ``perf stat -x, -e EVENT -p PID -o OUT_PATH`` is started in the background, given
-    *settle_s* to attach, *execute* is called (e.g. ``lambda: conn.execute(sql)``),
-    then perf is stopped with SIGINT by pid and its CSV parsed. The count includes the
-    backend's protocol handling of the statement, nothing else (the backend is idle
-    otherwise). On this VM ``instructions`` is not supported: a software event such as
-    ``task-clock`` exercises the same path.
-    """
-    perf = which("perf")
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    bg = Background([perf, "stat", "-x,", "-e", event, "-p", str(backend_pid), "-o", str(out)],
-                    what="perf stat")
-    bg.start()
-    try:
-        time.sleep(settle_s)
-        if not bg.alive():
-            raise ProbeError(f"perf stat exited at once (pid {backend_pid} gone? permissions?); "
-                             f"output: {_read(out)[:300]}")
-        execute()
-    finally:
-        bg.stop(timeout=10)
-    value, _unit = parse_perf_stat_csv(_read(out), event)
-    return value
-
-
-def instruction_counter() -> str:
-    """``"perf_stat"`` where hardware instruction counters work, else ``"callgrind"``."""
-    return "perf_stat" if perf_stat_instructions_available() else "callgrind"
+# experiments/bench.py imports these two from here; their home is profkit.collect.perf_stat
+from profkit.collect.perf_stat import instruction_counter, perf_stat_instructions  # noqa: E402,F401

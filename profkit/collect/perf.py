@@ -65,10 +65,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import pandas as pd
 
 from profkit import paths, tables
+from profkit.collect import perf_stat
 from profkit.collect.artifacts import server_settings
 from profkit.rundir import RunDir, load_run, new_run
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
-from profkit.parse.folded import instrumentation_share, write_folded
+from profkit.parse.folded import instrumentation_share, read_folded, write_folded
+from profkit.parse.perf_stat import parse_perf_stat
 from profkit.parse.perf_script import PerfFolding, VdsoSymbols, dump_vdso, fold_perf_script
 from profkit.run import Background, format_argv, install_hint, which
 from profkit.run import run as run_argv
@@ -136,17 +138,9 @@ def _perf(perf: str, *args: str | os.PathLike[str]) -> list[str]:
     return [perf, "--buildid-dir", str(buildid_dir()), *(str(a) for a in args)]
 
 
-@functools.cache
 def hardware_counters(perf: str = "perf") -> bool:
     """True if ``perf stat -e instructions`` counts here (False in most VMs)."""
-    exe = perf_path(perf)
-    cp = run_argv([exe, "stat", "-x,", "-e", "instructions", "true"], timeout=30, check=False,
-             what="perf stat")
-    text = (cp.stderr or "") + (cp.stdout or "")
-    for line in text.splitlines():
-        if ",instructions" in line:
-            return not line.startswith("<") and cp.returncode == 0
-    return False
+    return perf_stat.counts("instructions", perf_path(perf))
 
 
 def stat_events(perf: str = "perf") -> tuple[str, ...]:
@@ -611,7 +605,6 @@ def fold_run(run: RunDir | str | os.PathLike[str], *, perf: str = "perf",
     functions.to_parquet(rd.file(FUNCTIONS_PARQUET), index=False)
     stat_df = None
     if rd.file(STAT_CSV).exists():
-        from profkit.parse.perf_stat import parse_perf_stat
 
         stat_df = parse_perf_stat(rd.file(STAT_CSV), run_id=rd.run_id, build=build)
         stat_df.to_parquet(rd.file(STAT_PARQUET), index=False)
@@ -630,7 +623,6 @@ def fold_run(run: RunDir | str | os.PathLike[str], *, perf: str = "perf",
 
 def load_profile(run: RunDir | str | os.PathLike[str]) -> PerfProfile:
     """A folded run read back from its directory (no perf needed)."""
-    from profkit.parse.folded import read_folded
 
     rd = run if isinstance(run, RunDir) else load_run(run)
     if not rd.file(FUNCTIONS_PARQUET).exists():

@@ -7,7 +7,12 @@
 - :mod:`~profkit.experiments.observers` — the slowdown each profiler causes;
 - :mod:`~profkit.experiments.correction` — TIMING ON corrected for the clock vs plain;
 - :mod:`~profkit.experiments.profile` — one backend under perf or gprof, flamegraphs;
-- :mod:`~profkit.experiments.probe` — clock reads per query and per plan node (eBPF).
+- :mod:`~profkit.experiments.probe` — clock reads per query and per plan node (eBPF);
+- :mod:`~profkit.experiments.attach` — the same, and perf, on a server profkit did not start;
+- :mod:`~profkit.experiments.probe_runs` — the clock-calls and probe runs (target, folder,
+  tables, text and JSON);
+- :mod:`~profkit.experiments.cell` — one statement under a collector: a ``%%profkit`` cell;
+- :mod:`~profkit.experiments.reproduce` — ``profkit reproduce``'s stages.
 
 Every run is written through :mod:`profkit.rundir` and read back by its ``load_run``.
 """

@@ -16,17 +16,34 @@ anything is recorded (:func:`binary_report`):
 from __future__ import annotations
 
 import contextlib
-import re
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import pandas as pd
+import pandas as pd
+import psycopg
 
+from profkit.analyze import predict
+from profkit.collect import bpf
+from profkit.collect.artifacts import server_settings
+from profkit.collect.perf import (
+    QUERY_OUTPUT,
+    fold_run,
+    format_rows,
+    perf_path,
+    record_pid,
+    run_query,
+)
 from profkit.errors import ProbeError, ProfkitError
+from profkit.experiments.probe import EXPLAIN, _baseline, _sql_failed, check_query, probe_nodes
+from profkit.experiments.profile import ProfileRun, flamegraph_dir, flamegraph_for, top_functions
+from profkit.pg.cluster import connect_dsn, redact_dsn
+from profkit.pg.workloads import EXPLAIN_PREFIX, get_workload, workload_spec
+from profkit.rundir import load_run, new_run
+from profkit.run import run
 
 
 class AttachError(ProfkitError):
@@ -80,8 +97,6 @@ def binary_report(exe: str | Path) -> BinaryReport:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
-    from profkit.run import run
-
     p = Path(exe)
     try:
         with open(p, "rb") as f:
@@ -111,29 +126,10 @@ def binary_report(exe: str | Path) -> BinaryReport:
     return BinaryReport(p, level, ".symtab" in names, funcs, instr, dbg, version)
 
 
-def _redact(dsn: str) -> str:
-    return re.sub(r"(password\s*=\s*)\S+|(://[^:/@]+:)[^@]+@", lambda m: (
-        (m.group(1) + "***") if m.group(1) else (m.group(2) + "***@")), dsn)
-
-
-def connect_dsn(dsn: str) -> Any:
-    """A connection to a server profkit did not start (autocommit, nothing changed)."""
-    import psycopg
-
-    try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.Error as e:
-        first = (str(e).strip().splitlines() or ["?"])[-1].strip()
-        raise AttachError(f"cannot connect to {_redact(dsn)!r}: {first} (check host, port, "
-                          "user and dbname; a socket directory is host=/path)") from None
-
-
 def check_backend(pid: int) -> Path:
     """The binary of backend *pid* (ProbeError when it is not a backend)."""
-    from profkit.collect.bpf import backend_info
-
     try:
-        return backend_info(pid).exe
+        return bpf.backend_info(pid).exe
     except ProbeError as e:
         raise AttachError(str(e)) from None
 
@@ -145,11 +141,6 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
                   progress: Callable[[str], None] | None = None) -> tuple[Any, BinaryReport]:
     """perf on a backend profkit did not start: by *pid* for *seconds*, or on a new
     connection to *dsn* while it runs *sql* (``reps`` times). Returns (PerfProfile, report)."""
-    from profkit.collect.artifacts import server_settings
-    from profkit.collect.perf import QUERY_OUTPUT, fold_run, format_rows, perf_path, record_pid
-    from profkit.collect.perf import run_query
-    from profkit.rundir import load_run, new_run
-
     say = progress or (lambda _m: None)
     if (pid is None) == (dsn is None):
         raise AttachError("give --pid PID or --dsn DSN (one of them)")
@@ -168,7 +159,7 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
         rep = binary_report(exe)
         say(rep.describe())
         rd = new_run("perf", workload=workload, mode=mode, base=base,
-                     target={"pid": pid, "dsn": _redact(dsn) if dsn else None,
+                     target={"pid": pid, "dsn": redact_dsn(dsn) if dsn else None,
                              "binary": str(exe), "binary_level": rep.level,
                              "binary_report": rep.describe(), "version": rep.version},
                      query_name=(mode or "query") if conn is not None else f"pid {pid}")
@@ -191,6 +182,33 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
     prof = fold_run(load_run(rd.path), binary=exe, check=False)
     rd.finish(status="complete")
     return prof, rep
+
+
+def perf_attached_run(*, pid: int | None = None, dsn: str | None = None,
+                      sql: str | None = None, workload: str = "nested_loop",
+                      query: str | None = None, mode: str = "analyze_timing",
+                      seconds: float = 10.0, reps: int = 1, freq: int = 999,
+                      call_graph: str = "fp", stat: bool = True, top: int = 10,
+                      out: str | Path | None = None,
+                      progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit perf --pid|--dsn``: :func:`perf_attached` (with --dsn: *sql*, else the
+    workload's query, in *mode*), its flamegraph and top functions."""
+    spec = None
+    if dsn is not None and not sql:
+        spec = workload_spec(workload, query)
+        sql = get_workload(spec).select_sql
+    full = EXPLAIN_PREFIX[mode] + sql.strip().rstrip(";") if sql else None
+    prof, rep = perf_attached(pid=pid, dsn=dsn, sql=full, seconds=seconds, reps=reps,
+                              freq=freq, call_graph=call_graph, stat=stat, workload=spec,
+                              mode=mode if dsn else None, progress=progress)
+    target = f"pid{prof.run.get('target.pid')}"
+    svg = flamegraph_for(prof.counts, prof.run,
+                         flamegraph_dir(out) / f"perf-{target}-{prof.run.run_id}.svg",
+                         title=f"{rep.version or 'PostgreSQL'}: backend "
+                               f"{prof.run.get('target.pid')} (perf)")
+    return ProfileRun(prof, svg, [f"binary: {rep.describe()}",
+                                  f"run {prof.run.run_id}: {prof.folding.samples} samples"],
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))])
 
 
 # ---------------------------------------------------------------------------------------
@@ -223,8 +241,6 @@ class AttachedProbe:
 
 def _can_probe(pid: int) -> tuple[BinaryReport | None, str]:
     """(report, "") when uprobes can attach to *pid*'s binary, else (report or None, why not)."""
-    import os
-
     if os.geteuid() != 0:
         return None, ("uprobe counts need root (or CAP_BPF + CAP_PERFMON): run profkit as root; "
                       "the EXPLAIN table needs nothing beyond the connecting role")
@@ -266,12 +282,6 @@ def probe_attached(*, dsn: str | None = None, sql: str | None = None, pid: int |
     whatever that backend runs for *seconds* (or until it exits); no EXPLAIN. Nothing on
     the server is changed (no SET, no extension).
     """
-    import pandas as pd
-
-    from profkit.analyze import predict as P
-    from profkit.collect import bpf
-    from profkit.experiments.probe import EXPLAIN, _baseline, _sql_failed, check_query
-
     say = progress or (lambda _m: None)
     if (pid is None) == (dsn is None):
         raise AttachError("give --pid PID or --dsn DSN (one of them)")
@@ -316,34 +326,30 @@ def probe_attached(*, dsn: str | None = None, sql: str | None = None, pid: int |
         note = _settings_note(conn)
         if note:
             notes.append(note)
-        ctx = P.context_from_conn(conn, mode)
+        ctx = predict.context_from_conn(conn, mode)
         rep, why = _can_probe(pid)
         if rep is not None:
             say(rep.describe())
         if why:
             notes.append(why)
             say(why)
-            import psycopg
-
             try:
                 plan = conn.execute(EXPLAIN[mode] + sql).fetchone()[0]
             except psycopg.Error as e:
                 raise _sql_failed(e, sql) from None
             # the server's own figure (repetitions are timed only by the harness)
             query_ms = float(plan[0].get("Execution Time") or float("nan"))
-            pr = P.predict(plan, ctx)
-            table = P.plan_nodes_table(pr, run_id=run_id, query=query or sql)
+            pr = predict.predict(plan, ctx)
+            table = predict.plan_nodes_table(pr, run_id=run_id, query=query or sql)
             functions = _function_table({}, pr.totals, ())
             return AttachedProbe(pid, mode, table, functions, rep.level if rep else "none",
                                  why, notes, "", query_ms, plan)
         assert rep is not None
         if rep.level == "dwarf":
-            from profkit.experiments.probe import probe_nodes
-
             table, res = probe_nodes(conn, sql, mode=mode, tool=tool, force=force,
                                      out_dir=out_dir, run_id=run_id, query=query)
             plan = res.query_result[0][0]
-            pr = P.predict(plan, ctx)
+            pr = predict.predict(plan, ctx)
             counts = {f: res.calls(f) for f in res.attached}
             return AttachedProbe(pid, mode, table, _function_table(counts, pr.totals,
                                                                    res.attached),
@@ -351,14 +357,14 @@ def probe_attached(*, dsn: str | None = None, sql: str | None = None, pid: int |
                                  res.query_ms, plan, res.outside_clock_reads)
         fns = _visible_functions(rep)
         plan0, base_ms = _baseline(conn, sql)
-        pr0 = P.predict(plan0, ctx)
+        pr0 = predict.predict(plan0, ctx)
         bpf.guard(bpf.estimate_probe_hits(pr0.nodes, fns, per_node=False), base_ms, force=force)
         say(f"probing backend {pid}: {', '.join(fns)}")
         res = bpf.probe_query(conn, EXPLAIN[mode] + sql, functions=fns, per_node=False,
                               tool=tool, out_dir=out_dir)
         plan = res.query_result[0][0]
-        pr = P.predict(plan, ctx)
-        table = P.plan_nodes_table(pr, run_id=run_id, query=query or sql)
+        pr = predict.predict(plan, ctx)
+        table = predict.plan_nodes_table(pr, run_id=run_id, query=query or sql)
         counts = {f: res.calls(f) for f in res.attached}
         functions = _function_table(counts, pr.totals, res.attached)
         if res.fallback_reason:
@@ -370,15 +376,11 @@ def probe_attached(*, dsn: str | None = None, sql: str | None = None, pid: int |
 def _visible_functions(rep: BinaryReport) -> list[str]:
     """The probe functions the binary defines (all of them with DWARF/.symtab; the exported
     ones of a stripped binary), then libc's clock_gettime."""
-    from profkit.collect import bpf
-
     syms = bpf.binary_symbols(rep.path, list(bpf.BINARY_FUNCTIONS))
     return [f for f in bpf.BINARY_FUNCTIONS if f in syms] + list(bpf.LIBC_FUNCTIONS)
 
 
 def _allowed(rep: BinaryReport, *, per_node: bool) -> str:
-    from profkit.collect import bpf
-
     have = _visible_functions(rep)
     hidden = [f for f in bpf.BINARY_FUNCTIONS if f not in have]
     what = "per-node and per-function counts" if per_node else "per-function counts"
@@ -393,10 +395,6 @@ def _allowed(rep: BinaryReport, *, per_node: bool) -> str:
 
 def _function_table(counts: dict[str, int | None], totals: dict[str, Any],
                     attached: Any) -> pd.DataFrame:
-    import pandas as pd
-
-    from profkit.collect import bpf
-
     rows = []
     for fn in (*bpf.BINARY_FUNCTIONS, *bpf.LIBC_FUNCTIONS):
         pred = totals.get(_PREDICTED_TOTAL.get(fn, ""))

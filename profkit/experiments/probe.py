@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psycopg
 
 from profkit import rundir
+from profkit.analyze import predict
+from profkit.collect import bpf, clock, ltrace
 from profkit.errors import ProbeError
-from profkit.pg.workloads import MODES, explain_prefix
+from profkit.parse.ltrace import parse_ltrace_summary
+from profkit.pg.build import get_build
+from profkit.pg.workloads import MODES, explain_prefix, get_workload, workload_spec
 
 EXPLAIN = {m: explain_prefix(m, "json") for m in MODES}
 
@@ -38,19 +43,6 @@ def write_parquet(df: pd.DataFrame, path: Path) -> None:
     out.to_parquet(path, index=False)
 
 
-def connect(cluster: str) -> Any:
-    import psycopg
-
-    from profkit.pg.cluster import DB_USER, detached_info
-
-    info = detached_info(cluster)
-    try:
-        return psycopg.connect(host=info.socket_dir, port=info.port, user=DB_USER,
-                               dbname="postgres", autocommit=True)
-    except psycopg.OperationalError as e:
-        raise ProbeError(f"cannot connect to cluster {cluster!r}: {e}") from None
-
-
 def select_sql(workload: str | None, sql: str | None,
                query: str | None = None) -> tuple[str, str]:
     if bool(workload) == bool(sql):
@@ -61,8 +53,6 @@ def select_sql(workload: str | None, sql: str | None,
             raise ProbeError("--query picks a query of a workload file: give --workload too, "
                              "or --sql alone")
         return "sql", sql.strip().rstrip(";")
-    from profkit.pg.workloads import get_workload, workload_spec
-
     assert workload is not None
     spec = workload_spec(workload, query)
     return spec, get_workload(spec).select_sql
@@ -80,8 +70,6 @@ def _sql_failed(e: Exception, sql: str) -> ProbeError:
 def check_query(conn: Any, select_sql: str) -> None:
     """Plan *select_sql* (EXPLAIN, not run) so a typo or a missing table is one clear
     error before anything is probed or written."""
-    import psycopg
-
     try:
         conn.execute("EXPLAIN " + select_sql).fetchall()
     except psycopg.Error as e:
@@ -90,8 +78,6 @@ def check_query(conn: Any, select_sql: str) -> None:
 
 def _baseline(conn: Any, select_sql: str) -> tuple[Any, float]:
     """EXPLAIN (ANALYZE, TIMING OFF) once: rows and loops for predictions, time for the guard."""
-    import psycopg
-
     try:
         plan = conn.execute(EXPLAIN["analyze_notiming"] + select_sql).fetchone()[0]
     except psycopg.Error as e:
@@ -107,11 +93,6 @@ def clock_calls(conn: Any, select_sql: str, *, modes: Sequence[str] = ("analyze_
     One row per (mode, method): measured, predicted (for that method's view:
     ltrace does not see calls from extension modules), and the difference.
     """
-    from profkit.analyze import predict as P
-    from profkit.collect import bpf
-    from profkit.collect import ltrace as lt
-    from profkit.parse.ltrace import parse_ltrace_summary
-
     bad = [m for m in modes if m not in MODES] + [m for m in methods
                                                  if m not in ("ltrace", "bcc", "bpftrace")]
     if bad:
@@ -121,7 +102,7 @@ def clock_calls(conn: Any, select_sql: str, *, modes: Sequence[str] = ("analyze_
         (out_dir / "plan_notiming.json").write_text(json.dumps(plan, indent=1))
     rows = []
     for mode in modes:
-        pr = P.predict(plan, P.context_from_conn(conn, mode))
+        pr = predict.predict(plan, predict.context_from_conn(conn, mode))
         sql = EXPLAIN[mode] + select_sql
         hits = bpf.estimate_probe_hits(pr.nodes, ["clock_gettime"], per_node=False,
                                        constants=pr.totals["clock_reads"]
@@ -130,8 +111,7 @@ def clock_calls(conn: Any, select_sql: str, *, modes: Sequence[str] = ("analyze_
             d = (out_dir / mode / method) if out_dir is not None else None
             if method == "ltrace":
                 bpf.guard(hits, query_ms, method="ltrace", force=force)
-                run = lt.count_calls(conn, sql, out_dir=d)
-                df = parse_ltrace_summary(run.summary_text, run_id=run_id)
+                df, run = ltrace_counts(conn, sql, out_dir=d, run_id=run_id)
                 got = df.set_index("function")["calls"].get("clock_gettime", 0)
                 measured, predicted, ms = int(got), pr.totals["clock_reads_ltrace"], run.query_ms
             else:
@@ -154,6 +134,21 @@ def clock_calls(conn: Any, select_sql: str, *, modes: Sequence[str] = ("analyze_
     return out
 
 
+def ltrace_counts(conn: Any, sql: str | None, *, out_dir: Path | None = None,
+                  functions: Sequence[str] = ("clock_gettime",), build: str = "",
+                  run_id: str = "", **attach: Any) -> tuple[pd.DataFrame, Any]:
+    """ltrace's count of *functions* while *conn* runs *sql* (or, with ``pid=`` and
+    ``runner=``, while the runner waits): (the summary as a table, the ltrace run)."""
+    run = ltrace.count_calls(conn, sql, functions=tuple(functions), out_dir=out_dir, **attach)
+    return parse_ltrace_summary(run.summary_text, build=build, run_id=run_id), run
+
+
+def probe_statement(conn: Any, sql: str, *, out_dir: Path | None = None) -> Any:
+    """Instrumentation calls per function and per plan node (eBPF) while *conn* runs
+    *sql*, as it is (no cost guard, no prediction): a notebook cell's bpf collector."""
+    return bpf.probe_query(conn, sql, out_dir=out_dir)
+
+
 def probe_nodes(conn: Any, select_sql: str, *, mode: str = "analyze_timing",
                 tool: str = "auto", force: bool = False, out_dir: Path | None = None,
                 run_id: str = "", build: str = "", query: str = "") -> tuple[pd.DataFrame, Any]:
@@ -162,20 +157,17 @@ def probe_nodes(conn: Any, select_sql: str, *, mode: str = "analyze_timing",
     The prediction uses the plan printed by the probed EXPLAIN itself, so rows
     and loops are those of the run that was measured.
     """
-    from profkit.analyze import predict as P
-    from profkit.collect import bpf
-
     if mode not in ("analyze_notiming", "analyze_timing"):
         raise ProbeError("per-node probing needs an EXPLAIN ANALYZE mode "
                          "(analyze_timing or analyze_notiming)")
     plan, query_ms = _baseline(conn, select_sql)
-    pr0 = P.predict(plan, P.context_from_conn(conn, mode))
+    pr0 = predict.predict(plan, predict.context_from_conn(conn, mode))
     fns = list(bpf.BINARY_FUNCTIONS) + list(bpf.LIBC_FUNCTIONS)
     bpf.guard(bpf.estimate_probe_hits(pr0.nodes, fns), query_ms, force=force)
     res = bpf.probe_query(conn, EXPLAIN[mode] + select_sql, tool=tool, out_dir=out_dir)
     probed_plan = res.query_result[0][0]
-    pr = P.predict(probed_plan, P.context_from_conn(conn, mode))
-    table = P.plan_nodes_table(pr, run_id=run_id, build=build, query=query or select_sql,
+    pr = predict.predict(probed_plan, predict.context_from_conn(conn, mode))
+    table = predict.plan_nodes_table(pr, run_id=run_id, build=build, query=query or select_sql,
                                measured=res.nodes)
     if out_dir is not None:
         (out_dir / "plan.json").write_text(json.dumps(probed_plan, indent=1))
@@ -193,15 +185,11 @@ def clock_cost(*, loops: int, repeats: int, sources: Sequence[str] | None = None
 
     Returns (cost, the raw measurement with its ``attrs``, the run directory).
     """
-    from profkit.collect import clock
-
     run_id, d = new_run_dir("clock-cost", out, tools=("gcc",))
     df = clock.measure_clocks(list(sources) if sources else None, loops=loops, repeats=repeats,
                               run_id=run_id)
     frames = [df]
     if build_name:
-        from profkit.pg.build import get_build
-
         text = clock.run_pg_test_timing(get_build(build_name).bindir, 1)
         (d / "pg_test_timing.txt").write_text(text)
         frames.append(clock.pg_test_timing_cost(clock.parse_pg_test_timing(text), run_id))

@@ -8,19 +8,43 @@ The tools themselves are driven by :mod:`profkit.collect.perf` and
 """
 from __future__ import annotations
 
+import html
+import shutil
+import tarfile
+import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from profkit.analyze.predict import context_from_conn, predict
+from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
+from profkit.collect import pyspy
+from profkit.collect.callgrind import collect_callgrind_cluster
+from profkit.collect.gprof import (
+    GprofResult,
+    collect_gprof,
+    gprof_path,
+    merged_into,
+    parse_run,
+    profiling_build_name,
+)
+from profkit.collect.perf import PerfProfile, fold_run, perf_path, record_query, run_query
 from profkit.errors import ProfkitError
+from profkit.parse.callgrind import instr_counts_from_session, parse_callgrind_file
+from profkit.paths import flamegraphs_dir
+from profkit.pg.build import Build, get_build
+from profkit.pg.cluster import Cluster
+from profkit.pg.workloads import SEED_QUERY_NAMES, check_args, workload_label
 from profkit.progress import say as _say
-from profkit.rundir import load_run
+from profkit.render.flamegraph import demo_views, render, write_svg
+from profkit.rundir import load_run, new_run, update_latest
 
 
 def flamegraph_dir(out: str | Path | None = None) -> Path:
     """*out*, or flamegraphs/ (created)."""
-    from profkit.paths import flamegraphs_dir
-
     p = Path(out) if out else flamegraphs_dir()
     p.mkdir(parents=True, exist_ok=True)
     return p
@@ -32,8 +56,6 @@ def flamegraph_for(counts: dict[str, float], run: Any, path: Path, *, title: str
                    copy_name: str | None = "flamegraph.svg") -> Path:
     """Render *counts* with the run's provenance in the subtitle; a copy goes into the
     run directory as *copy_name* (None: no copy)."""
-    from profkit.render.flamegraph import render, write_svg
-
     facts = run.subtitle_facts() if run is not None else {}
     facts["samples"] = f"{int(sum(counts.values())):,}"
     facts.update(extra or {})
@@ -57,14 +79,11 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     ``query2-vanilla-vs-step3.svg``, then ``query2-vanilla-icicle.svg`` and
     ``query2-merged.svg`` (both runs, each normalised) for the defaults).
     """
-    from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
-    from profkit.pg.workloads import SEED_QUERY_NAMES
-
     say = progress or _say
     if len(builds) != 2:
         raise ProfkitError(f"demo_flamegraphs needs two builds (before, after), got {builds}")
     out = flamegraph_dir(out_dir)
-    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
+    qname = query_name(workload, mode)
     slug = qname.lower().replace("-", "")
     a_name, b_name = builds
     profs = [perf_profile(b, workload, scale=scale, mode=mode, reps=reps, progress=say)
@@ -93,8 +112,6 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
                "instrumentation A→B": f"{a.instrumentation_share:.1%} → "
                                       f"{b.instrumentation_share:.1%}"})
     paths.append(diff)
-    from profkit.render.flamegraph import demo_views  # icicle and merged views
-
     paths += demo_views([(n, p.counts) for n, p in zip(builds, profs, strict=True)], out,
                         slug=slug, what=f"{workload} {qname} (perf)")
     return paths
@@ -110,10 +127,6 @@ def instrumentation_calls(res: Any, pred: Any, reps: int) -> tuple[Any, list[str
     *res* is a gprof profile (``calls(fn)``, ``run``), *pred* a prediction or None.
     Returns (one row per function: calls, predicted, gprof_artifact, unexplained; notes).
     """
-    import pandas as pd
-
-    from profkit.collect.gprof import merged_into
-
     binary = str(res.run.get("gprof_binary") or res.run.get("build.postgres"))
     rows, notes = [], []
     for fn in INSTR_FUNCTIONS:
@@ -140,6 +153,75 @@ def instrumentation_calls(res: Any, pred: Any, reps: int) -> tuple[Any, list[str
     return pd.DataFrame(rows), notes
 
 
+# --------------------------------------------------------------------------- what a profile shows
+
+def _table_text(df: pd.DataFrame) -> str:
+    return df.to_string(index=False) if len(df) else "(no rows)"
+
+
+def top_functions(prof: Any, n: int) -> pd.DataFrame:
+    """A sampled profile's top *n* functions by self samples, shares as percentages."""
+    top = prof.top(n)[["function", "self", "self_share", "total_share"]]
+    return top.assign(self_share=top["self_share"].map("{:.1%}".format),
+                      total_share=top["total_share"].map("{:.1%}".format))
+
+
+@dataclass
+class ProfileRun:
+    """A profile and its flamegraph as ``profkit perf|gprof|py-spy|import`` show them:
+    lines, titled tables, notes, then where the artifacts and the flamegraph are."""
+
+    profile: Any  # PerfProfile, GprofResult or PySpyProfile (its .run is the run directory)
+    flamegraph: Path | None
+    head: list[str] = field(default_factory=list)
+    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+
+    def console(self) -> str:
+        out = list(self.head)
+        for title, table in self.tables:
+            out += [title, _table_text(table)] if title else [_table_text(table)]
+        out += self.tail
+        out.append(f"artifacts: {self.profile.run.path}")
+        if self.flamegraph is not None:
+            out.append(f"flamegraph: {self.flamegraph}")
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p>{html.escape(line)}</p>" for line in self.head]
+        for title, table in self.tables:
+            parts += [f"<b>{html.escape(title)}</b>" if title else "", table.to_html(index=False)]
+        parts += [f"<p>{html.escape(line)}</p>" for line in self.tail]
+        if self.flamegraph is not None:
+            parts.append(f'<p>flamegraph: <a href="{html.escape(str(self.flamegraph))}">'
+                         f"{html.escape(str(self.flamegraph))}</a></p>")
+        return "\n".join(parts)
+
+
+def perf_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 1,
+             freq: int = 999, call_graph: str = "fp", stat: bool = True, top: int = 10,
+             out: str | Path | None = None,
+             progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit perf BUILD``: :func:`perf_profile`, its flamegraph in *out* (or
+    flamegraphs/), the top functions, the instrumentation share and perf stat's counts."""
+    label = workload_label(workload)
+    prof = perf_profile(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
+                        call_graph=call_graph, stat=stat, progress=progress)
+    qname = prof.run.provenance.get("query_name") or mode
+    svg = flamegraph_for(prof.counts, prof.run,
+                         flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
+                         title=f"{build}: {label} {qname} (perf)")
+    tail = [f"instrumentation share (self): {prof.instrumentation_share:.1%}"]
+    if prof.stat is not None and len(prof.stat):
+        st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
+        tail.append("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
+                                              for r in st.itertuples()))
+    return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {prof.folding.samples} samples "
+                                  f"({', '.join(prof.folding.events)})"],
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))],
+                      tail)
+
+
 # --------------------------------------------------------------------------- perf
 
 def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.05,
@@ -152,28 +234,41 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
     *build*: a preset name or a :class:`~profkit.pg.build.Build`. A warm-up run of the
     query (not recorded) fills the caches first, so the profile shows the steady state.
     """
-    from profkit.collect.perf import fold_run, perf_path, record_query, run_query
-    from profkit.pg.build import Build, get_build
-    from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
-
     wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
     perf_path(perf)
     b = build if isinstance(build, Build) else get_build(build, progress=say)
     sql = wl.query(mode)
-    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
+    qname = query_name(workload, mode)
     with Cluster(b, name=f"perf-{b.name}") as cl, cl.connect() as conn:
         say(f"loading {workload} at scale {scale}")
         wl.load(conn, scale)
-        if warmup:
-            run_query(conn, sql, 1)
         say(f"recording {qname} on {b.name} (perf, {freq} Hz, {call_graph})")
-        rec, _res = record_query(cl, conn, sql, reps=reps, workload=workload, mode=mode,
-                                 scale=scale, query_name=qname, perf=perf, freq=freq,
-                                 call_graph=call_graph, stat=stat, base=base)
+        return perf_on_cluster(cl, conn, sql, binary=b.postgres, warmup=warmup, reps=reps,
+                               workload=workload, mode=mode, scale=scale, query_name=qname,
+                               perf=perf, freq=freq, call_graph=call_graph, stat=stat,
+                               base=base, progress=say)
+
+
+def perf_on_cluster(cluster: Cluster, conn: Any, sql: str, *, binary: str | Path,
+                    warmup: bool = True, perf: str = "perf",
+                    progress: Callable[[str], None] | None = None,
+                    **record: Any) -> PerfProfile:
+    """Record *sql* on *conn*'s backend of *cluster* with perf, then fold it: the step
+    :func:`perf_profile` and a notebook's perf cell share. A warm-up run of the query
+    (not recorded) fills the caches first, so the profile shows the steady state.
+    *record*: :func:`profkit.collect.perf.record_query`'s options (reps, mode, freq...)."""
+    say = progress or (lambda _m: None)
+    if warmup:
+        run_query(conn, sql, 1)
+    rec, _res = record_query(cluster, conn, sql, perf=perf, **record)
     say(f"folding {rec.samples} samples")
-    return fold_run(load_run(rec.run_dir), perf=perf, binary=b.postgres)
+    return fold_run(load_run(rec.run_dir), perf=perf, binary=binary)
+
+
+def query_name(workload: str | None, mode: str) -> str:
+    """The seed's name of *mode*'s query (Query-1/2/3) for nested_loop, else the mode."""
+    return SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
 
 
 # --------------------------------------------------------------------------- gprof
@@ -187,8 +282,6 @@ def explain_prediction(conn: Any, explain_json_sql: str, mode: str) -> Any:
     """Run ``EXPLAIN (ANALYZE, FORMAT JSON) ...`` on *conn* (another backend than the one
     profiled) and predict the Instr* calls of *mode* from its rows and loops
     (:func:`profkit.analyze.predict.predict`)."""
-    from profkit.analyze.predict import context_from_conn, predict
-
     row = conn.execute(explain_json_sql).fetchone()
     if row is None:
         raise ProfkitError("EXPLAIN returned no rows")
@@ -230,32 +323,84 @@ def gprof_profile_with_prediction(
         predict: bool = True) -> tuple[Any, Any]:
     """:func:`gprof_profile`, plus the Instr* calls predicted from the plan's rows and
     loops (EXPLAIN ANALYZE modes; None for the plain query or with ``predict=False``)."""
-    from profkit.collect.gprof import collect_gprof, gprof_path, parse_run, profiling_build_name
-    from profkit.pg.build import Build as _Build
-    from profkit.pg.build import get_build
-    from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
-
     wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
     gprof_path()
-    b = build if isinstance(build, _Build) else get_build(profiling_build_name(build),
-                                                          progress=say)
+    b = build if isinstance(build, Build) else get_build(profiling_build_name(build),
+                                                         progress=say)
     sql = wl.query(mode)
-    qname = SEED_QUERY_NAMES.get(mode, mode) if workload == "nested_loop" else mode
+    qname = query_name(workload, mode)
     pred = None
     with Cluster(b, name=f"gprof-{b.name}") as cl:
         with cl.connect() as conn:
             say(f"loading {workload} at scale {scale}")
             wl.load(conn, scale)
         say(f"running {qname} in a fresh backend of {b.name}")
-        grun, _res = collect_gprof(cl, sql, reps=reps, workload=workload, mode=mode,
-                                   scale=scale, query_name=qname, base=base)
+        res = gprof_on_cluster(cl, sql, reps=reps, workload=workload, mode=mode, scale=scale,
+                               query_name=qname, base=base)
         if predict and mode.startswith("analyze"):
             with cl.connect() as conn:
                 pred = explain_prediction(conn, wl.query(mode, fmt="json"), mode)
-    say("gprof")
-    return parse_run(load_run(grun.run_dir)), pred
+    return res, pred
+
+
+def gprof_on_cluster(cluster: Cluster, sql: str, **collect: Any) -> GprofResult:
+    """Run *sql* in a fresh backend of *cluster* (a -pg build) and read its gmon.out: the
+    step :func:`gprof_profile` and a notebook's gprof cell share. *collect*:
+    :func:`profkit.collect.gprof.collect_gprof`'s options (reps, workload, mode...)."""
+    grun, _res = collect_gprof(cluster, sql, **collect)
+    return parse_run(load_run(grun.run_dir))
+
+
+def gprof_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 1,
+              top: int = 15, progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit gprof BUILD``: :func:`gprof_profile_with_prediction`, the flat profile's
+    top and the instrumentation calls beside what the plan predicts."""
+    res, pred = gprof_profile_with_prediction(build, workload, scale=scale, mode=mode,
+                                              reps=reps, progress=progress)
+    table, notes = instrumentation_calls(res, pred, reps)
+    return ProfileRun(res, None, [f"run {res.run.run_id}: gprof of backend "
+                                  f"{res.run.get('backend_pid')}"],
+                      [(f"flat profile, top {top}:", res.top(top)),
+                       ("instrumentation calls (predicted from the plan's rows and loops):",
+                        table)],
+                      [f"note: {n}" for n in notes])
+
+
+# --------------------------------------------------------------------------- callgrind
+
+def callgrind_on_cluster(cluster: Cluster, queries: dict[str, str], out_dir: str | Path, *,
+                         build: str, workload: str = "") -> tuple[pd.DataFrame, Any]:
+    """Count the instructions of each of *queries* (mode -> SQL) in a single-user backend
+    of *cluster* (stopped, then started again). Returns the instruction counts (one row
+    per query) and the first query's callgrind profile (functions, calls)."""
+    session = collect_callgrind_cluster(cluster, queries, out_dir)
+    counts = instr_counts_from_session(session, build=build, workload=workload)
+    return counts, parse_callgrind_file(session.queries[0].out_file, build=build)
+
+
+# --------------------------------------------------------------------------- py-spy
+
+def pyspy_run(*, pid: int | None = None, command: Sequence[str] = (),
+              duration: float = 10.0, rate: int = 100, native: bool = False,
+              idle: bool = False, label: str | None = None, top: int = 10,
+              out: str | Path | None = None) -> ProfileRun:
+    """py-spy on a Python process: *pid* for *duration* seconds, or *command* run to its
+    end; its flamegraph and top functions."""
+    if (pid is None) == (not command):
+        raise ProfkitError("give either a pid or a command to sample")
+    if pid is not None:
+        rec, _ = pyspy.record_pid(pid, duration=duration, rate=rate, native=native, idle=idle,
+                                  label=label)
+    else:
+        rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
+                                   label=label)
+    prof = pyspy.fold_run(rec.run_dir)
+    name = label or (f"pid{pid}" if pid is not None else Path(command[-1]).stem)
+    svg = flamegraph_for(prof.counts, prof.run, flamegraph_dir(out) / f"py-spy-{name}.svg",
+                         title=f"py-spy: {name}")
+    return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {rec.samples} samples"],
+                      [("", prof.top(top))])
 
 
 # --------------------------------------------------------------------------- import
@@ -288,13 +433,6 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
     """Turn a ``scripts/pk-record.sh`` tarball into a perf run under profiles/ (tables,
     folded stacks, flamegraph, provenance) like one profkit recorded; returns
     (PerfProfile, flamegraph path)."""
-    import shutil
-    import tarfile
-    import tempfile
-
-    from profkit.collect.perf import fold_run
-    from profkit.rundir import new_run
-
     say = progress or (lambda _m: None)
     src = Path(tarball)
     if not src.is_file():
@@ -349,8 +487,20 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
                          flamegraph_dir(flamegraphs) / f"import-{label}-{rd.run_id}.svg",
                          title=f"{facts.get('postgres_version') or 'PostgreSQL'}: backend "
                                f"{facts.get('pid', '?')} on {host} (perf, imported)")
-    from profkit.rundir import update_latest
-
     update_latest(rd.path)
     rd.finish(status="complete", samples=prof.folding.samples)
     return prof, svg
+
+
+def import_run(tarball: str | Path, *, base: str | Path | None = None,
+               flamegraphs: str | Path | None = None, top: int = 10,
+               progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit import``: :func:`import_capture`, with the capture's facts and the top
+    functions."""
+    prof, svg = import_capture(tarball, base=base, flamegraphs=flamegraphs, progress=progress)
+    cap = prof.run.provenance.get("capture", {})
+    return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {prof.folding.samples} samples of "
+                                  f"pid {cap.get('pid')} on {cap.get('hostname')} "
+                                  f"({cap.get('postgres_version')}, clocksource "
+                                  f"{cap.get('clocksource')})"],
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))])

@@ -26,8 +26,10 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import paths, rundir
+from profkit import paths, rundir, tables
+from profkit.analyze import stats
 from profkit.errors import ProfkitError
+from profkit.pg.build import find_build, get_build, presets
 from profkit.progress import Progress, in_notebook
 
 __all__ = ["Progress", "in_notebook"]  # re-exported: the one progress facility
@@ -101,7 +103,6 @@ def available_builds(wanted: Sequence[str], *, build_missing: Iterable[str] = AL
     the others are used only if :func:`profkit.pg.build.find_build` finds them.
     An unknown preset name is skipped with the list of known presets.
     """
-    from profkit.pg.build import find_build, get_build, presets
 
     known = presets()
     allowed = set(build_missing)
@@ -220,7 +221,6 @@ class Run:
                             f"(files: {', '.join(self.files())})")
 
     def timings(self) -> pd.DataFrame:
-        from profkit import tables
 
         return tables.validate(self.table("timings"), "timings")
 
@@ -333,7 +333,6 @@ class Comparison:
     @classmethod
     def chain(cls, timings: pd.DataFrame, builds: Sequence[str] | None = None,
               mode: str = "analyze_notiming", **kwargs: Any) -> Comparison:
-        from profkit.analyze import stats
 
         return cls(stats.compare_chain(timings, builds, mode, **kwargs), mode)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profkit.errors import PatchError
+from profkit.pg.source import major_version, upstream_version
 from profkit.run import run
 
 PATCH_ROOT = Path(__file__).resolve().parent
@@ -281,7 +282,6 @@ def failure_message(name: str, earlier: list[str], output: str, patch_text: str,
 
 def tree_major(source_dir: str | Path) -> str:
     """The major version of the PostgreSQL source tree at *source_dir* (from configure)."""
-    from profkit.pg.source import major_version, upstream_version
 
     return major_version(upstream_version(Path(source_dir)))
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from profkit import paths
+from profkit import paths, patches
 from profkit.errors import BuildError, CommandFailed, PatchError
 from profkit.pg.source import Source, default_source_for_major, get_source
 from profkit.run import run, which
@@ -97,12 +97,8 @@ class BuildSpec:
 
 def _patch_presets() -> dict[str, tuple[tuple[str, ...], str]]:
     """Preset name -> (patch names, description) from the patch library."""
-    try:
-        from profkit import patches as lib
-    except ImportError:
-        return {}
-    presets = getattr(lib, "PRESETS", {})
-    descr = getattr(lib, "DESCRIPTIONS", {})
+    presets = getattr(patches, "PRESETS", {})
+    descr = getattr(patches, "DESCRIPTIONS", {})
     return {k: (tuple(v), descr.get(k, "")) for k, v in presets.items()}
 
 
@@ -288,15 +284,11 @@ def presets() -> dict[str, BuildSpec]:
     (:func:`profkit.pg.source.default_source_for_major`).  ``pg18/<preset>`` is accepted
     too (:func:`resolve_spec`) but not listed."""
     out = _base_presets()
-    try:
-        from profkit import patches as lib
-    except ImportError:
-        return out
-    for major in lib.versions():
-        if major == lib.DEFAULT_MAJOR:
+    for major in patches.versions():
+        if major == patches.DEFAULT_MAJOR:
             continue
         for spec in list(out.values()):
-            if "/" not in spec.name and all(lib.has_patch(p, major) for p in spec.patches):
+            if "/" not in spec.name and all(patches.has_patch(p, major) for p in spec.patches):
                 out[f"pg{major}/{spec.name}"] = _major_spec(major, spec)
     return out
 
@@ -309,11 +301,9 @@ def resolve_spec(name_or_spec: str | BuildSpec) -> BuildSpec:
         return p[name_or_spec]
     major, base = split_major(name_or_spec)
     if major is not None and base in p:
-        from profkit import patches as lib
-
-        missing = [x for x in p[base].patches if not lib.has_patch(x, major)]
+        missing = [x for x in p[base].patches if not patches.has_patch(x, major)]
         if missing:
-            raise PatchError(lib.missing_message(base, missing, major), step="spec")
+            raise PatchError(patches.missing_message(base, missing, major), step="spec")
         return _major_spec(major, p[base])
     raise BuildError(
         f"unknown build {name_or_spec!r}; known presets: {', '.join(sorted(p))}", step="spec"
@@ -343,11 +333,9 @@ def patch_path(name: str, major: str) -> Path:
     p = Path(name)
     if p.suffix == ".patch" and p.exists():
         return p.resolve()
-    from profkit import patches as lib
-
-    if not lib.has_patch(name, major):
-        raise PatchError(lib.missing_message(name, [name], major), step="patch")
-    return lib.patch_file(name, major)
+    if not patches.has_patch(name, major):
+        raise PatchError(patches.missing_message(name, [name], major), step="patch")
+    return patches.patch_file(name, major)
 
 
 @dataclass
@@ -563,9 +551,8 @@ def _is_users_patch(pf: Path) -> bool:
 def _users_patch_message(pf: Path, earlier: list[str], output: str, text: str,
                          source: Source | None) -> str:
     """The library's hunk report, with advice for a patch the user wrote."""
-    from profkit.patches import rejected_hunks
 
-    detail = rejected_hunks(output, text)
+    detail = patches.rejected_hunks(output, text)
     where = f" on top of {', '.join(earlier)}" if earlier else ""
     onto = (f"PostgreSQL {source.version} ({source.spec})" if source is not None
             else "this source")
@@ -577,7 +564,6 @@ def _users_patch_message(pf: Path, earlier: list[str], output: str, text: str,
 
 def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path,
                    source: Source | None = None) -> list[dict]:
-    from profkit.patches import failure_message
 
     applied: list[dict] = []
     for pf in files:
@@ -592,7 +578,7 @@ def _apply_patches(tree: Path, files: Sequence[Path], log_path: Path,
                 msg = _users_patch_message(pf, [a["name"] for a in applied], output, text,
                                            source)
             else:
-                msg = failure_message(pf.stem, [a["name"] for a in applied], output, text,
+                msg = patches.failure_message(pf.stem, [a["name"] for a in applied], output, text,
                                       patch_path=pf)
             raise PatchError(msg, step="patch", log_path=str(log_path))
         run(base, timeout=120, stdout_path=log_path, merge_stderr=True)

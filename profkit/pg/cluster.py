@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import shutil
+import re
 import signal
 import socket
 import tempfile
@@ -401,6 +402,32 @@ def detached_info(name: str) -> ClusterInfo:
         raise ClusterError(f"no cluster named {name!r} was started with `profkit cluster start`; "
                            f"known: {', '.join(known) or 'none'}")
     return ClusterInfo(**json.loads(sf.read_text()))
+
+
+def connect_detached(name: str) -> psycopg.Connection:
+    """An autocommit connection to cluster *name* started with ``profkit cluster start``."""
+    info = detached_info(name)
+    try:
+        return psycopg.connect(host=info.socket_dir, port=info.port, user=DB_USER,
+                               dbname="postgres", autocommit=True)
+    except psycopg.OperationalError as e:
+        raise ClusterError(f"cannot connect to cluster {name!r}: {e}") from None
+
+
+def redact_dsn(dsn: str) -> str:
+    """*dsn* with its password replaced by ``***`` (for messages and provenance)."""
+    return re.sub(r"(password\s*=\s*)\S+|(://[^:/@]+:)[^@]+@", lambda m: (
+        (m.group(1) + "***") if m.group(1) else (m.group(2) + "***@")), dsn)
+
+
+def connect_dsn(dsn: str) -> psycopg.Connection:
+    """A connection to a server profkit did not start (autocommit, nothing changed)."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.Error as e:
+        first = (str(e).strip().splitlines() or ["?"])[-1].strip()
+        raise ClusterError(f"cannot connect to {redact_dsn(dsn)!r}: {first} (check host, "
+                           "port, user and dbname; a socket directory is host=/path)") from None
 
 
 def psql_command(name: str, args: tuple[str, ...] | list[str] = ()) -> tuple[list[str], dict[str, str]]:

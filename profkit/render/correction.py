@@ -1,0 +1,51 @@
+"""The correction report's text: EXPLAIN ANALYZE corrected for the clock vs the plain query.
+
+The figures are :mod:`profkit.analyze.correction`'s; the run is
+:mod:`profkit.experiments.correction`'s.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from profkit.render.markdown import frame, loadavg_text
+
+#: The columns the correction report (and command) shows.
+CORRECTION_SHOW = ["workload", "scale", "plain_ms", "timing_on_ms", "corrected_micro_ms",
+                   "corrected_micro_ratio", "corrected_in_situ_split_ms", "plain_split_ms",
+                   "corrected_in_situ_split_ratio", "corrected_in_situ_xval_ms",
+                   "corrected_in_situ_xval_ratio"]
+COSTS_SHOW = ["workload", "notiming_ms", "clock_reads", "instr_calls", "ns_per_read_micro",
+              "ns_per_read_in_situ", "ns_per_read_in_situ_xval", "row_cost_ns",
+              "corrected_clock_only_micro_ms"]
+NODES_SHOW = ["workload", "node_id", "node_type", "rows", "loops", "clock_reads", "total_ms",
+              "self_ms", "corrected_self_micro_ms", "corrected_self_in_situ_ms",
+              "corrected_total_micro_ms", "corrected_total_in_situ_ms"]
+
+
+def correction_markdown(summary: pd.DataFrame, nodes: pd.DataFrame, *, run_id: str,
+                        metric: str, la0: Sequence[float], la1: Sequence[float],
+                        uptime: str, others: Mapping[str, pd.DataFrame] | None = None) -> str:
+    fmt = {"scale": "{:g}", "clock_reads": "{:,.0f}", "instr_calls": "{:,.0f}",
+           "ns_per_read_micro": "{:.1f}", "ns_per_read_in_situ": "{:.1f}",
+           "ns_per_read_in_situ_xval": "{:.1f}", "row_cost_ns": "{:.1f}",
+           "rows": "{:,.0f}", "loops": "{:,.0f}"}
+    return "\n".join([
+        "# EXPLAIN ANALYZE corrected for the clock vs the plain query", "",
+        f"run `{run_id}`; metric {metric} (cpu_ms: the backend's CPU time from "
+        "/proc/PID/schedstat; server_ms: EXPLAIN's Execution Time / pg_stat_statements; "
+        f"client_ms: wall time at the client); load average before {loadavg_text(la0)}, after "
+        f"{loadavg_text(la1)} (`uptime`: {uptime})", "",
+        "corrected = TIMING ON − clock reads × ns/read − Instr calls × row cost; ratios are "
+        "corrected / plain. micro: ns/read from the CLOCK_MONOTONIC micro-benchmark, row cost "
+        "from (TIMING OFF − plain) of the same workload. in_situ_split: in-situ costs from "
+        "the odd repetitions applied to the even ones (compare with plain_split_ms). "
+        "in_situ_xval: the other workloads' median in-situ costs.", "",
+        frame(summary[CORRECTION_SHOW], fmt), "", "## Costs", "",
+        frame(summary[COSTS_SHOW], fmt), "",
+        *[part for m, df in (others or {}).items()
+          for part in (f"## The same with {m}", "", frame(df[CORRECTION_SHOW], fmt),
+                       "")],
+        "## Top nodes (by measured self time; EXPLAIN's own node times)", "",
+        frame(nodes[NODES_SHOW], fmt), ""])

@@ -1,0 +1,50 @@
+"""The observers report's text: how much each profiler slows the query down.
+
+The figures are :mod:`profkit.analyze.observers`'; the run is
+:mod:`profkit.experiments.observers`'.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from profkit.render.markdown import frame, loadavg_text
+
+#: The columns the observers report (and command) shows.
+SLOWDOWN_SHOW = ["mode", "method", "variant", "reps", "median_ms", "slowdown_x",
+                 "paired_slowdown_x", "server_slowdown_x", "cpu_slowdown_x", "hits",
+                 "ns_per_hit", "ns_per_hit_cpu"]
+
+
+def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFrame, *,
+                       workload: str, scale: float,
+                       run_id: str, la0: Sequence[float], la1: Sequence[float], uptime: str,
+                       predicted: Mapping[str, Mapping[str, int]],
+                       notes: Sequence[str] = ()) -> str:
+    fmt = {"median_ms": "{:.1f}", "slowdown_x": "{:.2f}", "paired_slowdown_x": "{:.2f}",
+           "server_slowdown_x": "{:.2f}", "hits": "{:,.0f}", "ns_per_hit": "{:,.0f}",
+           "guard_ns_per_hit": "{:,.0f}", "guard_ratio": "{:.2f}", "cpu_slowdown_x": "{:.2f}",
+           "ns_per_hit_cpu": "{:,.0f}"}
+    lines = [f"# Observer effect of the observers: {workload} at scale {scale}", "",
+             f"run `{run_id}`; load average before {loadavg_text(la0)}, after "
+             f"{loadavg_text(la1)} (`uptime`: {uptime})", "",
+             "slowdown_x = median observed / median unobserved client time; paired = median "
+             "of per-pair ratios (each observed run follows an unobserved one); ns_per_hit = "
+             "(observed − unobserved) / hits (perf: per sample), from the client's wall time; "
+             "cpu_* from the backend's CPU time (/proc/PID/schedstat: robust to the load of "
+             "other processes, but blind to ltrace's own work); guard_ns_per_hit = what "
+             "profkit.collect.bpf's cost guard assumes for that probe mix.", "",
+             frame(slow[SLOWDOWN_SHOW], fmt), "",
+             "## Cost guard check", "", frame(guard, fmt), "",
+             "Per probe kind (profkit.collect.bpf.DEFAULT_COST_NS keys; uprobe = a function of "
+             "the postgres binary, derived from the per-node probe minus its clock hits):", "",
+             frame(costs, {**fmt, "ns_per_hit_wall": "{:,.0f}",
+                                      "default_ns": "{:,.0f}", "ratio": "{:.2f}"}), "",
+             "## Predicted clock reads per execution", ""]
+    for mode, t in predicted.items():
+        lines.append(f"- {mode}: clock_reads {t.get('clock_reads', 0):,} (ltrace-visible "
+                     f"{t.get('clock_reads_ltrace', 0):,}), ExecProcNodeInstr "
+                     f"{t.get('exec_proc_node_instr', 0):,}")
+    lines += ["", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
