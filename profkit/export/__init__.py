@@ -21,8 +21,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from profkit.export.pprof import to_pprof
+from profkit.export.source import ExportSource, load_source
+from profkit.export.speedscope import to_speedscope
+from profkit.parse.folded import format_folded
 from profkit.export.model import (
     EXECUTOR_NODES,
     ExportError,
@@ -32,9 +36,6 @@ from profkit.export.model import (
     plan_node_of,
     profiles_of,
 )
-
-if TYPE_CHECKING:
-    from profkit.export.source import ExportSource
 
 Format = Literal["pprof", "speedscope", "collapsed"]
 FORMATS: tuple[str, ...] = ("pprof", "speedscope", "collapsed")
@@ -50,7 +51,6 @@ __all__ = ["EXECUTOR_NODES", "FORMATS", "SUFFIXES", "ExportError", "ProfileFacts
 def to_collapsed(profiles: Sequence[StackProfile]) -> bytes:
     """Folded text, sorted bytewise, as profkit writes ``stacks.folded`` (one profile:
     the format has no room for a second one's labels)."""
-    from profkit.parse.folded import format_folded
 
     if len(profiles) != 1:
         names = ", ".join(p.facts.title for p in profiles) or "none"
@@ -75,10 +75,8 @@ def export_stacks(stacks: StacksInput, fmt: str, facts: ProfileFacts | None = No
     if fmt == "collapsed":
         return to_collapsed(profiles)
     if fmt == "speedscope":
-        from profkit.export.speedscope import to_speedscope
 
         return to_speedscope(profiles)
-    from profkit.export.pprof import to_pprof
 
     return to_pprof(profiles, comments=comments)
 
@@ -92,7 +90,6 @@ def export_run(source: str | os.PathLike[str] | ExportSource
     with each run's build and mode, or one speedscope file with a profile per run.
     *unit*, *freq_hz*, *binary* override what the runs say (a bare folded file says none
     of them)."""
-    from profkit.export.source import ExportSource, load_source
 
     many = not isinstance(source, str | os.PathLike | ExportSource)
     given = list(source) if many else [source]  # type: ignore[list-item, arg-type]

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profkit import paths
 from profkit.export.model import ExportError, ProfileFacts
+from profkit.parse import detect_stack_format
+from profkit.parse.folded import read_folded
+from profkit.parse.perf_script import fold_perf_script
+from profkit.rundir import LATEST, load_run, resolve
 
 STACKS_FILE = "stacks.folded"
 STACKS_TABLE = "stacks.parquet"
@@ -64,7 +69,6 @@ def load_source(source: str | os.PathLike[str], *, root: str | os.PathLike[str] 
     p = Path(source)
     if p.is_file() or (p.suffix in (".folded", ".txt", ".gz") and not p.is_dir()):
         return _from_file(p)
-    from profkit.rundir import LATEST, load_run, resolve
 
     if str(source) == LATEST and not p.exists():
         return _from_run(load_run(newest_with_stacks(root)))
@@ -79,7 +83,6 @@ def newest_with_stacks(root: str | os.PathLike[str] | None = None) -> Path:
     """The newest run under profiles/ (or *root*) that holds stacks: run ids start with
     their start time, so the greatest name is the newest. ``profiles/latest`` itself
     may point at a run without stacks (a benchmark)."""
-    from profkit import paths
 
     base = Path(root) if root is not None else paths.profiles_dir()
     runs = sorted((d for d in base.iterdir() if d.is_dir() and not d.is_symlink()
@@ -93,8 +96,6 @@ def newest_with_stacks(root: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _from_file(p: Path) -> ExportSource:
-    from profkit.parse import detect_stack_format
-    from profkit.parse.folded import read_folded
 
     if not p.exists():
         raise ExportError(f"{p}: no such file: give a folded-stacks file, a run directory "
@@ -105,7 +106,6 @@ def _from_file(p: Path) -> ExportSource:
     else:
         # profkit's own reading of perf script text, as its collectors fold it: one per
         # sample, vDSO frames named, each frame's module as perf printed it
-        from profkit.parse.perf_script import fold_perf_script
 
         fold = fold_perf_script(p, weight="samples", vdso_names=True)
         counts = dict(fold.counts)
@@ -123,7 +123,6 @@ def _from_run(rd: Any) -> ExportSource:
             f"run {rd.run_id} ({kind}) holds no stacks ({STACKS_FILE} is missing): export "
             "a perf or py-spy run (profkit perf, profkit import, profkit py-spy), or a "
             "folded-stacks file")
-    from profkit.parse.folded import read_folded
 
     data = f.read_bytes()
     counts = read_folded(f)

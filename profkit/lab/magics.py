@@ -29,9 +29,12 @@ import atexit
 import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from profkit.errors import ProfkitError
+from profkit.export import FORMATS, SUFFIXES, export_run
+from profkit.export.source import load_source
 from profkit.experiments.cell import (
     COLLECTORS,
     MODES,
@@ -231,7 +234,6 @@ class _ExportParser(_Parser):
 
 
 def make_export_parser() -> _ExportParser:
-    from profkit.export import FORMATS
 
     p = _ExportParser(
         prog="%profkit_export", add_help=True,
@@ -255,8 +257,6 @@ def make_export_parser() -> _ExportParser:
 
 def export_line(line: str) -> Path:
     """``%profkit_export`` options → the file written (raises on errors)."""
-    from profkit.export import SUFFIXES, export_run
-    from profkit.export.source import load_source
 
     try:
         argv = shlex.split(line)
