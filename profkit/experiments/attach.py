@@ -148,7 +148,7 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
     from profkit.collect.artifacts import server_settings
     from profkit.collect.perf import QUERY_OUTPUT, fold_run, format_rows, perf_path, record_pid
     from profkit.collect.perf import run_query
-    from profkit.rundir import load_run, new_run
+    from profkit.rundir import load_run, open_run
 
     say = progress or (lambda _m: None)
     if (pid is None) == (dsn is None):
@@ -167,29 +167,33 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
         exe = check_backend(pid)
         rep = binary_report(exe)
         say(rep.describe())
-        rd = new_run("perf", workload=workload, mode=mode, base=base,
-                     target={"pid": pid, "dsn": _redact(dsn) if dsn else None,
-                             "binary": str(exe), "binary_level": rep.level,
-                             "binary_report": rep.describe(), "version": rep.version},
-                     query_name=(mode or "query") if conn is not None else f"pid {pid}")
-        if conn is not None:
-            assert sql is not None
-            rd.update(query=sql, reps=reps, settings=server_settings(conn))
-            say(f"recording backend {pid} while it runs the query (perf, {freq} Hz)")
-            _rec, res = record_pid(pid, lambda: run_query(conn, sql, reps), run=rd, freq=freq,
-                                   call_graph=call_graph, stat=stat,  # type: ignore[arg-type]
-                                   binary=exe)
-            rd.file(QUERY_OUTPUT).write_text(format_rows(res.rows))
-            rd.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
-        else:
-            say(f"recording backend {pid} for {seconds:g} s (perf, {freq} Hz)")
-            record_pid(pid, lambda: time.sleep(seconds), run=rd, freq=freq,
-                       call_graph=call_graph, stat=stat, binary=exe)  # type: ignore[arg-type]
+        with open_run("perf", workload=workload, mode=mode, base=base,
+                      target={"pid": pid, "dsn": _redact(dsn) if dsn else None,
+                              "binary": str(exe), "binary_level": rep.level,
+                              "binary_report": rep.describe(), "version": rep.version},
+                      query_name=(mode or "query") if conn is not None else f"pid {pid}"
+                      ) as rd:
+            if conn is not None:
+                assert sql is not None
+                rd.update(query=sql, reps=reps, settings=server_settings(conn))
+                say(f"recording backend {pid} while it runs the query (perf, {freq} Hz)")
+                _rec, res = record_pid(pid, lambda: run_query(conn, sql, reps), run=rd,
+                                       freq=freq, call_graph=call_graph,  # type: ignore[arg-type]
+                                       stat=stat, binary=exe)
+                rd.file(QUERY_OUTPUT).write_text(format_rows(res.rows))
+                rd.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
+            else:
+                say(f"recording backend {pid} for {seconds:g} s (perf, {freq} Hz)")
+                record_pid(pid, lambda: time.sleep(seconds), run=rd, freq=freq,
+                           call_graph=call_graph, stat=stat,  # type: ignore[arg-type]
+                           binary=exe)
+            if conn is not None:
+                conn.close()
+                conn = None
+            prof = fold_run(load_run(rd.path), binary=exe, check=False)
     finally:
         if conn is not None:
             conn.close()
-    prof = fold_run(load_run(rd.path), binary=exe, check=False)
-    rd.finish(status="complete")
     return prof, rep
 
 

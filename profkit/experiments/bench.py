@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from profkit import paths, rundir, tables
+from profkit import rundir, tables
 from profkit.errors import ComparisonError, ProfkitError
 from profkit.collect import vcpu as vcpu_mod
 from profkit.collect.vcpu import VcpuProbe
@@ -110,13 +110,6 @@ CALLGRIND_STARTUP_S = 5.0
 #: Default callgrind time budget per build (seconds) when choosing the counting scale.
 CALLGRIND_BUDGET_S = 60.0
 MIN_INSTR_SCALE = 0.002
-
-# A provenance field must be equal in two runs before their timings are pooled
-# (pyperf's checked metadata): same machine kind, clock, workload and scale.
-BENCH_CHECKED_FIELDS: tuple[str, ...] = (
-    "machine.cpu_model", "machine.kernel", "machine.clocksource", "machine.virtualization",
-    "machine.cpus", "workload", "scale", "source.version",
-)
 
 InstructionCounter = Literal["auto", "callgrind", "perf_stat", "none"]
 
@@ -774,7 +767,6 @@ def run_bench(
     Raises :class:`BenchError` (bad input, before anything starts), :class:`ServerCrashed`
     (naming the build and repetition; rows so far kept), :class:`ProfilesFull`.
     """
-    from profkit.collect.artifacts import server_settings
     from profkit.pg.build import Build, get_build
     from profkit.pg.cluster import BENCH_SETTINGS
     from profkit.pg.workloads import check_scale, get_workload
@@ -789,18 +781,11 @@ def run_bench(
     pin = _resolve_pin(pin_cpu)
     seed = order_seed if order_seed is not None else harness.new_seed()
 
-    named_here = out_dir is None
-    if out_dir is None:
-        root_dir = Path(root) if root is not None else paths.profiles_dir()
-        root_dir.mkdir(parents=True, exist_ok=True)
-        run_id = run_id or rundir.new_run_id("bench", req.workload, root=root_dir)
-        out = root_dir / run_id
-    else:
-        out = Path(out_dir)
-        run_id = run_id or out.name
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise BenchError(f"{out} already exists and is not empty; runs are never overwritten: "
-                         "choose another --out")
+    try:
+        run_id, out = rundir.place("bench", req.workload, path=out_dir, base=root,
+                                   run_id=run_id)
+    except rundir.RunDirError as e:
+        raise BenchError(str(e)) from None
 
     reporter = as_progress(progress)
     with reporter:
@@ -812,11 +797,13 @@ def run_bench(
             built[ref.label] = passed.get(ref.preset) or get_build(ref.preset,
                                                                    progress=reporter.say)
         cluster_settings = {**BENCH_SETTINGS, **req.settings}
-        rows_kept = 0
+        runner = _Runner(req, wl, run_id, out, reporter, seed)
+        instr_df: pd.DataFrame | None = None
         try:
-            rd = rundir.new_run(
+            with rundir.open_run(
                 "bench", path=out, run_id=run_id, workload=req.workload,
-                tools=("valgrind", "perf", "gcc"), status="running",
+                latest=out_dir is None,
+                tools=("valgrind", "perf", "gcc"),
                 command_line=list(command_line) if command_line is not None
                 else list(sys.argv),
                 workload_sql={m: wl.query(m) for m in req.modes},
@@ -827,7 +814,6 @@ def run_bench(
                                   "arm_settings": r.settings_dict}
                         for r in req.refs},
                 source=next(iter(built.values())).source,
-                loadavg_start=list(os.getloadavg()),
                 python_packages=_package_versions(),
                 metric_note=("server_ms = pg_stat_statements total_exec_time delta (EXPLAIN: "
                              "the utility statement, inner planning included); client_ms = "
@@ -838,97 +824,84 @@ def run_bench(
                     {"loops": vcpu_mod.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
                      "where": "just before and after every execution, on the pinned CPU"}
                     if calibrate else None),
-                files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON})
-            runner = _Runner(req, wl, run_id, out, reporter, seed)
-            runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
-        except OSError as e:
-            if rundir.is_disk_full(e):
-                raise ProfilesFull(_full_message(out, e, 0), run_dir=out) from None
-            raise
-
-        status, error = "failed", ""
-        instr_df: pd.DataFrame | None = None
-        try:
-            with contextlib.ExitStack() as stack:
-                runner.start_clusters(stack, built, cluster_settings)
-                runner.start_vcpu(stack, pin, calibrate)
-                rd.update(clusters={t.ref.label: {"dir": str(t.cluster.dir), "port":
-                                                  t.cluster.port, "postmaster_pid":
-                                                  t.cluster.pid} for t in runner.targets})
-                runner.warm_up()
-                rd.update(backend_pids={t.ref.label: t.backend_pid for t in runner.targets},
-                          pgss_queryids={t.ref.label: {m: str(q) for m, q in t.qids.items()}
-                                         for t in runner.targets},
-                          server_settings={t.ref.label: server_settings(t.conn)
-                                           for t in runner.targets if t.conn is not None},
-                          arm_settings_shown=runner.shown_settings(),
-                          expected_rows=runner.expected)
-                runner.measure()
-                rows_kept = len(runner.rows)
-                rd.update(measured_at=_now(), rows=rows_kept,
-                          loadavg_after_timings=list(os.getloadavg()))
+                files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON}) as rd:
                 try:
-                    if counter == "callgrind":
-                        tdf = pd.DataFrame(runner.rows)
-                        if instr_scale is not None:
-                            iscale, why = instr_scale, "given (--instr-scale)"
-                        else:
-                            iscale, why = choose_instr_scale(req.workload, req.scale, tdf,
-                                                             callgrind_budget_s)
-                        rd.update(instr_scale=iscale, instr_scale_reason=why)
-                        reporter.say(f"instruction counts: {why}")
-                        instr_df = _count_callgrind(runner, iscale, timeout=max(
-                            1800.0, 20 * callgrind_budget_s))
-                    elif counter == "perf_stat":
-                        rd.update(instr_scale=req.scale,
-                                  instr_scale_reason="bench scale (perf stat)")
-                        instr_df = _count_perf_stat(runner)
-                except ProfkitError as e:
-                    # The timings are complete and worth more than the counts: finish the
-                    # run without them and say so (provenance and report).
-                    if isinstance(e, BenchError) or (isinstance(e, OSError) and rundir.is_disk_full(e)):
-                        raise
-                    instr_df = None
-                    rd.update(instructions_error=f"{type(e).__name__}: {e}")
-                    reporter.say(f"[instruction counts failed, the run continues without "
-                                 f"them] {e}")
-                if instr_df is not None:
-                    tmp = out / (INSTRUCTIONS_CSV + ".tmp")
-                    instr_df.to_csv(tmp, index=False)
-                    os.replace(tmp, out / INSTRUCTIONS_CSV)
-            timings = _timings_frame(runner.rows)
-            timings.to_parquet(out / TIMINGS_PARQUET, index=False)
-            status = "complete"
-        except OSError as e:
-            error = f"{type(e).__name__}: {e}"
-            if rundir.is_disk_full(e):
-                raise ProfilesFull(_full_message(out, e, len(runner.rows)), run_dir=out,
-                                   rows=len(runner.rows)) from None
-            raise
-        except (KeyboardInterrupt, SystemExit) as e:
-            status, error = "interrupted", type(e).__name__
-            raise
-        except BaseException as e:
-            error = f"{type(e).__name__}: {e}"
-            if isinstance(e, BenchError):
-                e.run_dir, e.rows = out, len(runner.rows)
-            raise
-        finally:
-            if runner.writer is not None:
-                runner.writer.close()
-            if status != "complete":
-                _salvage(out, runner.rows)
-            try:
-                rd.update(status=status, error=error or None, ended_at=_now(),
-                          rows=len(runner.rows), loadavg_end=list(os.getloadavg()),
-                          files=_files(out))
-            except OSError as e:  # a full disk: the first provenance.json stays
-                log.warning("could not update %s: %s", out / PROVENANCE_JSON, e)
-                with contextlib.suppress(OSError):
-                    (out / (PROVENANCE_JSON + ".tmp")).unlink()
-    if named_here:
-        rundir.update_latest(out)
+                    runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
+                    instr_df = _measure(runner, rd, built, cluster_settings, pin, calibrate,
+                                        counter, instr_scale, callgrind_budget_s, reporter)
+                    timings = _timings_frame(runner.rows)
+                    timings.to_parquet(out / TIMINGS_PARQUET, index=False)
+                except BaseException as e:
+                    if isinstance(e, BenchError):
+                        e.run_dir, e.rows = out, len(runner.rows)
+                    _salvage(out, runner.rows)
+                    raise
+                finally:
+                    if runner.writer is not None:
+                        runner.writer.close()
+                    with contextlib.suppress(OSError):
+                        rd.update(rows=len(runner.rows), files=_files(out))
+        except rundir.RunDiskFull as e:
+            raise ProfilesFull(_full_message(out, e.oserror, len(runner.rows)), run_dir=out,
+                               rows=len(runner.rows)) from None
     return BenchResult(run_id, out, timings, instr_df, rd.provenance)
+
+
+def _measure(runner: _Runner, rd: rundir.RunDir, built: Mapping[str, Build],
+             cluster_settings: Mapping[str, str], pin: int | None, calibrate: bool,
+             counter: str, instr_scale: float | None, callgrind_budget_s: float,
+             reporter: Progress) -> pd.DataFrame | None:
+    """Clusters, warm-up, the interleaved repetitions, then the instruction counts."""
+    from profkit.collect.artifacts import server_settings
+
+    req, out = runner.req, runner.out_dir
+    instr_df: pd.DataFrame | None = None
+    with contextlib.ExitStack() as stack:
+        runner.start_clusters(stack, built, cluster_settings)
+        runner.start_vcpu(stack, pin, calibrate)
+        rd.update(clusters={t.ref.label: {"dir": str(t.cluster.dir), "port":
+                                          t.cluster.port, "postmaster_pid":
+                                          t.cluster.pid} for t in runner.targets})
+        runner.warm_up()
+        rd.update(backend_pids={t.ref.label: t.backend_pid for t in runner.targets},
+                  pgss_queryids={t.ref.label: {m: str(q) for m, q in t.qids.items()}
+                                 for t in runner.targets},
+                  server_settings={t.ref.label: server_settings(t.conn)
+                                   for t in runner.targets if t.conn is not None},
+                  arm_settings_shown=runner.shown_settings(),
+                  expected_rows=runner.expected)
+        runner.measure()
+        rd.update(measured_at=_now(), rows=len(runner.rows),
+                  loadavg_after_timings=list(os.getloadavg()))
+        try:
+            if counter == "callgrind":
+                tdf = pd.DataFrame(runner.rows)
+                if instr_scale is not None:
+                    iscale, why = instr_scale, "given (--instr-scale)"
+                else:
+                    iscale, why = choose_instr_scale(req.workload, req.scale, tdf,
+                                                     callgrind_budget_s)
+                rd.update(instr_scale=iscale, instr_scale_reason=why)
+                reporter.say(f"instruction counts: {why}")
+                instr_df = _count_callgrind(runner, iscale, timeout=max(
+                    1800.0, 20 * callgrind_budget_s))
+            elif counter == "perf_stat":
+                rd.update(instr_scale=req.scale, instr_scale_reason="bench scale (perf stat)")
+                instr_df = _count_perf_stat(runner)
+        except ProfkitError as e:
+            # The timings are complete and worth more than the counts: finish the
+            # run without them and say so (provenance and report).
+            if isinstance(e, BenchError) or (isinstance(e, OSError) and rundir.is_disk_full(e)):
+                raise
+            instr_df = None
+            rd.update(instructions_error=f"{type(e).__name__}: {e}")
+            reporter.say(f"[instruction counts failed, the run continues without "
+                         f"them] {e}")
+        if instr_df is not None:
+            tmp = out / (INSTRUCTIONS_CSV + ".tmp")
+            instr_df.to_csv(tmp, index=False)
+            os.replace(tmp, out / INSTRUCTIONS_CSV)
+    return instr_df
 
 
 def _resolve_pin(pin_cpu: int | str | None) -> int | None:

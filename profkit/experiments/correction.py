@@ -23,6 +23,7 @@ import pandas as pd
 from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
+from profkit.collect import clock
 from profkit.collect.artifacts import server_settings
 from profkit.errors import ProbeError
 from profkit.experiments import harness
@@ -32,7 +33,7 @@ from profkit.parse.explain import execution_ms
 from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
 from profkit.progress import ProgressFn
 from profkit.render import markdown as render_md
-from profkit.rundir import new_run
+from profkit.rundir import RunDir, open_run
 
 if TYPE_CHECKING:
     from profkit.pg.cluster import Cluster
@@ -68,8 +69,6 @@ def measure_correction(cluster: Cluster, *,
     TIMING ON interleaved (*reps* repetitions, order shuffled within each),
     measures CLOCK_MONOTONIC's ns per read before and after, and tabulates.
     """
-    from profkit.collect import clock
-
     say = progress or (lambda _m: None)
     wls = dict(workloads or DEFAULT_CORRECTION_WORKLOADS)
     if not wls:
@@ -81,8 +80,18 @@ def measure_correction(cluster: Cluster, *,
     if reps < 2:
         raise ProbeError("reps must be >= 2 (the in-situ check splits odd and even reps)")
     la0 = loadavg()
-    rd = new_run("correction", build=cluster.build, base=base, run_id=run_id,
-                 workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0))
+    with open_run("correction", build=cluster.build, base=base, run_id=run_id,
+                  workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0)) as rd:
+        return _correct(rd, cluster, wls, reps=reps, warmup=warmup, metric=metric, top=top,
+                        clock_loops=clock_loops, clock_repeats=clock_repeats, seed=seed,
+                        dbname=dbname, say=say, la0=la0)
+
+
+def _correct(rd: RunDir, cluster: Cluster, wls: Mapping[str, float], *, reps: int,
+             warmup: int, metric: str, top: int, clock_loops: int, clock_repeats: int,
+             seed: int, dbname: str, say: ProgressFn, la0: tuple[float, float, float]
+             ) -> CorrectionResult:
+    """The correction run's body (inside its run's lifecycle)."""
     conn, pid = harness.connect(cluster, dbname=dbname)
     rows: list[dict[str, Any]] = []
     plans_on: dict[str, list[Any]] = {w: [] for w in wls}
@@ -160,10 +169,8 @@ def measure_correction(cluster: Cluster, *,
             (plans_dir / f"{name}-analyze_timing.json").write_text(
                 json.dumps(plans_on[name], indent=1))
         facts = pd.DataFrame(facts_rows)
-    except BaseException as e:
-        rd.finish(status="failed", error=f"{type(e).__name__}: {e}", executions_kept=len(rows))
-        raise
     finally:
+        rd.update(executions_kept=len(rows))
         timings = (tables.validate(pd.DataFrame(rows), "timings") if rows
                    else tables.empty("timings"))
         timings.to_csv(rd.file("timings.csv"), index=False)
@@ -205,7 +212,7 @@ def measure_correction(cluster: Cluster, *,
                        ("clock_cost.csv", "CLOCK_MONOTONIC ns/read before and after"),
                        ("correction.md", "the tables as markdown, with load average")):
         rd.add_artifact(name, what)
-    rd.finish(status="ok", loadavg_after=list(la1), uptime=uptime,
+    rd.update(loadavg_after=list(la1), uptime=uptime,
               ns_per_read_micro=float(facts["ns_per_read_micro"].iloc[0]))
     return CorrectionResult(rd.run_id, rd.path, timings, summary, nodes_all, cost, facts,
                             la0, la1, others)

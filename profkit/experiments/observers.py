@@ -47,7 +47,7 @@ from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
 from profkit.collect.artifacts import server_settings
-from profkit.rundir import RunDir, new_run
+from profkit.rundir import RunDir, new_run, open_run
 from profkit.errors import ProbeError, ProfkitError
 from profkit.experiments import harness
 from profkit.parse.explain import execution_ms
@@ -223,7 +223,7 @@ class _ObserverRun:
                 rec, _ = perf.record_pid(self.pid, go, run=run,
                                          freq=freq, call_graph="fp", stat=False,
                                          binary=self.cluster.build.postgres)
-                run.finish(status="ok")
+                run.finish(status="complete")
                 samples = rec.samples
                 if samples is None:
                     # perf prints "(N samples)" only when N > 0 (and not always): count
@@ -339,11 +339,23 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
         raise ProbeError("reps and expensive_reps must be >= 1")
     specs = list(dict.fromkeys(parse_method(m) for m in methods))
     la0 = loadavg()
-    rd = new_run("observers", build=cluster.build, workload=workload, base=base,
-                 run_id=run_id, tools=("perf", "ltrace", "bpftrace", "valgrind"),
-                 scale=scale, modes=list(modes), methods=[f"{m} {v}" for m, v in specs],
-                 reps=reps, expensive_reps=expensive_reps, loadavg_before=list(la0))
-    r = _ObserverRun(cluster, wl, scale, modes, specs, rd, progress, dbname)
+    with open_run("observers", build=cluster.build, workload=workload, base=base,
+                  run_id=run_id, tools=("perf", "ltrace", "bpftrace", "valgrind"),
+                  scale=scale, modes=list(modes), methods=[f"{m} {v}" for m, v in specs],
+                  reps=reps, expensive_reps=expensive_reps, loadavg_before=list(la0)) as rd:
+        r = _ObserverRun(cluster, wl, scale, modes, specs, rd, progress, dbname)
+        _observe(r, rd, cluster, wl, modes, specs, load, warmup, force, max_probe_s, reps,
+                 expensive_reps, expensive_ms, seed, dbname)
+        rd.update(loadavg_after=list(loadavg()), uptime=uptime(), notes=r.notes)
+    return summarize_observers(rd.path)
+
+
+def _observe(r: _ObserverRun, rd: RunDir, cluster: Cluster, wl: Workload,
+             modes: Sequence[str], specs: Sequence[tuple[str, str]], load: bool,
+             warmup: int, force: bool, max_probe_s: float, reps: int, expensive_reps: int,
+             expensive_ms: float, seed: int, dbname: str) -> None:
+    """The observers run's body (inside its run's lifecycle): timings, then callgrind."""
+    workload, scale = wl.name, r.scale
     try:
         conn = r.connect()
         rd.update(backend_pid=r.pid, settings=server_settings(conn))
@@ -389,20 +401,15 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
                 r.order += 1
             r.notes.append("callgrind: wall time of the statement in a single-user backend "
                            "under valgrind (dump times), one execution after a warm-up")
-    except BaseException as e:
-        rd.finish(status="failed", error=f"{type(e).__name__}: {e}",
-                  executions_kept=len(r.rows))
-        raise
     finally:
         timings = _timings_frame(r.rows)
         timings.to_csv(rd.file("observer_timings.csv"), index=False)
         rd.add_artifact("observer_timings.csv", "one row per execution (observer_timings)")
+        rd.update(executions_kept=len(r.rows))
         if r.conn is not None and not r.conn.closed:
             r.conn.close()
     timings.to_parquet(rd.file("observer_timings.parquet"), index=False)
     rd.add_artifact("observer_timings.parquet", "observer_timings table")
-    rd.finish(status="ok", loadavg_after=list(loadavg()), uptime=uptime(), notes=r.notes)
-    return summarize_observers(rd.path)
 
 
 def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:

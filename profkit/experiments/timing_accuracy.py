@@ -28,7 +28,6 @@ restart (``instr_clock_source`` is PGC_POSTMASTER) gets the arm its own cluster.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import logging
 import math
@@ -43,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from profkit import paths, rundir, tables
+from profkit import rundir, tables
 from profkit.analyze import timing_accuracy as ta
 from profkit.errors import ProfkitError
 from profkit.experiments import harness
@@ -215,8 +214,20 @@ class _Target:
     shown: dict[str, str] = field(default_factory=dict)
 
 
-def _now() -> str:
-    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+_now = rundir.now
+
+METRIC_NOTE = (
+    "cpu_ms / wait_ms: the backend's on-CPU / run-queue-wait time during "
+    "the statement (/proc/PID/schedstat deltas read by the client before "
+    "and after; ns resolution, independent of the clock under test); "
+    "server_ms: clock_timestamp() read by the backend right before and "
+    "after the statement, in one simple-protocol message (gettimeofday, "
+    "not instr_time: independent of the clock under test; includes "
+    "parse/plan/output; NOT pg_stat_statements as in `profkit bench`, "
+    "which would time with the clock under test); client_ms: wall time "
+    "around the round trip in the client (scheduling noise of the "
+    "client process included); explain_ms/planning_ms: EXPLAIN's own "
+    "Execution/Planning Time (measured by the build's clock)")
 
 
 def coarse_tick_ms() -> float | None:
@@ -442,7 +453,6 @@ def run_timing_accuracy(
     *nice*: scheduling priority given to the measured backends (by pid); ``"auto"`` =
     −20 when running as root, else unchanged (None).
     """
-    from profkit.collect.artifacts import machine_info
     from profkit.patches import PATCH_GUCS
 
     say = progress or (lambda s: None)
@@ -466,90 +476,63 @@ def run_timing_accuracy(
                              or not -20 <= nice <= 19):
         raise TimingAccuracyError(f"nice must be an integer from -20 to 19 or None, got {nice!r}")
 
-    root = paths.profiles_dir()
-    if out_dir is None:
-        run_id = run_id or rundir.new_run_id("timing_accuracy", root=root)
-        out = root / run_id
-    else:
-        out = Path(out_dir)
-        run_id = run_id or out.name
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TimingAccuracyError(f"{out} already exists and is not empty; runs are never "
-                                  "overwritten: choose another --out")
+    try:
+        run_id, out = rundir.place("timing_accuracy", path=out_dir, run_id=run_id)
+    except rundir.RunDirError as e:
+        raise TimingAccuracyError(str(e)) from None
     tick = coarse_tick_ms()
-    rd = rundir.new_run("timing_accuracy", path=out, run_id=run_id, **{
-        "status": "running",
-        "started_at": _now(), "command_line": list(sys.argv),
-        "baseline": baseline, "reps": reps, "backend_nice": nice, "warmup": warmup,
-        "order_seed": seed,
-        "scales": sc, "modes": list(MODES),
-        "arms": [{"label": a.label, "preset": a.preset, "settings": a.settings_dict}
-                 for a in arm_list],
-        "skipped_arms": [a.label for a in skipped],
-        "builds": {p: b.provenance() for p, b in builds.items()},
-        "source": next(iter(builds.values())).source,
-        # one PostgreSQL version per build: an arm of pg19/... is not the 18.6 of "source"
-        "build_versions": {p: (b.provenance().get("source") or {}).get("version")
-                           for p, b in builds.items()},
-        "patch_gucs": PATCH_GUCS,
-        "clock_tick_ms": {"CLOCK_MONOTONIC_COARSE": tick},
-        "tick_arms": {a.label: tick for a in arm_list
-                      if a.preset == "coarse_clock" and tick is not None},
-        "machine": machine_info(), "loadavg_start": list(os.getloadavg()),
-        "verdict_thresholds": {"tol_pct": tol_pct, "min_node_ms": min_node_ms},
-        "metric_note": ("cpu_ms / wait_ms: the backend's on-CPU / run-queue-wait time during "
-                        "the statement (/proc/PID/schedstat deltas read by the client before "
-                        "and after; ns resolution, independent of the clock under test); "
-                        "server_ms: clock_timestamp() read by the backend right before and "
-                        "after the statement, in one simple-protocol message (gettimeofday, "
-                        "not instr_time: independent of the clock under test; includes "
-                        "parse/plan/output; NOT pg_stat_statements as in `profkit bench`, "
-                        "which would time with the clock under test); client_ms: wall time "
-                        "around the round trip in the client (scheduling noise of the "
-                        "client process included); explain_ms/planning_ms: EXPLAIN's own "
-                        "Execution/Planning Time (measured by the build's clock)"),
-        "files": {"timings": TIMINGS_CSV, "plans": PLANS_JSONL},
-    })
     runner = _Runner(arm_list, builds, sc, reps, warmup, seed, out, run_id, say)
     runner.nice = nice
-    status, error = "failed", ""
     try:
-        runner.timings = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
-        runner.plans = rd.rows(PLANS_JSONL)
-        with contextlib.ExitStack() as stack:
-            runner.start(stack)
-            rd.update(arm_settings_shown={t.arm.label: t.shown for t in runner.targets},
-                      backend_pids={t.arm.label: t.backend_pid for t in runner.targets},
-                      clusters={f"{k[0]}{'+' + str(dict(k[1])) if k[1] else ''}":
-                                {"dir": str(c.dir), "port": c.port, "postmaster_pid": c.pid}
-                                for k, c in runner.clusters.items()})
-            for wl in sc:
-                say(f"{wl}: warm-up, then {reps} interleaved repetitions of "
-                    f"{len(runner.targets)} arms × {len(MODES)} modes")
-                runner.run_workload(wl)
-        rd.update(measured_at=_now(), loadavg_end=list(os.getloadavg()))
-        if clock_cost:
-            _clock_cost(out, rd, say)
-        status = "complete"
-    except (KeyboardInterrupt, SystemExit) as e:
-        status, error = "interrupted", type(e).__name__
-        raise
+        with rundir.open_run("timing_accuracy", path=out, run_id=run_id, latest=False, **{
+            "command_line": list(sys.argv),
+            "baseline": baseline, "reps": reps, "backend_nice": nice, "warmup": warmup,
+            "order_seed": seed,
+            "scales": sc, "modes": list(MODES),
+            "arms": [{"label": a.label, "preset": a.preset, "settings": a.settings_dict}
+                     for a in arm_list],
+            "skipped_arms": [a.label for a in skipped],
+            "builds": {p: b.provenance() for p, b in builds.items()},
+            "source": next(iter(builds.values())).source,
+            # one PostgreSQL version per build: an arm of pg19/... is not the 18.6 of "source"
+            "build_versions": {p: (b.provenance().get("source") or {}).get("version")
+                               for p, b in builds.items()},
+            "patch_gucs": PATCH_GUCS,
+            "clock_tick_ms": {"CLOCK_MONOTONIC_COARSE": tick},
+            "tick_arms": {a.label: tick for a in arm_list
+                          if a.preset == "coarse_clock" and tick is not None},
+            "verdict_thresholds": {"tol_pct": tol_pct, "min_node_ms": min_node_ms},
+            "metric_note": METRIC_NOTE,
+            "files": {"timings": TIMINGS_CSV, "plans": PLANS_JSONL},
+        }) as rd:
+            try:
+                runner.timings = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
+                runner.plans = rd.rows(PLANS_JSONL)
+                with contextlib.ExitStack() as stack:
+                    runner.start(stack)
+                    rd.update(arm_settings_shown={t.arm.label: t.shown for t in runner.targets},
+                              backend_pids={t.arm.label: t.backend_pid for t in runner.targets},
+                              clusters={f"{k[0]}{'+' + str(dict(k[1])) if k[1] else ''}":
+                                        {"dir": str(c.dir), "port": c.port,
+                                         "postmaster_pid": c.pid}
+                                        for k, c in runner.clusters.items()})
+                    for wl in sc:
+                        say(f"{wl}: warm-up, then {reps} interleaved repetitions of "
+                            f"{len(runner.targets)} arms × {len(MODES)} modes")
+                        runner.run_workload(wl)
+                rd.update(measured_at=_now())
+                if clock_cost:
+                    _clock_cost(out, rd, say)
+            finally:
+                for f in (runner.timings, runner.plans):
+                    if f is not None:
+                        f.close()
+                with contextlib.suppress(OSError):
+                    rd.update(executions=runner.order)
     except TimingAccuracyError as e:
-        error = str(e)
-        e.run_dir = out
         raise TimingAccuracyError(
             f"{e} (the {runner.order} executions measured before are kept in {out}; "
             f"`profkit timing-accuracy --report {out}` analyses them)", run_dir=out) from e
-    except BaseException as e:
-        error = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        for f in (runner.timings, runner.plans):
-            if f is not None:
-                f.close()
-        with contextlib.suppress(OSError):
-            rd.update(status=status, error=error or None, ended_at=_now(),
-                      executions=runner.order)
     return analyze_run(out, tol_pct=tol_pct, min_node_ms=min_node_ms)
 
 
