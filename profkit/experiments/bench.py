@@ -51,7 +51,6 @@ import contextlib
 import logging
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,16 +63,14 @@ import pandas as pd
 from profkit import rundir, tables
 from profkit.errors import ComparisonError, ProfkitError
 from profkit.collect import vcpu as vcpu_mod
-from profkit.collect.vcpu import VcpuProbe
 from profkit.experiments import harness
+from profkit.modes import PLAN_PREFIX, query_name
 from profkit.parse.explain import explain_times
 from profkit.progress import Progress, ProgressFn, as_progress
 
 if TYPE_CHECKING:
-    import psycopg
 
     from profkit.pg.build import Build
-    from profkit.pg.cluster import Cluster
     from profkit.pg.workloads import Workload
 
 log = logging.getLogger("profkit.bench")
@@ -99,6 +96,8 @@ TIMINGS_COLUMNS: tuple[str, ...] = (
     # work on the backend's CPU) and what disturbed the backend over it (collect.vcpu)
     "calib_before_ms", "calib_after_ms", "runq_ms", "vol_cs", "invol_cs", "migrations",
     "minflt", "majflt", "steal_ms", "steal_cpu_ms", "last_cpu",
+    # which of the arm's backends (1..K, each on a fresh cluster) ran the execution
+    "backend",
 )
 
 # How the work of a workload grows with its scale (nested_loop: |test1⋈test3| × |test2|).
@@ -135,30 +134,19 @@ class ProfilesFull(BenchError):
 # input
 
 
-@dataclass(frozen=True)
-class BuildRef(harness.Arm):
-    """A build in a benchmark (an arm): the label its rows carry, the preset it is built
-    from and the server settings its cluster runs with.
-
-    ``"step1"`` is label and preset at once; ``"a=vanilla"`` runs preset vanilla under
-    the label ``a`` (two labels on one preset make an A/A run: a check of the noise);
-    ``"pg19tsc=pg19/vanilla:timing_clock_source=tsc"`` runs pg19/vanilla with that
-    setting in its cluster's postgresql.conf (every arm has a cluster of its own, so a
-    postmaster-context setting is no different from a session one).
-    """
-
-    label: str
-    preset: str
-    settings: tuple[tuple[str, str], ...] = ()
-
-
-_GUC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+#: A build in a benchmark is an arm (:class:`profkit.experiments.harness.Arm`): the label
+#: its rows carry, the preset it is built from and the server settings its cluster runs
+#: with. ``"step1"`` is label and preset at once; ``"a=vanilla"`` runs preset vanilla
+#: under the label ``a`` (two labels on one preset make an A/A run: a check of the
+#: noise); ``"pg19tsc=pg19/vanilla:timing_clock_source=tsc"`` runs pg19/vanilla with that
+#: setting in its cluster's postgresql.conf (every arm has a cluster of its own).
+BuildRef = harness.Arm
 
 
 def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
     """Build references (arms) from ``"vanilla,step1"``, a list of names, or Build objects.
 
-    Each item is ``[LABEL=]PRESET[:GUC=V,...]`` (:func:`harness.split_arm`, the syntax
+    Each item is ``[LABEL=]PRESET[:GUC=V,...]`` (:func:`harness.parse_arms`, the syntax
     of ``profkit timing-accuracy --arm``). In a comma-separated string an item's
     settings continue after its ``:`` until the next item that is not ``GUC=V``:
     ``"vanilla,t=pg19/vanilla:timing_clock_source=tsc,jit=off,step3"`` gives t both
@@ -170,104 +158,32 @@ def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
     """
     from profkit.pg.build import Build, presets
 
-    items: list[Any]
+    items: list[Any] = [] if isinstance(builds, str) else list(builds)
     if isinstance(builds, str):
-        items = _split_items(builds)
-    else:
-        items = list(builds)
-    if not items:
+        if not builds.strip(" ,"):
+            raise BenchError("no builds given: pass build presets, e.g. --builds vanilla,step1")
+    elif not items:
         raise BenchError("no builds given: pass build presets, e.g. --builds vanilla,step1")
-    refs: list[BuildRef] = []
     for it in items:
-        if isinstance(it, Build):
-            refs.append(BuildRef(it.name, it.name))
-            continue
-        if isinstance(it, BuildRef):
-            refs.append(it)
-            continue
-        if isinstance(it, harness.Arm):
-            refs.append(BuildRef(it.label, it.preset, it.settings))
-            continue
-        if not isinstance(it, str):
+        if not isinstance(it, (str, Build, harness.Arm)):
             raise BenchError(f"a build is a preset name (str), not {type(it).__name__}: {it!r}")
-        try:
-            label, preset, sets = harness.split_arm(it)
-        except harness.HarnessError as e:
-            raise BenchError(f"build {e}") from None
-        try:
-            settings = parse_settings(sets)
-        except BenchError as e:
-            raise BenchError(f"build {it!r}: {e}") from None
-        refs.append(BuildRef(label, preset, tuple(settings.items())))
-    labels = [r.label for r in refs]
-    dups = sorted({x for x in labels if labels.count(x) > 1})
-    if dups:
-        raise BenchError(f"build {', '.join(dups)} given twice; to run one preset twice "
-                         "(an A/A check, or with other settings) give the copies labels: "
-                         "a=vanilla,b=vanilla")
-    known = presets()
-    unknown = [r.preset for r in refs if r.preset not in known and not
-               any(isinstance(i, Build) and i.name == r.preset for i in items)]
-    if unknown:
-        raise BenchError(f"unknown build {', '.join(map(repr, unknown))}; known presets: "
-                         f"{', '.join(sorted(known))} (`profkit build --list`)")
-    return refs
-
-
-def _split_items(text: str) -> list[str]:
-    """Comma-separated arms. ``X=Y`` after an arm with settings continues its settings
-    unless Y is a build preset (then it is the arm labelled X): ``GUC=V`` and
-    ``LABEL=PRESET`` look alike."""
-    from profkit.pg.build import presets
-
-    known = presets()
-    out: list[str] = []
-    for part in (x.strip() for x in text.split(",")):
-        if not part:
-            continue
-        name, eq, value = part.partition("=")
-        continues = (out and ":" in out[-1] and eq and ":" not in part
-                     and _GUC.match(name.strip()) and value.strip() not in known)
-        if continues:
-            out[-1] += "," + part
-        else:
-            out.append(part)
-    return out
+    known = set(presets()) | {b.name for b in items if isinstance(b, Build)}
+    try:
+        return harness.parse_arms(
+            builds if isinstance(builds, str)
+            else [harness.Arm(i.name, i.name) if isinstance(i, Build) else i for i in items],
+            known)
+    except harness.HarnessError as e:
+        raise BenchError(f"build {e}") from None
 
 
 def parse_settings(items: Sequence[str] | Mapping[str, Any] | None) -> dict[str, str]:
-    """Server settings from ``["name=value", ...]`` or a dict, checked for safe names.
-
-    The values go into postgresql.conf as ``name = 'value'``: a quote or line break in a
-    value, or a name that is not a GUC name, is refused with :class:`BenchError`.
-    """
-    if not items:
-        return {}
-    pairs: list[tuple[str, Any]]
-    if isinstance(items, Mapping):
-        pairs = list(items.items())
-    else:
-        pairs = []
-        for it in items:
-            name, sep, value = str(it).partition("=")
-            if not sep:
-                raise BenchError(f"setting {it!r} is not name=value (e.g. --set work_mem=64MB)")
-            pairs.append((name.strip(), value.strip()))
-    out: dict[str, str] = {}
-    for name, value in pairs:
-        v = str(value).lower() if isinstance(value, bool) else str(value)
-        if not _GUC.match(name):
-            raise BenchError(f"{name!r} is not a PostgreSQL setting name")
-        if "'" in v or "\n" in v or "\\" in v:
-            raise BenchError(f"setting {name}: the value {v!r} may not contain quotes, "
-                             "backslashes or line breaks")
-        out[name] = v
-    spl = out.get("shared_preload_libraries")
-    if spl is not None and "pg_stat_statements" not in [x.strip() for x in spl.split(",")]:
-        raise BenchError("shared_preload_libraries must keep pg_stat_statements: the server-"
-                         "side times come from it (e.g. --set shared_preload_libraries="
-                         "pg_stat_statements,auto_explain)")
-    return out
+    """Server settings from ``["name=value", ...]`` or a dict
+    (:func:`harness.parse_settings`; :class:`BenchError` for a bad one)."""
+    try:
+        return harness.parse_settings(items)
+    except harness.HarnessError as e:
+        raise BenchError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -281,12 +197,22 @@ class BenchRequest:
     modes: tuple[str, ...]
     warmup: int
     settings: dict[str, str]
+    backends: int = 1
+    allow_plan_differences: bool = False
 
 
 def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps: int,
                   modes: Sequence[str] | str = DEFAULT_MODES, warmup: int = 1,
-                  settings: Sequence[str] | Mapping[str, Any] | None = None) -> BenchRequest:
-    """Validate everything about a run before anything is built, started or written."""
+                  settings: Sequence[str] | Mapping[str, Any] | None = None,
+                  backends: int | str = "auto", aa: bool = False,
+                  allow_plan_differences: bool = False) -> BenchRequest:
+    """Validate everything about a run before anything is built, started or written.
+
+    *backends*: independent backends (each on a fresh cluster) per arm, the repetitions
+    split between them (``"auto"``: :func:`harness.auto_backends`). *aa*: add an A/A arm
+    (:func:`add_aa_arm`). *allow_plan_differences*: keep going when the arms chose
+    different plans (marked in every table) instead of stopping.
+    """
     from profkit.pg.workloads import EXPLAIN_PREFIX, check_scale, get_workload
 
     get_workload(workload)  # WorkloadError naming the known ones
@@ -308,8 +234,49 @@ def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps
         raise BenchError("modes must include 'plain': every overhead is relative to the plain "
                          "query of the same build")
     refs = parse_builds(builds)
+    if aa:
+        refs = add_aa_arm(refs)
+    if backends == "auto":
+        k = harness.auto_backends(reps)
+    elif isinstance(backends, bool) or not isinstance(backends, int) or backends < 1:
+        raise BenchError(f"backends must be an integer >= 1 or 'auto', got {backends!r}")
+    elif backends > reps:
+        raise BenchError(f"backends ({backends}) must not exceed reps ({reps}): every backend "
+                         "runs at least one repetition")
+    else:
+        k = backends
     return BenchRequest(tuple(refs), workload, float(scale), reps, modes, warmup,
-                        parse_settings(settings))
+                        parse_settings(settings), k, bool(allow_plan_differences))
+
+
+#: The label of the A/A arm ``--aa`` adds.
+AA_LABEL = "vanilla-aa"
+
+
+def add_aa_arm(refs: Sequence[BuildRef]) -> list[BuildRef]:
+    """*refs* plus an A/A arm: the reference vanilla again, on clusters (and backends) of
+    its own, labelled :data:`AA_LABEL`. Its difference from vanilla is noise by
+    construction, so its interval is the smallest difference the run could detect.
+
+    Where the build layer offers variants of a build (another code layout:
+    ``vanilla@layout2``) the A/A arm should run one, so that layout shifts count as
+    noise too; :data:`AA_VARIANT` names it (None until such variants exist).
+    """
+    vanillas = [r for r in refs if r.base_preset.split("/")[-1] == "vanilla"
+                and not r.settings and r.variant is None]
+    if not vanillas:
+        raise BenchError("--aa repeats the vanilla build: include vanilla (or pg19/vanilla) "
+                         "in --builds")
+    if any(r.label == AA_LABEL for r in refs):
+        raise BenchError(f"--aa adds an arm labelled {AA_LABEL!r}: that label is taken")
+    ref = vanillas[0]
+    preset = f"{ref.preset}@{AA_VARIANT}" if AA_VARIANT else ref.preset
+    return [*refs, BuildRef(AA_LABEL, preset)]
+
+
+#: The build variant an A/A arm runs (another code layout of the same source) once the
+#: build layer makes them; None: the same binary on another cluster and backends.
+AA_VARIANT: str | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -376,68 +343,94 @@ def load_bench(run_dir: str | os.PathLike[str] | None = None) -> BenchResult:
 # the run
 
 
-@dataclass
-class _Target:
-    """One build's running cluster and the connection the benchmark drives."""
-
-    ref: BuildRef
-    build: Build
-    cluster: Cluster
-    conn: psycopg.Connection | None = None
-    backend_pid: int = 0
-    pgss: harness.Pgss | None = None
-
-    @property
-    def qids(self) -> dict[str, int]:
-        return self.pgss.qids if self.pgss is not None else {}
+class PlanDifference(BenchError):
+    """The arms chose different plans for the same query: their times are not comparable."""
 
 
-class _ExecFailed(Exception):
-    def __init__(self, target: _Target, mode: str, err: BaseException) -> None:
-        super().__init__(str(err))
-        self.target = target
-        self.mode = mode
-        self.err = err
+class _Bench:
+    """What a benchmark does per cell of the :class:`harness.Session` (the engine runs
+    clusters, backends, interleaving and timing): run a mode, check its answer, write the
+    row; and the plans each arm chose (``EXPLAIN (COSTS OFF)``), compared across arms."""
 
-
-class _Runner:
     def __init__(self, req: BenchRequest, wl: Workload, run_id: str, out_dir: Path,
-                 reporter: Progress, order_seed: int) -> None:
+                 reporter: Progress, session: harness.Session) -> None:
         self.req = req
         self.wl = wl
         self.run_id = run_id
         self.out_dir = out_dir
         self.progress = reporter
-        self.order_seed = order_seed
-        self.targets: list[_Target] = []
+        self.session = session
         self.rows: list[dict[str, Any]] = []
         self.writer: rundir.RowWriter | None = None
-        self.clusters: harness.Clusters | None = None
         self.expected = wl.expected_rows(req.scale)
-        self.vcpu: VcpuProbe | None = None
-        self.pin_cpu: int | None = None
+        #: label -> the plan its first backend chose (EXPLAIN (COSTS OFF) of the query)
+        self.plans: dict[str, str] = {}
+        self.plan_differs = False
+        self.block = 0
 
-    # -- one execution --------------------------------------------------------
-    def execute(self, t: _Target, mode: str) -> dict[str, Any]:
-        """Run *mode* once on *t* (:func:`harness.timed_execute`). Raises _ExecFailed."""
-        assert t.conn is not None and t.pgss is not None
+    @property
+    def targets(self) -> list[harness.Target]:
+        return self.session.targets
+
+    # -- per backend -------------------------------------------------------------
+    def prepare(self, t: harness.Target) -> None:
+        """A fresh backend: load the workload, record the plan it chooses."""
+        import psycopg
+
+        if t.arm == self.session.arms[0]:
+            self.block = t.block
+            self.progress.phase("starting clusters and loading data"
+                                + (f" (backend {t.block} of {self.req.backends} per build)"
+                                   if self.req.backends > 1 else ""), len(self.req.refs))
         try:
-            m = harness.timed_execute(t.conn, self.wl.query(mode), pid=t.backend_pid,
-                                      pgss=t.pgss, key=mode, vcpu=self.vcpu)
+            self.wl.load(t.conn, self.req.scale)  # type: ignore[arg-type]
+            rows = t.conn.execute(PLAN_PREFIX + self.wl.select_sql,  # type: ignore[union-attr]
+                                  prepare=False).fetchall()
+        except psycopg.Error as e:
+            assert self.session.clusters is not None
+            raise BenchError(f"could not prepare the cluster of build {t.label!r} "
+                             f"(pg_stat_statements, loading {self.wl.name} at scale "
+                             f"{self.req.scale}): {e}; server log: "
+                             f"{self.session.clusters.log_file(t.label)}") from e
+        plan = "\n".join(str(r[0]) for r in rows)
+        self.plans.setdefault(t.label, plan)
+        self.progress.advance(f"{t.label}: cluster on port {t.cluster.port}, {self.wl.name} "
+                              f"loaded at scale {self.req.scale}")
+
+    def check_plans(self, targets: list[harness.Target]) -> None:
+        """Same plan or no comparison: stop when the arms chose different plans (both
+        shown), unless allowed (then every table says so)."""
+        groups: dict[str, list[str]] = {}
+        for label, plan in self.plans.items():
+            groups.setdefault(plan, []).append(label)
+        if len(groups) <= 1:
+            return
+        self.plan_differs = True
+        shown = "\n\n".join(f"{', '.join(labels)}:\n{plan}" for plan, labels in groups.items())
+        if not self.req.allow_plan_differences:
+            raise PlanDifference(
+                f"the builds chose different plans for the {self.wl.name} query, so their "
+                f"times would compare different work:\n\n{shown}\n\nPass "
+                "--allow-plan-differences to measure anyway (every table is then marked)")
+        self.progress.say(f"[the builds chose different plans; every table is marked]\n{shown}")
+
+    # -- per cell ------------------------------------------------------------------
+    def execute(self, t: harness.Target, mode: str) -> dict[str, Any]:
+        """Run *mode* once on *t* (:meth:`harness.Session.execute`)."""
+        try:
+            m = self.session.execute(t, self.wl.query(mode), what=mode, key=mode)
         except harness.HarnessError as e:
-            raise BenchError(f"{e} (build {t.ref.label}, {mode})") from None
-        except Exception as e:  # psycopg errors, and a broken connection's own errors
-            raise _ExecFailed(t, mode, e) from e
+            raise BenchError(f"{e} (build {t.label}, {mode})") from None
         if m.pgss_calls != 1:
             raise BenchError(
                 f"pg_stat_statements counted {m.pgss_calls} calls of the {mode} "
-                f"statement on {t.ref.label} for one execution (expected 1): is another "
+                f"statement on {t.label} for one execution (expected 1): is another "
                 "session running it? The benchmark's clusters must be private")
         if mode == "plain" and self.expected is not None:
             got = harness.first_value(m.rows)
             if got != self.expected:
                 raise BenchError(
-                    f"build {t.ref.label} returned {got!r} for the plain {self.wl.name} query at "
+                    f"build {t.label} returned {got!r} for the plain {self.wl.name} query at "
                     f"scale {self.req.scale}, expected {self.expected}: the build computes "
                     "wrong results (check its patches with `profkit regress`)")
         ex, pl = explain_times(m.rows) if mode != "plain" else (math.nan, math.nan)
@@ -446,136 +439,61 @@ class _Runner:
                 "backend_pid": t.backend_pid, "calib_before_ms": m.calib_before_ms,
                 "calib_after_ms": m.calib_after_ms, "runq_ms": m.runq_ms, **m.counters}
 
-    # -- phases ---------------------------------------------------------------
-    def start_clusters(self, stack: contextlib.ExitStack, builds: Mapping[str, Build],
-                       settings: Mapping[str, str]) -> None:
-        import psycopg
+    def warm(self, t: harness.Target, mode: str) -> None:
+        # at least one execution per mode: it checks the plain result and finds each
+        # statement's pg_stat_statements entry
+        try:
+            self.execute(t, mode)
+        except harness.ExecFailed as e:
+            raise self._failure(e, "the warm-up") from e.err
+        self.progress.advance(f"warm-up {t.label} {mode}")
 
-        from profkit.pg.cluster import ClusterError
+    def on_block(self, targets: list[harness.Target]) -> None:
+        if targets and targets[0].block == 1:
+            self.check_plans(targets)
+        n = len(targets) * len(self.req.modes)
+        block = harness.split_reps(self.req.reps, self.req.backends)[targets[0].block - 1]
+        self.progress.phase("warm-up and benchmark", n * (max(self.req.warmup, 1)
+                                                          + len(block)))
 
-        self.clusters = harness.Clusters(stack, self.out_dir / "logs")
-        self.progress.phase("starting clusters and loading data", len(self.req.refs))
-        for ref in self.req.refs:
-            b = builds[ref.label]
-            try:
-                cl = self.clusters.start(b, f"bench-{ref.label}",
-                                         {**settings, **ref.settings_dict}, log_name=ref.label)
-            except ClusterError as e:
-                if ref.settings and "configuration" in str(e):
-                    raise BenchError(
-                        f"the cluster of build {ref.label!r} (preset {ref.preset}) did not "
-                        f"start with its settings {_settings_text(ref)}: is every name a "
-                        f"setting of this build (`SHOW ALL` on it)? {e}") from None
-                raise
-            t = _Target(ref, b, cl)
-            self.targets.append(t)
-            stack.callback(self._close, t)
-            try:
-                self.connect(t)
-                self.wl.load(t.conn, self.req.scale)  # type: ignore[arg-type]
-            except psycopg.Error as e:
-                raise BenchError(f"could not prepare the cluster of build {ref.label!r} "
-                                 f"(pg_stat_statements, loading {self.wl.name} at scale "
-                                 f"{self.req.scale}): {e}; server log: "
-                                 f"{self.clusters.log_file(ref.label)}") from e
-            self.progress.advance(f"{ref.label}: cluster on port {cl.port}, {self.wl.name} "
-                                  f"loaded at scale {self.req.scale}")
+    def cell(self, t: harness.Target, mode: str, rep: int, slot: int, order: int) -> None:
+        try:
+            m = self.execute(t, mode)
+        except harness.ExecFailed as e:
+            raise self._failure(e, f"repetition {rep} of {self.req.reps}") from e.err
+        row = {
+            "run_id": self.run_id, "build": t.label, "workload": self.wl.name,
+            "query": query_name(mode), "mode": mode, "rep": rep, "order": order,
+            **m, "slot": slot, "preset": t.arm.preset, "settings": t.arm.settings_text,
+            "backend": t.block,
+        }
+        self.rows.append(row)
+        assert self.writer is not None
+        self.writer.write(row)
+        self.progress.advance(f"rep {rep}/{self.req.reps}: {t.label} {mode} "
+                              f"{m['client_ms']:.0f} ms")
 
-    def shown_settings(self) -> dict[str, dict[str, str]]:
-        """``SHOW`` of every arm's own settings, as its server reports them (the check
-        that a setting took: a value it rounds or refuses shows here)."""
-        out: dict[str, dict[str, str]] = {}
-        for t in self.targets:
-            if t.conn is None or not t.ref.settings:
-                continue
-            out[t.ref.label] = {k: str(t.conn.execute(f"SHOW {k}").fetchone()[0])  # type: ignore[index]
-                                for k, _ in t.ref.settings}  # names checked by parse_settings
-        return out
-
-    def start_vcpu(self, stack: contextlib.ExitStack, pin_cpu: int | None,
-                   calibrate: bool) -> None:
-        """Pin every backend to *pin_cpu*; with *calibrate*, start the calibration helper
-        pinned there too (stopped when *stack* closes)."""
-        self.pin_cpu = pin_cpu
-        if pin_cpu is not None:
-            for t in self.targets:
-                vcpu_mod.pin(t.backend_pid, pin_cpu)
-        if calibrate:
-            self.vcpu = stack.enter_context(VcpuProbe(pin_cpu))
-
-    def connect(self, t: _Target) -> None:
-        qids = dict(t.qids)
-        t.conn, t.backend_pid = harness.connect(t.cluster)
-        if self.pin_cpu is not None:
-            vcpu_mod.pin(t.backend_pid, self.pin_cpu)
-        t.pgss = harness.Pgss(t.conn)
-        t.pgss.qids.update(qids)
-
-    @staticmethod
-    def _close(t: _Target) -> None:
-        harness.close(t.conn)
-        t.conn = None
-
-    def warm_up(self) -> None:
-        n = len(self.targets) * len(self.req.modes) * max(self.req.warmup, 1)
-        self.progress.phase("warm-up", n)
-        for t in self.targets:
-            # at least one execution per mode: it checks the plain result and finds each
-            # statement's pg_stat_statements entry
-            for _ in range(max(self.req.warmup, 1)):
-                for mode in self.req.modes:
-                    try:
-                        self.execute(t, mode)
-                    except _ExecFailed as e:
-                        raise self._failure(e, "the warm-up") from e.err
-                    self.progress.advance(f"warm-up {t.ref.label} {mode}")
-
-    def measure(self) -> None:
-        pairs = [(t, m) for t in self.targets for m in self.req.modes]
-        self.progress.phase("benchmark", self.req.reps * len(pairs))
-        for order, (rep, slot, (t, mode)) in enumerate(
-                harness.interleave(pairs, self.req.reps, self.order_seed)):
-            try:
-                m = self.execute(t, mode)
-            except _ExecFailed as e:
-                raise self._failure(e, f"repetition {rep} of {self.req.reps}") from e.err
-            row = {
-                "run_id": self.run_id, "build": t.ref.label, "workload": self.wl.name,
-                "query": _query_name(mode), "mode": mode, "rep": rep, "order": order,
-                **m, "slot": slot, "preset": t.ref.preset, "settings": _settings_text(t.ref),
-            }
-            self.rows.append(row)
-            assert self.writer is not None
-            self.writer.write(row)
-            self.progress.advance(f"rep {rep}/{self.req.reps}: {t.ref.label} {mode} "
-                                  f"{m['client_ms']:.0f} ms")
-
-    def _failure(self, e: _ExecFailed, when: str) -> BenchError:
+    def _failure(self, e: harness.ExecFailed, when: str) -> BenchError:
         t = e.target
         crashed, detail = harness.failure_detail(t.cluster, t.conn)
         kept = len(self.rows)
-        where = f"build {t.ref.label!r}, {e.mode}, during {when}"
+        where = f"build {t.label!r}, {e.what}, during {when}"
         if crashed:
-            assert self.clusters is not None
+            assert self.session.clusters is not None
+            log = self.session.clusters.log_file(self.session.log_name(t.arm, t.block))
             return ServerCrashed(
                 f"the server of {where} {detail}. The {kept} rows measured before are "
                 f"kept in {self.out_dir / TIMINGS_CSV}; all benchmark clusters were stopped "
-                f"(server log: {self.clusters.log_file(t.ref.label)})",
-                run_dir=self.out_dir, rows=kept)
+                f"(server log: {log})", run_dir=self.out_dir, rows=kept)
         return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
                           f"before are kept in {self.out_dir / TIMINGS_CSV}",
                           run_dir=self.out_dir, rows=kept)
 
-
-def _settings_text(ref: harness.Arm) -> str:
-    """An arm's own settings as ``guc=v,guc=v`` ('' for none)."""
-    return ",".join(f"{k}={v}" for k, v in ref.settings)
-
-
-def _query_name(mode: str) -> str:
-    from profkit.pg.workloads import SEED_QUERY_NAMES
-
-    return SEED_QUERY_NAMES.get(mode, mode)
+    def shown_settings(self) -> dict[str, dict[str, str]]:
+        """``SHOW`` of every arm's own settings, as its server reports them (the check
+        that a setting took: a value it rounds or refuses shows here)."""
+        return {t.label: dict(t.shown) for t in self.session.all_targets
+                if t.block == 1 and t.shown}
 
 
 # ---------------------------------------------------------------------------
@@ -631,27 +549,27 @@ def resolve_counter(instructions: InstructionCounter) -> str:
     return instructions
 
 
-def _count_callgrind(r: _Runner, instr_scale: float, timeout: float) -> pd.DataFrame:
+def _count_callgrind(r: _Bench, instr_scale: float, timeout: float) -> pd.DataFrame:
     from profkit.collect.callgrind import collect_callgrind_cluster
     from profkit.parse.callgrind import instr_counts_from_session
 
     queries = {m: r.wl.query(m) for m in r.req.modes}
 
-    def one(t: _Target) -> pd.DataFrame:
-        _Runner._close(t)
+    def one(t: harness.Target) -> pd.DataFrame:
+        harness.Session.disconnect(t)
         if instr_scale != r.req.scale:
             with t.cluster.connect() as c:
                 r.wl.load(c, instr_scale)
-        dest = r.out_dir / "callgrind" / t.ref.label
+        dest = r.out_dir / "callgrind" / t.label
         session = collect_callgrind_cluster(t.cluster, queries, dest, warmup_sql="",
                                             timeout=timeout)
-        df = instr_counts_from_session(session, run_id=r.run_id, build=t.ref.label,
+        df = instr_counts_from_session(session, run_id=r.run_id, build=t.label,
                                        workload=r.wl.name)
         df["scale"] = instr_scale
-        df["preset"] = t.ref.preset
-        df["query"] = df["mode"].map(_query_name)
+        df["preset"] = t.arm.preset
+        df["query"] = df["mode"].map(query_name)
         df["out_file"] = df["out_file"].map(lambda p: os.path.relpath(p, r.out_dir))
-        r.progress.advance(f"callgrind {t.ref.label}: "
+        r.progress.advance(f"callgrind {t.label}: "
                        + ", ".join(f"{m} {int(v):,}" for m, v in zip(df["mode"],
                                                                       df["instructions"],
                                                                       strict=True)))
@@ -666,7 +584,7 @@ def _count_callgrind(r: _Runner, instr_scale: float, timeout: float) -> pd.DataF
     return pd.concat(parts, ignore_index=True)
 
 
-def _count_perf_stat(r: _Runner) -> pd.DataFrame:
+def _count_perf_stat(r: _Bench) -> pd.DataFrame:
     from profkit.collect.callgrind import perf_stat_instructions
 
     rows = []
@@ -676,17 +594,17 @@ def _count_perf_stat(r: _Runner) -> pd.DataFrame:
         assert conn is not None
         for mode in r.req.modes:
             sql = r.wl.query(mode)
-            out = r.out_dir / "perf_stat" / f"{t.ref.label}.{mode}.csv"
+            out = r.out_dir / "perf_stat" / f"{t.label}.{mode}.csv"
             n = perf_stat_instructions(
                 t.backend_pid,
                 lambda c=conn, q=sql: c.execute(q, prepare=False).fetchall(),
                 out_path=out)
-            rows.append({"run_id": r.run_id, "build": t.ref.label, "workload": r.wl.name,
-                         "query": _query_name(mode), "mode": mode, "instructions": round(n),
+            rows.append({"run_id": r.run_id, "build": t.label, "workload": r.wl.name,
+                         "query": query_name(mode), "mode": mode, "instructions": round(n),
                          "tool": "perf_stat", "scope": "backend (perf stat -e instructions:u -p)",
-                         "scale": r.req.scale, "preset": t.ref.preset,
+                         "scale": r.req.scale, "preset": t.arm.preset,
                          "out_file": os.path.relpath(out, r.out_dir)})
-            r.progress.advance(f"perf stat {t.ref.label} {mode}: {n:,.0f}")
+            r.progress.advance(f"perf stat {t.label} {mode}: {n:,.0f}")
     return tables.validate(pd.DataFrame(rows), "instr_counts")
 
 
@@ -746,6 +664,9 @@ def run_bench(
     root: str | os.PathLike[str] | None = None,
     calibrate: bool = True,
     pin_cpu: int | str | None = "auto",
+    backends: int | str = "auto",
+    aa: bool = False,
+    allow_plan_differences: bool = False,
 ) -> BenchResult:
     """Benchmark *modes* of *workload* on every build, interleaved; see the module doc.
 
@@ -764,16 +685,22 @@ def run_bench(
     time are extra columns of the timings (the report's robust estimates use them,
     :func:`profkit.analyze.stats.vcpu_adjust`).
 
+    *backends*, *aa*, *allow_plan_differences*: see :func:`check_request` (ignored when
+    *builds* is a checked :class:`BenchRequest`).
+
     Raises :class:`BenchError` (bad input, before anything starts), :class:`ServerCrashed`
-    (naming the build and repetition; rows so far kept), :class:`ProfilesFull`.
+    (naming the build and repetition; rows so far kept), :class:`PlanDifference` (the
+    arms chose different plans), :class:`ProfilesFull`.
     """
-    from profkit.pg.build import Build, get_build
+    from profkit.pg.build import Build
     from profkit.pg.cluster import BENCH_SETTINGS
     from profkit.pg.workloads import check_scale, get_workload
 
     # a BenchRequest is already checked (the CLI checks before it names the run)
     req = (builds if isinstance(builds, BenchRequest)
-           else check_request(builds, workload, scale, reps, modes, warmup, settings))
+           else check_request(builds, workload, scale, reps, modes, warmup, settings,
+                              backends=backends, aa=aa,
+                              allow_plan_differences=allow_plan_differences))
     wl = get_workload(req.workload)
     if instr_scale is not None:
         check_scale(instr_scale)
@@ -794,10 +721,16 @@ def run_bench(
                   if isinstance(b, Build)}
         built: dict[str, Build] = {}
         for ref in req.refs:
-            built[ref.label] = passed.get(ref.preset) or get_build(ref.preset,
-                                                                   progress=reporter.say)
+            built[ref.label] = passed.get(ref.preset) or harness.resolve_build(
+                ref, progress=reporter.say)  # type: ignore[assignment]
         cluster_settings = {**BENCH_SETTINGS, **req.settings}
-        runner = _Runner(req, wl, run_id, out, reporter, seed)
+        session = harness.Session(
+            req.refs, built, name="bench", log_dir=out / "logs",
+            options=harness.SessionOptions(backends=req.backends, pin_cpu=pin,
+                                           calibrate=calibrate, settings=req.settings),
+            say=reporter.say)
+        runner = _Bench(req, wl, run_id, out, reporter, session)
+        session.prepare = runner.prepare
         instr_df: pd.DataFrame | None = None
         try:
             with rundir.open_run(
@@ -808,6 +741,8 @@ def run_bench(
                 else list(sys.argv),
                 workload_sql={m: wl.query(m) for m in req.modes},
                 scale=req.scale, reps=req.reps, warmup=req.warmup,
+                backends=req.backends, aa_label=AA_LABEL if any(
+                    r.label == AA_LABEL for r in req.refs) else None,
                 modes=list(req.modes), order_seed=seed,
                 settings=dict(req.settings), cluster_settings=cluster_settings,
                 builds={r.label: {**built[r.label].provenance(), "preset": r.preset,
@@ -827,8 +762,8 @@ def run_bench(
                 files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON}) as rd:
                 try:
                     runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
-                    instr_df = _measure(runner, rd, built, cluster_settings, pin, calibrate,
-                                        counter, instr_scale, callgrind_budget_s, reporter)
+                    instr_df = _measure(runner, rd, seed, counter, instr_scale,
+                                        callgrind_budget_s, reporter)
                     timings = _timings_frame(runner.rows)
                     timings.to_parquet(out / TIMINGS_PARQUET, index=False)
                 except BaseException as e:
@@ -847,31 +782,39 @@ def run_bench(
     return BenchResult(run_id, out, timings, instr_df, rd.provenance)
 
 
-def _measure(runner: _Runner, rd: rundir.RunDir, built: Mapping[str, Build],
-             cluster_settings: Mapping[str, str], pin: int | None, calibrate: bool,
-             counter: str, instr_scale: float | None, callgrind_budget_s: float,
+def _measure(runner: _Bench, rd: rundir.RunDir, seed: int, counter: str,
+             instr_scale: float | None, callgrind_budget_s: float,
              reporter: Progress) -> pd.DataFrame | None:
-    """Clusters, warm-up, the interleaved repetitions, then the instruction counts."""
+    """The session's blocks (clusters, warm-up, interleaved repetitions), then the
+    instruction counts on the last block's backends."""
     from profkit.collect.artifacts import server_settings
 
-    req, out = runner.req, runner.out_dir
-    instr_df: pd.DataFrame | None = None
-    with contextlib.ExitStack() as stack:
-        runner.start_clusters(stack, built, cluster_settings)
-        runner.start_vcpu(stack, pin, calibrate)
-        rd.update(clusters={t.ref.label: {"dir": str(t.cluster.dir), "port":
-                                          t.cluster.port, "postmaster_pid":
-                                          t.cluster.pid} for t in runner.targets})
-        runner.warm_up()
-        rd.update(backend_pids={t.ref.label: t.backend_pid for t in runner.targets},
-                  pgss_queryids={t.ref.label: {m: str(q) for m, q in t.qids.items()}
-                                 for t in runner.targets},
-                  server_settings={t.ref.label: server_settings(t.conn)
-                                   for t in runner.targets if t.conn is not None},
-                  arm_settings_shown=runner.shown_settings(),
-                  expected_rows=runner.expected)
-        runner.measure()
+    req, out, session = runner.req, runner.out_dir, runner.session
+    instr: list[pd.DataFrame | None] = [None]
+    clusters: dict[str, Any] = {}
+    pids: dict[str, int] = {}
+
+    def on_block(targets: list[harness.Target]) -> None:
+        for t in targets:
+            name = session.log_name(t.arm, t.block)
+            clusters[name] = {"dir": str(t.cluster.dir), "port": t.cluster.port,
+                              "postmaster_pid": t.cluster.pid}
+            pids[name] = t.backend_pid
+        facts: dict[str, Any] = {"clusters": clusters, "backend_pids": pids}
+        if targets[0].block == 1:
+            facts.update(server_settings={t.label: server_settings(t.conn)
+                                          for t in targets if t.conn is not None},
+                         arm_settings_shown=runner.shown_settings(),
+                         expected_rows=runner.expected, plans=runner.plans)
+        rd.update(**facts)
+        runner.on_block(targets)
+        if targets[0].block == 1:
+            rd.update(plan_differs=runner.plan_differs)
+
+    def after(targets: list[harness.Target]) -> None:
         rd.update(measured_at=_now(), rows=len(runner.rows),
+                  pgss_queryids={t.label: {m: str(q) for m, q in t.qids.items()}
+                                 for t in targets},
                   loadavg_after_timings=list(os.getloadavg()))
         try:
             if counter == "callgrind":
@@ -883,25 +826,29 @@ def _measure(runner: _Runner, rd: rundir.RunDir, built: Mapping[str, Build],
                                                      callgrind_budget_s)
                 rd.update(instr_scale=iscale, instr_scale_reason=why)
                 reporter.say(f"instruction counts: {why}")
-                instr_df = _count_callgrind(runner, iscale, timeout=max(
+                instr[0] = _count_callgrind(runner, iscale, timeout=max(
                     1800.0, 20 * callgrind_budget_s))
             elif counter == "perf_stat":
                 rd.update(instr_scale=req.scale, instr_scale_reason="bench scale (perf stat)")
-                instr_df = _count_perf_stat(runner)
+                instr[0] = _count_perf_stat(runner)
         except ProfkitError as e:
             # The timings are complete and worth more than the counts: finish the
             # run without them and say so (provenance and report).
             if isinstance(e, BenchError) or (isinstance(e, OSError) and rundir.is_disk_full(e)):
                 raise
-            instr_df = None
+            instr[0] = None
             rd.update(instructions_error=f"{type(e).__name__}: {e}")
             reporter.say(f"[instruction counts failed, the run continues without "
                          f"them] {e}")
-        if instr_df is not None:
-            tmp = out / (INSTRUCTIONS_CSV + ".tmp")
-            instr_df.to_csv(tmp, index=False)
-            os.replace(tmp, out / INSTRUCTIONS_CSV)
-    return instr_df
+
+    group = harness.Group("bench", req.modes, seed, run=runner.cell, warm=runner.warm,
+                          warmup=req.warmup)
+    session.run(req.reps, [group], after=after, on_block=on_block)
+    if instr[0] is not None:
+        tmp = out / (INSTRUCTIONS_CSV + ".tmp")
+        instr[0].to_csv(tmp, index=False)
+        os.replace(tmp, out / INSTRUCTIONS_CSV)
+    return instr[0]
 
 
 def _resolve_pin(pin_cpu: int | str | None) -> int | None:

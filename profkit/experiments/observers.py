@@ -134,14 +134,12 @@ class _ObserverRun:
         self.expected = wl.expected_rows(scale)
         self.guard: dict[tuple[str, str, str], tuple[int | None, float]] = {}
         self.notes: list[str] = []
+        self.session: harness.Session | None = None
 
     # -- connection ------------------------------------------------------------
-    def connect(self) -> psycopg.Connection:
-        qids = dict(self.pgss.qids) if self.pgss is not None else {}
-        self.conn, self.pid = harness.connect(self.cluster, dbname=self.dbname)
-        self.pgss = harness.Pgss(self.conn)
-        self.pgss.qids.update(qids)
-        return self.conn
+    def attach(self, t: harness.Target) -> None:
+        """Measure on the session's backend *t* (again after callgrind reconnected it)."""
+        self.conn, self.pid, self.pgss = t.conn, t.backend_pid, t.pgss
 
     def sql(self, mode: str) -> str:
         return self.wl.query(mode)
@@ -356,41 +354,49 @@ def _observe(r: _ObserverRun, rd: RunDir, cluster: Cluster, wl: Workload,
              expensive_ms: float, seed: int, dbname: str) -> None:
     """The observers run's body (inside its run's lifecycle): timings, then callgrind."""
     workload, scale = wl.name, r.scale
-    try:
-        conn = r.connect()
-        rd.update(backend_pid=r.pid, settings=server_settings(conn))
+
+    def prepare(t: harness.Target) -> None:
+        r.attach(t)
+        assert t.conn is not None
+        rd.update(backend_pid=t.backend_pid, settings=server_settings(t.conn))
         if load:
             r.say(f"loading {workload} at scale {scale}")
-            wl.load(conn, scale)
+            wl.load(t.conn, scale)
         for mode in modes:
             if mode == "plain":  # finds the statement's pg_stat_statements entry
-                harness.timed_execute(conn, r.sql(mode), pid=r.pid, pgss=r.pgss, key=mode)
+                session.execute(t, r.sql(mode), what=mode, key=mode)
             for _ in range(max(warmup, 0)):
-                harness.timed_execute(conn, r.sql(mode), pid=r.pid)
-        predicted = r.estimate(force, max_probe_s * 1000)
-        rd.update(predicted=predicted)
-        live = [s for s in specs if s[0] != "callgrind"]
+                session.execute(t, r.sql(mode), what=mode)
+        rd.update(predicted=r.estimate(force, max_probe_s * 1000))
 
-        def reps_for(method: str, variant: str, mode: str) -> int:
-            est = r.guard.get((method, variant, mode), (None, 0.0))[1]
-            return expensive_reps if est > expensive_ms else reps
+    session = harness.Session.on_cluster(
+        cluster, options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=r.say)
+    r.session = session
+    live = [s for s in specs if s[0] != "callgrind"]
 
+    def reps_for(method: str, variant: str, mode: str) -> int:
+        est = r.guard.get((method, variant, mode), (None, 0.0))[1]
+        return expensive_reps if est > expensive_ms else reps
+
+    def cell(t: harness.Target, c: tuple[str, tuple[str, str]], rep: int, slot: int,
+             order: int) -> None:
         # every observed execution follows an unobserved one of the same query
-        cells = [(mode, spec) for mode in modes for spec in live]
-        for rep, _slot, (mode, (method, variant)) in harness.interleave(
-                cells, reps, seed, include=lambda rep, c: rep <= reps_for(*c[1], c[0])):
-            base_row = r.execute(mode, rep, A.UNOBSERVED, "", None, None)
-            row = r.execute(mode, rep, method, variant,
-                            r.observer(method, variant, mode, rep), base_row["order"])
-            r.say(f"rep {rep} {mode}: unobserved {base_row['client_ms']:.1f} ms, "
-                  f"{method} {variant} {row['client_ms']:.1f} ms (hits {row['hits']})")
+        mode, (method, variant) = c
+        base_row = r.execute(mode, rep, A.UNOBSERVED, "", None, None)
+        row = r.execute(mode, rep, method, variant,
+                        r.observer(method, variant, mode, rep), base_row["order"])
+        r.say(f"rep {rep} {mode}: unobserved {base_row['client_ms']:.1f} ms, "
+              f"{method} {variant} {row['client_ms']:.1f} ms (hits {row['hits']})")
+
+    def after(targets: list[harness.Target]) -> None:
         if ("callgrind", "single execution") in specs:
             r.say("callgrind (the postmaster is stopped meanwhile)")
-            conn.close()
+            session.disconnect(targets[0])
             d = rd.path / "callgrind"
-            session = _callgrind(cluster, {m: r.sql(m) for m in modes}, d, dbname)
-            r.connect()
-            for q in session.queries:
+            callgrind = _callgrind(cluster, {m: r.sql(m) for m in modes}, d, dbname)
+            session.connect(targets[0])
+            r.attach(targets[0])
+            for q in callgrind.queries:
                 r.rows.append({"run_id": rd.run_id, "workload": wl.name, "scale": scale,
                                "mode": q.mode, "method": "callgrind",
                                "variant": "single execution", "rep": 1, "order": r.order,
@@ -399,6 +405,12 @@ def _observe(r: _ObserverRun, rd: RunDir, cluster: Cluster, wl: Workload,
                                "guard_hits": None, "guard_estimate_ms": math.nan,
                                "cpu_ms": math.nan, "runq_ms": math.nan})
                 r.order += 1
+    try:
+        cells = [(mode, spec) for mode in modes for spec in live]
+        group = harness.Group("observers", cells, seed, run=cell, warm=None,
+                              include=lambda rep, c: rep <= reps_for(*c[1], c[0]))
+        session.run(reps, [group], after=after)
+        if ("callgrind", "single execution") in specs:
             r.notes.append("callgrind: wall time of the statement in a single-user backend "
                            "under valgrind (dump times), one execution after a warm-up")
     finally:
@@ -406,8 +418,6 @@ def _observe(r: _ObserverRun, rd: RunDir, cluster: Cluster, wl: Workload,
         timings.to_csv(rd.file("observer_timings.csv"), index=False)
         rd.add_artifact("observer_timings.csv", "one row per execution (observer_timings)")
         rd.update(executions_kept=len(r.rows))
-        if r.conn is not None and not r.conn.closed:
-            r.conn.close()
     timings.to_parquet(rd.file("observer_timings.parquet"), index=False)
     rd.add_artifact("observer_timings.parquet", "observer_timings table")
 

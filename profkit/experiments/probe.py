@@ -17,7 +17,7 @@ import pandas as pd
 
 from profkit import rundir
 from profkit.errors import ProbeError
-from profkit.pg.workloads import MODES, explain_prefix
+from profkit.modes import MODES, explain_prefix
 
 EXPLAIN = {m: explain_prefix(m, "json") for m in MODES}
 

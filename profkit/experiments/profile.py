@@ -58,7 +58,7 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     ``query2-merged.svg`` (both runs, each normalised) for the defaults).
     """
     from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
-    from profkit.pg.workloads import SEED_QUERY_NAMES
+    from profkit.modes import QUERY_NAMES as SEED_QUERY_NAMES
 
     say = progress or _say
     if len(builds) != 2:
@@ -155,7 +155,8 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
     from profkit.collect.perf import fold_run, perf_path, record_query, run_query
     from profkit.pg.build import Build, get_build
     from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
+    from profkit.modes import QUERY_NAMES as SEED_QUERY_NAMES
+    from profkit.pg.workloads import check_args
 
     wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
@@ -234,7 +235,8 @@ def gprof_profile_with_prediction(
     from profkit.pg.build import Build as _Build
     from profkit.pg.build import get_build
     from profkit.pg.cluster import Cluster
-    from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
+    from profkit.modes import QUERY_NAMES as SEED_QUERY_NAMES
+    from profkit.pg.workloads import check_args
 
     wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)

@@ -36,7 +36,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from profkit import rundir, tables
 from profkit.analyze import timing_accuracy as ta
 from profkit.errors import ProfkitError
 from profkit.experiments import harness
+from profkit.modes import MODES, query_name
 from profkit.render import markdown as render_md
 from profkit.progress import ProgressFn
 
@@ -54,17 +55,15 @@ if TYPE_CHECKING:
 
     from profkit.rundir import RunDir
     from profkit.pg.build import Build
-    from profkit.pg.cluster import Cluster
 
 log = logging.getLogger("profkit.experiments.timing_accuracy")
 
 
 TIMINGS_CSV = "timings.csv"
 PLANS_JSONL = "plans.jsonl"
-MODES: tuple[str, ...] = ("plain", "analyze_notiming", "analyze_timing")
 TIMINGS_COLUMNS: tuple[str, ...] = (
     *tables.SCHEMAS["timings"], "cpu_ms", "wait_ms", "explain_ms", "planning_ms", "preset",
-    "settings", "slot", "backend_pid", "t_start",
+    "settings", "slot", "backend_pid", "t_start", "backend",
 )
 
 #: Issue 3's scales: modest, so that one run of all arms takes minutes on 2 cores.
@@ -91,13 +90,9 @@ class TimingAccuracyError(ta.TimingAccuracyError):
 # arms
 
 
-# what pandas.read_csv reads as missing by default (lower-cased)
-_MISSING_WORDS = frozenset({"na", "n/a", "nan", "-nan", "null", "none", "<na>", "-1.#ind",
-                            "1.#qnan", "#na", "#n/a", "1.#ind", "-1.#qnan", "-na", "#n/a n/a"})
-
-
-class Arm(harness.Arm):
-    """A build preset measured under a label, with settings (``name=value``) applied."""
+#: An arm of the timing-accuracy run is the harness's arm (one model for every
+#: experiment): a build preset measured under a label, its settings in its own cluster.
+Arm = harness.Arm
 
 
 DEFAULT_ARMS: tuple[Arm, ...] = (
@@ -111,26 +106,16 @@ DEFAULT_ARMS: tuple[Arm, ...] = (
 
 
 def parse_arm(text: str | Arm) -> Arm:
-    """``"tsc_clock"``, ``"label=preset"`` or ``"label=preset:guc=value,guc=value"``.
+    """``"tsc_clock"``, ``"label=preset"`` or ``"label=preset:guc=value,guc=value"``
+    (:func:`harness.parse_arm`; :class:`TimingAccuracyError` for a bad one).
 
     >>> parse_arm("s1=sampled_timing:explain_timing_sample_rate=1")
     Arm(label='s1', preset='sampled_timing', settings=(('explain_timing_sample_rate', '1'),))
     """
-    if isinstance(text, Arm):
-        return text
-    from profkit.experiments.bench import BenchError, parse_settings
-
     try:
-        label, preset, items = harness.split_arm(str(text))
-        settings = parse_settings(items)
-    except (harness.HarnessError, BenchError) as e:
-        raise TimingAccuracyError(f"arm {e}" if isinstance(e, harness.HarnessError)
-                                  else f"arm {text!r}: {e}") from None
-    if label.lower() in _MISSING_WORDS:
-        # the run's CSV files would read back as a missing value, not as this arm
-        raise TimingAccuracyError(f"arm {text!r}: the label {label!r} reads back from CSV as "
-                                  "a missing value; choose another label")
-    return Arm(label, preset, tuple(settings.items()))
+        return harness.parse_arm(text)
+    except harness.HarnessError as e:
+        raise TimingAccuracyError(f"arm {e}") from None
 
 
 def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
@@ -144,7 +129,7 @@ def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
     if dups:
         raise TimingAccuracyError(f"arm label(s) {', '.join(dups)} given twice")
     known = presets()
-    bad = sorted({a.preset for a in parsed if a.preset not in known})
+    bad = sorted({a.base_preset for a in parsed if a.base_preset not in known})
     if bad:
         raise TimingAccuracyError(f"unknown build preset(s) {', '.join(bad)}; known: "
                                   f"{', '.join(sorted(known))}")
@@ -204,16 +189,6 @@ def resolve_builds(arms: Sequence[Arm], *, build_missing: bool, baseline: str,
 # the run
 
 
-@dataclass
-class _Target:
-    arm: Arm
-    build: Build
-    cluster: Cluster
-    conn: psycopg.Connection | None = None
-    backend_pid: int = 0
-    shown: dict[str, str] = field(default_factory=dict)
-
-
 _now = rundir.now
 
 METRIC_NOTE = (
@@ -247,108 +222,52 @@ def _text_json(conn: psycopg.Connection) -> None:
     conn.adapters.register_loader("json", TextLoader)
 
 
-class _Runner:
-    def __init__(self, arms: Sequence[Arm], builds: Mapping[str, Build],
-                 scales: Mapping[str, float], reps: int, warmup: int, seed: int,
-                 out: Path, run_id: str, say: ProgressFn) -> None:
-        self.arms = list(arms)
-        self.builds = builds
+class _Accuracy:
+    """What a timing-accuracy run does per cell of the :class:`harness.Session`: run a
+    mode (the backend's own clock_timestamp() around it: not the clock under test),
+    check the plain answer, keep EXPLAIN's JSON plan, write the row and the plan."""
+
+    def __init__(self, scales: Mapping[str, float], run_id: str,
+                 session: harness.Session, say: ProgressFn) -> None:
         self.scales = dict(scales)
-        self.reps = reps
-        self.warmup = warmup
-        self.seed = seed
-        self.out = out
         self.run_id = run_id
+        self.session = session
         self.say = say
-        self.targets: list[_Target] = []
-        self.clusters: dict[tuple[str, tuple[tuple[str, str], ...]], Cluster] = {}
         self.timings: rundir.RowWriter | None = None
         self.plans: rundir.RowWriter | None = None
-        self._clusters: harness.Clusters | None = None
-        self.order = 0
-        self.nice: int | None = None
 
-    # -- clusters ---------------------------------------------------------------
-    def _cluster(self, stack: contextlib.ExitStack, preset: str,
-                 server: tuple[tuple[str, str], ...]) -> Cluster:
+    @property
+    def order(self) -> int:
+        return self.session.order
+
+    def prepare(self, t: harness.Target) -> None:
+        """A fresh backend: every workload loaded, EXPLAIN's json as text, the patch
+        settings in effect recorded (``SHOW``)."""
+        from profkit.patches import PATCH_GUCS, PRESETS
         from profkit.pg.workloads import get_workload
 
-        key = (preset, server)
-        if key not in self.clusters:
-            if self._clusters is None:
-                self._clusters = harness.Clusters(stack, self.out / "logs")
-            # "pg19/vanilla" -> "pg19-vanilla": the name is a directory and a log file name
-            name = "ta-" + preset.replace("/", "-") + (
-                "-" + "-".join(v for _, v in server) if server else "")
-            cl = self._clusters.start(self.builds[preset], name, dict(server))
-            self.clusters[key] = cl
-            with cl.connect() as conn:
-                for wl, s in self.scales.items():
-                    get_workload(wl).load(conn, s)
-            self.say(f"{name}: cluster on port {cl.port}, loaded "
-                     + ", ".join(f"{w} @ {s:g}" for w, s in self.scales.items()))
-        return self.clusters[key]
+        assert t.conn is not None
+        for wl, sc in self.scales.items():
+            get_workload(wl).load(t.conn, sc)
+        _text_json(t.conn)
+        gucs = [g for p in PRESETS.get(t.arm.base_preset, []) for g in PATCH_GUCS.get(p, {})]
+        for g in dict.fromkeys(gucs):
+            t.shown[g] = str(t.conn.execute(f"SHOW {g}").fetchone()[0])  # type: ignore[index]
+        self.say(f"{t.label}: cluster on port {t.cluster.port}, loaded "
+                 + ", ".join(f"{w} @ {s:g}" for w, s in self.scales.items()))
 
-    def start(self, stack: contextlib.ExitStack) -> None:
-        from profkit.patches import PATCH_GUCS, PRESETS
-
-        for arm in self.arms:
-            base = self._cluster(stack, arm.preset, ())
-            server: list[tuple[str, str]] = []
-            session: list[tuple[str, str]] = []
-            if arm.settings:
-                with base.connect() as c:
-                    for k, v in arm.settings:
-                        row = c.execute("SELECT context FROM pg_settings WHERE name = %s",
-                                        (k,)).fetchone()
-                        if row is None:
-                            raise TimingAccuracyError(
-                                f"arm {arm.label}: build {arm.preset} has no setting {k!r} "
-                                "(is it the right preset? patch GUCs: "
-                                f"{json.dumps(PATCH_GUCS)})")
-                        (server if row[0] in ("postmaster", "sighup", "internal")
-                         else session).append((k, v))
-            cl = self._cluster(stack, arm.preset, tuple(server)) if server else base
-            t = _Target(arm, self.builds[arm.preset], cl)
-            t.conn, t.backend_pid = harness.connect(cl, pgss=False)
-            stack.callback(self._close, t)
-            _text_json(t.conn)
-            for k, v in session:
-                t.conn.execute(f"SET {k} = '{v}'")  # names/values checked by parse_settings
-            if self.nice is not None:
-                # other work on this shared VM kept the backend off the CPU for 2/3 of its
-                # wall time (load ~9 on 2 cores): EXPLAIN's per-node wall times were noise.
-                # A high priority for our own backend (by pid) keeps it on the CPU.
-                try:
-                    harness.prioritise(t.backend_pid, self.nice)
-                except OSError as e:
-                    raise TimingAccuracyError(
-                        f"cannot set the priority of backend {t.backend_pid} to {self.nice} "
-                        f"({e}); run as root or pass nice=None (--nice none)") from None
-            gucs = [g for p in PRESETS.get(arm.preset, []) for g in PATCH_GUCS.get(p, {})]
-            for g in dict.fromkeys([*gucs, *(k for k, _ in arm.settings)]):
-                t.shown[g] = str(t.conn.execute(f"SHOW {g}").fetchone()[0])
-            self.targets.append(t)
-
-    @staticmethod
-    def _close(t: _Target) -> None:
-        harness.close(t.conn)
-        t.conn = None
-
-    # -- executions -------------------------------------------------------------
-    def execute(self, t: _Target, workload: str, mode: str) -> dict[str, Any]:
+    def execute(self, t: harness.Target, workload: str, mode: str) -> dict[str, Any]:
         from profkit.pg.workloads import get_workload
 
         wl = get_workload(workload)
         sql = wl.query(mode, fmt="json" if mode != "plain" else None)
-        assert t.conn is not None
         try:
             # server_ms from the backend's clock_timestamp() around the statement, in
             # one message: not pg_stat_statements, which times with the clock under test
-            m = harness.timed_execute(t.conn, sql, pid=t.backend_pid, stamps=True)
-        except Exception as e:  # psycopg's errors; the caller adds where and what was kept
-            raise TimingAccuracyError(f"{mode} of {workload} failed on {t.arm.label}: {e}"
-                                      ) from e
+            m = self.session.execute(t, sql, what=f"{mode} of {workload}", stamps=True)
+        except harness.ExecFailed as e:  # the caller adds what was kept
+            raise TimingAccuracyError(f"{mode} of {workload} failed on {t.label}: {e.err}"
+                                      ) from e.err
         rows = m.rows
         res: dict[str, Any] = {"client_ms": m.client_ms, "t_start": m.t_start,
                                "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,
@@ -359,7 +278,7 @@ class _Runner:
             got = rows[0][0] if rows and rows[0] else None
             if exp is not None and got != exp:
                 raise TimingAccuracyError(
-                    f"{t.arm.label} returned {got!r} for the plain {workload} query at scale "
+                    f"{t.label} returned {got!r} for the plain {workload} query at scale "
                     f"{self.scales[workload]}, expected {exp}: the build computes wrong results")
         else:
             text = rows[0][0]
@@ -369,37 +288,34 @@ class _Runner:
             res["planning_ms"] = float(plan[0].get("Planning Time", math.nan))
         return res
 
-    def run_workload(self, workload: str) -> None:
-        pairs = [(t, m) for t in self.targets for m in MODES]
-        for _ in range(max(self.warmup, 1)):
-            for t, m in pairs:  # also checks every arm's plain result once
-                self.execute(t, workload, m)
-        for rep, slot, (t, mode) in harness.interleave(pairs, self.reps,
-                                                       f"{self.seed}-{workload}"):
-            r = self.execute(t, workload, mode)
-            self._record(t, workload, mode, rep, slot, r)
-            if slot == len(pairs) - 1:
-                self.say(f"{workload}: repetition {rep}/{self.reps} done")
+    def group(self, workload: str, seed: int, warmup: int, reps: int) -> harness.Group:
+        """The cells of one workload: its three modes on every arm."""
+        n_arms = len(self.session.arms)
 
-    def _record(self, t: _Target, workload: str, mode: str, rep: int, slot: int,
-                r: Mapping[str, Any]) -> None:
-        from profkit.pg.workloads import SEED_QUERY_NAMES
+        def cell(t: harness.Target, mode: str, rep: int, slot: int, order: int) -> None:
+            self._record(t, workload, mode, rep, slot, order, self.execute(t, workload, mode))
+            if slot == n_arms * len(MODES) - 1:
+                self.say(f"{workload}: repetition {rep}/{reps} done")
 
+        return harness.Group(workload, MODES, f"{seed}-{workload}", run=cell,
+                             warm=lambda t, m: self.execute(t, workload, m), warmup=warmup)
+
+    def _record(self, t: harness.Target, workload: str, mode: str, rep: int, slot: int,
+                order: int, r: Mapping[str, Any]) -> None:
         assert self.timings is not None and self.plans is not None
-        row = {"run_id": self.run_id, "build": t.arm.label, "workload": workload,
-               "query": SEED_QUERY_NAMES.get(mode, mode), "mode": mode, "rep": rep,
-               "order": self.order, "client_ms": r["client_ms"], "server_ms": r["server_ms"],
+        row = {"run_id": self.run_id, "build": t.label, "workload": workload,
+               "query": query_name(mode), "mode": mode, "rep": rep,
+               "order": order, "client_ms": r["client_ms"], "server_ms": r["server_ms"],
                "cpu_ms": r["cpu_ms"], "wait_ms": r["wait_ms"],
                "explain_ms": r["explain_ms"], "planning_ms": r["planning_ms"],
-               "preset": t.arm.preset,
-               "settings": ",".join(f"{k}={v}" for k, v in t.arm.settings),
-               "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"]}
+               "preset": t.arm.preset, "settings": t.arm.settings_text,
+               "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"],
+               "backend": t.block}
         self.timings.write(row)
         if r["plan"] is not None:
-            self.plans.json_line({"workload": workload, "arm": t.arm.label,
+            self.plans.json_line({"workload": workload, "arm": t.label,
                                   "preset": t.arm.preset, "mode": mode, "rep": rep,
-                                  "order": self.order, "plan": json.loads(r["plan"])})
-        self.order += 1
+                                  "order": order, "plan": json.loads(r["plan"])})
 
 
 @dataclass
@@ -443,6 +359,7 @@ def run_timing_accuracy(
     tol_pct: float = ta.DEFAULT_TOL_PCT,
     min_node_ms: float = ta.MIN_NODE_MS,
     progress: ProgressFn | None = None,
+    backends: int | str = "auto",
 ) -> TimingAccuracyResult:
     """Measure, then analyse (see the module doc).  Returns :func:`analyze_run`'s result.
 
@@ -451,7 +368,12 @@ def run_timing_accuracy(
     *build_missing* (the baseline is always built).  *clock_cost*: also measure the cost
     of one read of each clock source (profkit.collect.clock) into ``clock_cost.csv``.
     *nice*: scheduling priority given to the measured backends (by pid); ``"auto"`` =
-    −20 when running as root, else unchanged (None).
+    −20 when running as root, else unchanged (None). *backends*: independent backends
+    (each on a fresh cluster) per arm, the repetitions split between them (``"auto"``:
+    :func:`harness.auto_backends`).
+
+    Every arm runs on clusters of its own with its settings in their postgresql.conf (the
+    harness's one rule), also arms of one preset that differ only in a session setting.
     """
     from profkit.patches import PATCH_GUCS
 
@@ -475,18 +397,28 @@ def run_timing_accuracy(
     if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int)
                              or not -20 <= nice <= 19):
         raise TimingAccuracyError(f"nice must be an integer from -20 to 19 or None, got {nice!r}")
+    if backends == "auto":
+        backends = harness.auto_backends(reps)
+    if isinstance(backends, bool) or not isinstance(backends, int) or not 1 <= backends <= reps:
+        raise TimingAccuracyError(f"backends must be an integer from 1 to reps ({reps}) or "
+                                  f"'auto', got {backends!r}")
 
     try:
         run_id, out = rundir.place("timing_accuracy", path=out_dir, run_id=run_id)
     except rundir.RunDirError as e:
         raise TimingAccuracyError(str(e)) from None
     tick = coarse_tick_ms()
-    runner = _Runner(arm_list, builds, sc, reps, warmup, seed, out, run_id, say)
-    runner.nice = nice
+    session = harness.Session(
+        arm_list, {a.label: builds[a.preset] for a in arm_list}, name="ta",
+        log_dir=out / "logs",
+        options=harness.SessionOptions(backends=backends, nice=nice, pgss=False), say=say)
+    runner = _Accuracy(sc, run_id, session, say)
+    session.prepare = runner.prepare
     try:
         with rundir.open_run("timing_accuracy", path=out, run_id=run_id, latest=False, **{
             "command_line": list(sys.argv),
             "baseline": baseline, "reps": reps, "backend_nice": nice, "warmup": warmup,
+            "backends": backends,
             "order_seed": seed,
             "scales": sc, "modes": list(MODES),
             "arms": [{"label": a.label, "preset": a.preset, "settings": a.settings_dict}
@@ -508,18 +440,21 @@ def run_timing_accuracy(
             try:
                 runner.timings = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
                 runner.plans = rd.rows(PLANS_JSONL)
-                with contextlib.ExitStack() as stack:
-                    runner.start(stack)
-                    rd.update(arm_settings_shown={t.arm.label: t.shown for t in runner.targets},
-                              backend_pids={t.arm.label: t.backend_pid for t in runner.targets},
-                              clusters={f"{k[0]}{'+' + str(dict(k[1])) if k[1] else ''}":
-                                        {"dir": str(c.dir), "port": c.port,
-                                         "postmaster_pid": c.pid}
-                                        for k, c in runner.clusters.items()})
-                    for wl in sc:
-                        say(f"{wl}: warm-up, then {reps} interleaved repetitions of "
-                            f"{len(runner.targets)} arms × {len(MODES)} modes")
-                        runner.run_workload(wl)
+                def on_block(targets: list[harness.Target]) -> None:
+                    if targets[0].block == 1:
+                        rd.update(arm_settings_shown={t.label: t.shown for t in targets})
+                    rd.update(
+                        backend_pids={session.log_name(t.arm, t.block): t.backend_pid
+                                      for t in session.all_targets},
+                        clusters={session.log_name(t.arm, t.block):
+                                  {"dir": str(t.cluster.dir), "port": t.cluster.port,
+                                   "postmaster_pid": t.cluster.pid}
+                                  for t in session.all_targets})
+                    say(f"warm-up, then repetitions of {len(targets)} arms × {len(MODES)} "
+                        f"modes on {', '.join(sc)}")
+
+                session.run(reps, [runner.group(wl, seed, warmup, reps) for wl in sc],
+                            on_block=on_block)
                 rd.update(measured_at=_now())
                 if clock_cost:
                     _clock_cost(out, rd, say)

@@ -34,9 +34,9 @@ from typing import Any, NoReturn
 import pandas as pd
 
 from profkit.errors import ProfkitError
+from profkit.modes import MODES
 
 COLLECTORS = ("none", "perf", "gprof", "ltrace", "bpf", "callgrind")
-MODES = ("plain", "analyze_notiming", "analyze_timing")
 
 
 class MagicUsageError(ProfkitError):
@@ -243,7 +243,8 @@ def parse_options(line: str) -> CellOptions:
 
 def statement(cell: str, opts: CellOptions) -> str:
     """The SQL to run: the cell (one statement) or the workload's query, with EXPLAIN."""
-    from profkit.pg.workloads import EXPLAIN_PREFIX, get_workload
+    from profkit.modes import EXPLAIN_PREFIX
+    from profkit.pg.workloads import get_workload
 
     sql = cell.strip().rstrip(";").strip()
     # IPython refuses a cell magic with an empty body, so a body of comments only

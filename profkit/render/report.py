@@ -877,7 +877,7 @@ def ordering_check(summary: pd.DataFrame, comparisons: pd.DataFrame | None = Non
     *comparisons*, :func:`profkit.analyze.stats.compare_chain`) excludes zero. Empty when
     fewer than two of *builds* are in the summary.
     """
-    from profkit.pg.workloads import SEED_QUERY_NAMES
+    from profkit.modes import QUERY_NAMES as SEED_QUERY_NAMES
 
     s = summary[summary["mode"] == mode].set_index("build")
     present = [b for b in builds if b in s.index]
