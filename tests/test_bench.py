@@ -32,7 +32,8 @@ SUMMARY_COLUMNS = ["build", "mode", "n", "median_ms", "mean_ms", "variance", "ov
                    "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct", "pg_version",
                    "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms", "plain_q25_ms",
                    "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
-                   "vs_ref_instr_pct"]
+                   "vs_ref_instr_pct", "backends", "between_share_pct",
+                   "vs_ref_between_share_pct", "note"]
 MODES = ["plain", "analyze_notiming", "analyze_timing"]
 SEED = 7  # an order seed whose first repetition interleaves the two builds (checked below)
 

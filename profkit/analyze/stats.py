@@ -39,6 +39,36 @@ bootstrap of the ratio of medians covers (0.98–1.0) but is 3–12× wider, thr
 interleaving away. The median of per-repetition overheads covered 0.89–0.94 at every
 drift with the narrow width (2.4 points), so it is the estimator when pairs exist.
 The ``paired`` column says which was used.
+
+Backends: variance where it lives
+---------------------------------
+A run whose arms ran on several backends (the ``backend`` column: 1..K, each a fresh
+cluster and backend, the repetitions split into K blocks) has two levels of noise: the
+repetitions of one backend, and the backends themselves (process and memory layout,
+placement, the slow vCPU state lasting several executions). A bootstrap that resamples
+repetitions only treats one backend's bias as fixed and its interval is too narrow.
+With K ≥ 2 the interval is **hierarchical**: each resample draws K backends with
+replacement, then within each drawn backend its repetitions with replacement, and the
+statistic (median of per-repetition overheads) is taken over the pooled draw; the 95 %
+percentile interval of those resamples is reported (``ci_method`` ``hierarchical``).
+``between_share_pct`` says how much of the interval's variance comes from between-
+backend variance: 100 × (1 − var(resamples with the backends held fixed) / var(the
+hierarchical resamples)), floored at 0. With one backend the interval is the
+repetition bootstrap above and ``between_share_pct`` is empty: a one-backend run cannot
+see that variance at all.
+
+Coverage, simulated (``tests/test_stats.py::test_hierarchical_interval_coverage``; a
+two-level model: per-repetition overhead = 10 % + a backend effect N(0, 2²) + repetition
+noise N(0, 2²), in points; 300 experiments): 24 repetitions split into 6 backends of
+4, the hierarchical interval covered 0.94 where the repetition bootstrap (BCa) on the
+same data covered 0.81; with one backend of 24 repetitions (its bias fixed, as in every
+run before backends existed) the repetition bootstrap covered 0.38; the median between
+share was 76 %. In a separate sweep (400 experiments per row, /tmp scripts, not kept) with
+few backends the hierarchical percentile interval is too narrow: 0.70 (2 backends),
+0.86 (3), 0.90-0.94 (4-5), 0.93-0.97 (6-8); with no between-backend effect it covers
+0.98. Hence at least :data:`MIN_HIER_BACKENDS` backends by default
+(:func:`profkit.experiments.harness.auto_backends`), and ``ci_method`` says "too few"
+below that.
 """
 from __future__ import annotations
 
@@ -73,16 +103,22 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "pg_version", "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms",
     "plain_q25_ms", "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
     "vs_ref_instr_pct",
+    # backends per arm, the share of the interval's variance between backends (of
+    # overhead_pct's interval and of vs_ref_pct's), and a note: why a row has n = 0
+    # (every execution rejected) or that the arms chose different plans
+    "backends", "between_share_pct", "vs_ref_between_share_pct", "note",
 )
 #: The issue-13 columns a summary without :func:`attach_reference` lacks (left empty).
-_REFERENCE_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[11:]
+_REFERENCE_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[11:23]
+#: Columns after them that a summary may lack (left empty).
+_LATER_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[23:]
 
 #: Columns of the DataFrame :func:`summarize` returns.
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "build", "mode", "n", "median_ms", "mean_ms", "variance", "std_ms",
     "overhead_pct", "ci_low_pct", "ci_high_pct",
     "overhead_median_pct", "overhead_mean_pct", "center", "paired", "ci_method", "metric",
-    "q25_ms", "overhead_q25_pct",
+    "q25_ms", "overhead_q25_pct", "backends", "between_share_pct",
 )
 
 # Modes in the order the seed presents them (Query-1, -2, -3); others follow sorted.
@@ -156,6 +192,57 @@ def _bootstrap(
     return BootstrapCI(value, value, "degenerate", paired)
 
 
+#: Below this many backends the hierarchical percentile interval under-covers badly
+#: (simulated: 0.70 with 2, 0.86 with 3; 0.90-0.94 with 4-5, 0.93-0.97 with 6-8).
+MIN_HIER_BACKENDS = 4
+
+
+def hierarchical_bootstrap(
+    groups: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray] = np.median,
+    *,
+    rng: np.random.Generator,
+    confidence: float = 0.95,
+    n_resamples: int = 4000,
+) -> tuple[BootstrapCI, float]:
+    """Percentile interval of *statistic* over two-level data, and the between share.
+
+    *groups*: one array of per-repetition values per backend. Each resample draws
+    ``len(groups)`` backends with replacement, then within each its repetitions with
+    replacement; *statistic(values, axis=-1)* of the pooled draw (NaN-aware: groups of
+    unequal size are padded). Returns the interval and ``between_share_pct``: 100 × (1 −
+    var of the resamples with the backends held fixed / var of the hierarchical ones),
+    floored at 0 (NaN with fewer than two backends).
+    """
+    gs = [np.asarray(g, dtype="float64") for g in groups if len(g)]
+    k = len(gs)
+    if k < 2 or sum(len(g) for g in gs) < 3:
+        return BootstrapCI(math.nan, math.nan, "none", True), math.nan
+    sizes = np.array([len(g) for g in gs])
+    nmax = int(sizes.max())
+    arr = np.full((k, nmax), np.nan)
+    for i, g in enumerate(gs):
+        arr[i, :len(g)] = g
+    nan_stat = {np.median: np.nanmedian, np.mean: np.nanmean}.get(statistic, statistic)
+
+    def draw(chosen: np.ndarray) -> np.ndarray:
+        n = sizes[chosen]                                   # (B, K)
+        j = (rng.random((*chosen.shape, nmax)) * n[..., None]).astype(np.int64)
+        vals = arr[chosen[..., None], j]                    # (B, K, nmax)
+        vals[np.arange(nmax)[None, None, :] >= n[..., None]] = np.nan
+        return nan_stat(vals.reshape(len(chosen), -1), axis=-1)
+
+    hier = draw(rng.integers(k, size=(n_resamples, k)))
+    within = draw(np.broadcast_to(np.arange(k), (n_resamples, k)).copy())
+    alpha = (1 - confidence) / 2
+    lo, hi = (float(x) for x in np.nanquantile(hier, [alpha, 1 - alpha]))
+    vt, vw = float(np.nanvar(hier)), float(np.nanvar(within))
+    share = max(0.0, 1.0 - vw / vt) * 100.0 if vt > 0 else 0.0
+    method = "hierarchical" if k >= MIN_HIER_BACKENDS else \
+        f"hierarchical ({k} backends: too few, interval too narrow)"
+    return BootstrapCI(lo, hi, method, True), share
+
+
 def _check_timings(timings: pd.DataFrame, metric: str) -> pd.DataFrame:
     if not isinstance(timings, pd.DataFrame):
         raise ComparisonError(
@@ -200,6 +287,24 @@ def _pair(base: pd.Series, other: pd.Series, common: bool = False
         other = other.reindex(base.index)
         return base.to_numpy(), other.to_numpy(), True
     return base.to_numpy(), other.to_numpy(), False
+
+
+def _paired_keys(base: pd.Series, other: pd.Series, common: bool) -> list[Any]:
+    """The (run_id, rep) keys :func:`_pair` pairs on (when it pairs)."""
+    if common and base.index.is_unique and other.index.is_unique:
+        keys = [k for k in base.index if k in set(other.index)]
+        if len(keys) >= 2:
+            return keys
+    return list(base.index)
+
+
+def _backend_of(df: pd.DataFrame) -> pd.Series:
+    """(run_id, rep) -> the backend (1..K) that ran it; 1 for runs without the column."""
+    idx = pd.MultiIndex.from_frame(df[["run_id", "rep"]])
+    if "backend" not in df.columns:
+        return pd.Series(1, index=idx).groupby(level=[0, 1]).first()
+    b = pd.to_numeric(df["backend"], errors="coerce").fillna(1).astype("int64")
+    return pd.Series(b.to_numpy(), index=idx).groupby(level=[0, 1]).first()
 
 
 def _mode_sort_key(mode: str) -> tuple[int, str]:
@@ -278,6 +383,8 @@ def summarize(
                 "with the plain mode included"
             )
         base = _keyed(base_df, metric)
+        backend_of = _backend_of(bdf)
+        n_backends = int(backend_of.nunique())
         for mode in modes:
             cur = _keyed(bdf[bdf["mode"] == mode], metric)
             vals = cur.to_numpy()
@@ -290,6 +397,7 @@ def summarize(
                 "variance": float(np.var(vals, ddof=1)) if n > 1 else math.nan,
                 "std_ms": float(np.std(vals, ddof=1)) if n > 1 else math.nan,
                 "center": center, "metric": metric,
+                "backends": n_backends, "between_share_pct": math.nan,
             }
             if mode == BASELINE_MODE:
                 row.update(
@@ -301,11 +409,18 @@ def summarize(
                 b, o, paired = _pair(base, cur, common=pair == "common")
                 paired = paired and pair != "never"
                 stat = paired_stat if paired else ratio_stat
-                ci = _bootstrap(
-                    (b, o), stat, paired=paired,
-                    rng=_cell_rng(seed, build, mode, metric, center),
-                    confidence=confidence, n_resamples=n_resamples,
-                )
+                rng = _cell_rng(seed, build, mode, metric, center)
+                ids = (backend_of.reindex(_paired_keys(base, cur, pair == "common"))
+                       .fillna(1).to_numpy() if paired else np.ones(0))
+                if paired and len(np.unique(ids)) >= 2:
+                    r = np.asarray(_pct(o, b))
+                    ci, share = hierarchical_bootstrap(
+                        [r[ids == g] for g in np.unique(ids)], stat_fn, rng=rng,
+                        confidence=confidence, n_resamples=min(n_resamples, 4000))
+                    row["between_share_pct"] = share
+                else:
+                    ci = _bootstrap((b, o), stat, paired=paired, rng=rng,
+                                    confidence=confidence, n_resamples=n_resamples)
                 row.update(
                     overhead_pct=float(stat(b, o)),
                     ci_low_pct=ci.low, ci_high_pct=ci.high,
@@ -316,14 +431,14 @@ def summarize(
                 )
             rows.append(row)
     out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-    return out.astype({"n": "int64", "paired": "bool"})
+    return out.astype({"n": "int64", "paired": "bool", "backends": "int64"})
 
 
 def _empty_summary() -> pd.DataFrame:
     out = pd.DataFrame({c: pd.Series(dtype="float64") for c in SUMMARY_COLUMNS})
     return out.astype({
         "build": "string", "mode": "string", "n": "int64", "center": "string",
-        "paired": "bool", "ci_method": "string", "metric": "string",
+        "paired": "bool", "ci_method": "string", "metric": "string", "backends": "int64",
     })
 
 
@@ -529,9 +644,9 @@ def summary_table(summary: pd.DataFrame,
     if "instr" not in summary.columns or instr_counts is not None:
         summary = attach_instructions(summary, instr_counts)
     summary = summary.copy()
-    for c in _REFERENCE_COLUMNS:
+    for c in (*_REFERENCE_COLUMNS, *_LATER_COLUMNS):
         if c not in summary.columns:
-            summary[c] = math.nan
+            summary[c] = math.nan if c != "note" else ""
     missing = [c for c in SUMMARY_CSV_COLUMNS if c not in summary.columns]
     if missing:
         raise ComparisonError(
@@ -544,7 +659,8 @@ def summary_table(summary: pd.DataFrame,
                   ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3),
                   ("q25_ms", 4), ("plain_median_ms", 4), ("plain_q25_ms", 4),
                   ("vs_ref_pct", 3), ("vs_ref_ci_low_pct", 3), ("vs_ref_ci_high_pct", 3),
-                  ("vs_ref_instr_pct", 3)):
+                  ("vs_ref_instr_pct", 3), ("between_share_pct", 1),
+                  ("vs_ref_between_share_pct", 1)):
         out[c] = out[c].astype("float64").round(nd)
     return out
 
@@ -607,6 +723,7 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
     if metric == "cpu_kept_ms":
         kwargs.setdefault("pair", "common")
     plain_rows = out[out["mode"] == BASELINE_MODE].set_index("build")
+    out["vs_ref_between_share_pct"] = math.nan
     for c in _REFERENCE_COLUMNS:
         if c in ("q25_ms", "metric") and c in out.columns:
             continue  # from summarize
@@ -645,6 +762,7 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
         out.at[i, "vs_ref_pct"] = r["overhead_pct"]
         out.at[i, "vs_ref_ci_low_pct"] = r["ci_low_pct"]
         out.at[i, "vs_ref_ci_high_pct"] = r["ci_high_pct"]
+        out.at[i, "vs_ref_between_share_pct"] = r["between_share_pct"]
     return out
 
 
