@@ -915,11 +915,119 @@ def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
                      **kwargs: Any) -> pd.DataFrame:
     """:func:`profkit.analyze.stats.summarize` on any of :data:`METRICS` (default: see
     :func:`default_metric`); ``cpu_kept_ms`` pairs on the repetitions kept (pair
-    ``"common"``)."""
+    ``"common"``).
+
+    Nothing measured disappears: a (build, mode) the timings hold but the metric left
+    without a value (every execution rejected by the vCPU rule) keeps its row with n = 0
+    and the reason in ``note``; a build whose plain executions were all rejected keeps
+    its other rows (n, medians) without an overhead, and says so.
+    """
     metric = metric or default_metric(timings)
     frame, col = metric_frame(timings, metric)
     if metric == "cpu_kept_ms":
         kwargs.setdefault("pair", "common")
-    out = summarize(frame, col, **kwargs)  # type: ignore[arg-type]
+    with_plain = set(frame.loc[frame["mode"] == BASELINE_MODE, "build"])
+    ok = frame[frame["build"].isin(with_plain)]
+    out = summarize(ok, col, **kwargs) if not ok.empty else _empty_summary()  # type: ignore[arg-type]
     out["metric"] = metric
-    return out
+    out["note"] = ""
+    return add_dropped_cells(out, timings, frame, col, metric)
+
+
+def _rejected_reason(metric: str, n_all: int, n_kept: int) -> str:
+    if metric == "cpu_kept_ms":
+        why = "the vCPU calibration just before or after it ran slow"
+    else:
+        why = f"no {metric} value"
+    if n_kept == 0:
+        return f"all {n_all} executions rejected ({why}): not measured"
+    return (f"no plain Query-1 of this build kept ({why}): {n_kept} of {n_all} kept, "
+            "no overhead")
+
+
+def add_dropped_cells(summary: pd.DataFrame, timings: pd.DataFrame, kept: pd.DataFrame,
+                      col: str, metric: str) -> pd.DataFrame:
+    """*summary* plus a row for every (build, mode) of *timings* it lacks (see
+    :func:`summarize_metric`): n = the executions *kept* holds, medians of those, the
+    reason in ``note``."""
+    if timings.empty:
+        return summary
+    have = set(zip(summary["build"], summary["mode"], strict=True))
+    n_all = timings.groupby(["build", "mode"]).size()
+    extra = []
+    for (build, mode), n in n_all.items():
+        if (build, mode) in have:
+            continue
+        vals = kept.loc[(kept["build"] == build) & (kept["mode"] == mode), col].astype(
+            "float64").to_numpy()
+        k = len(vals)
+        extra.append({
+            "build": build, "mode": mode, "n": k,
+            "median_ms": float(np.median(vals)) if k else math.nan,
+            "mean_ms": float(np.mean(vals)) if k else math.nan,
+            "q25_ms": float(np.quantile(vals, 0.25)) if k else math.nan,
+            "variance": float(np.var(vals, ddof=1)) if k > 1 else math.nan,
+            "overhead_pct": math.nan, "ci_low_pct": math.nan, "ci_high_pct": math.nan,
+            "paired": False, "ci_method": "none", "metric": metric,
+            "backends": int(timings.loc[timings["build"] == build, "backend"].nunique())
+            if "backend" in timings.columns else 1,
+            "note": _rejected_reason(metric, int(n), k)})
+    if not extra:
+        return summary
+    out = pd.concat([summary, pd.DataFrame(extra)], ignore_index=True)
+    order = {b: i for i, b in enumerate(build_order(out["build"].astype(str).tolist()))}
+    out = out.assign(_b=out["build"].map(order), _m=out["mode"].map(
+        lambda m: _mode_sort_key(str(m)))).sort_values(["_b", "_m"], kind="stable")
+    return out.drop(columns=["_b", "_m"]).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- A/A
+
+
+@dataclass(frozen=True)
+class AACheck:
+    """An A/A arm (the reference build again, on clusters and backends of its own)
+    against its reference, plain Query-1: every difference it shows is noise.
+
+    ``detectable_pct``: the larger end of its 95 % interval in absolute value — a
+    difference between builds smaller than that is within what the same build showed
+    against itself in this run. ``excludes_zero``: the A/A interval excludes 0 (a false
+    positive of the interval; at 95 % this should happen in about 1 run of 20).
+    """
+
+    aa: str
+    ref: str
+    diff_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    detectable_pct: float
+    excludes_zero: bool
+    between_share_pct: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"A/A: {self.aa} vs {self.ref}, plain Query-1: {self.diff_pct:+.2f} % "
+                f"[{self.ci_low_pct:+.2f}, {self.ci_high_pct:+.2f}]"
+                + (" — the interval EXCLUDES 0 (a false positive: treat the other "
+                   "intervals of this run with suspicion)" if self.excludes_zero else "")
+                + f"; the smallest difference this run could detect: ±{self.detectable_pct:.2f} %")
+
+
+def aa_check(summary: pd.DataFrame, aa_label: str) -> AACheck | None:
+    """The A/A reading of a summary with :func:`attach_reference`'s columns (None when
+    the arm or its interval is missing)."""
+    if "vs_ref_ci_low_pct" not in summary.columns:
+        return None
+    row = summary[(summary["build"] == aa_label) & (summary["mode"] == BASELINE_MODE)]
+    if row.empty:
+        return None
+    r = row.iloc[0]
+    lo, hi = float(r["vs_ref_ci_low_pct"]), float(r["vs_ref_ci_high_pct"])
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    share = r.get("vs_ref_between_share_pct", math.nan)
+    return AACheck(aa_label, str(r.get("ref_build")), float(r["vs_ref_pct"]), lo, hi,
+                   max(abs(lo), abs(hi)), bool(lo > 0 or hi < 0),
+                   float(share) if share is not None and pd.notna(share) else math.nan)

@@ -69,6 +69,8 @@ def _print_results(files: Any) -> None:
         out_console.print(comparisons_table(files.comparisons))
     for line in ordering_check(files.summary, files.comparisons):
         out_console.print(line, highlight=False)
+    for line in getattr(files, "notes", ()):
+        out_console.print(line, highlight=False)
     out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
                       f"chart: {files.chart_png} (+ .svg)", highlight=False)
 

@@ -946,6 +946,9 @@ class ReportFiles:
     report_md: Path
     chart_png: Path
     chart_svg: Path
+    #: lines for the console: plans, executions not measured, the A/A reading, backends
+    notes: tuple[str, ...] = ()
+    aa: Any = None
 
 
 def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | None = None,
@@ -959,6 +962,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     the main table.
     """
     from profkit.analyze.stats import (
+        aa_check,
         attach_instructions,
         attach_reference,
         compare_chain,
@@ -968,6 +972,8 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     )
     from profkit.render.report import (
         bench_extra_sections,
+        engine_notes,
+        engine_sections,
         plot_overheads,
         render_markdown,
         report_provenance,
@@ -980,6 +986,10 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     s = summarize_metric(timings, metric, center=center)
     s = attach_instructions(s, instr)
     s = attach_reference(s, timings, builds_info(prov, timings), instr, metric, center=center)
+    if prov.get("plan_differs"):
+        mark = "plans differ between builds (measured with --allow-plan-differences)"
+        s["note"] = [f"{n}; {mark}" if n else mark for n in s["note"].fillna("")]
+    aa = aa_check(s, str(prov.get("aa_label"))) if prov.get("aa_label") else None
     comps = None
     builds = timings["build"].unique().tolist()
     if len(builds) >= 2 and not timings.empty:
@@ -996,6 +1006,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
         write_summary_csv(s, d / SUMMARY_CSV)
         plot_overheads(s, d / CHART_PNG, d / CHART_SVG, provenance=rprov)
         md = render_markdown(s, rprov, comparisons=comps, chart=CHART_PNG)
+        md += engine_sections(s, prov, aa)
         md += bench_extra_sections(timings, instr, metric, center)
         (d / REPORT_MD).write_text(md)
     except OSError as e:
@@ -1003,6 +1014,6 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
             raise ProfilesFull(_full_message(d, e, 0)) from None
         raise
     return ReportFiles(d, s, comps, d / SUMMARY_CSV, d / REPORT_MD, d / CHART_PNG,
-                       d / CHART_SVG)
+                       d / CHART_SVG, tuple(engine_notes(s, prov, aa)), aa)
 
 
