@@ -433,3 +433,12 @@ def test_summarize_uses_backends_when_the_run_has_them():
     assert 0 <= r4.between_share_pct <= 100
     assert r4.overhead_pct == pytest.approx(r1.overhead_pct)  # the estimate is the same
     assert r4.ci_low_pct < 30 < r4.ci_high_pct
+
+
+def test_wilson_interval_known_values():
+    # 1 of 20: 0.05 [0.0089, 0.2361] (Wilson score, 95 %)
+    lo, hi = stats.wilson_interval(1, 20)
+    assert lo == pytest.approx(0.00889, abs=1e-4) and hi == pytest.approx(0.2361, abs=1e-4)
+    lo0, hi0 = stats.wilson_interval(0, 20)
+    assert lo0 == 0.0 and hi0 == pytest.approx(0.1611, abs=1e-4)
+    assert all(math.isnan(x) for x in stats.wilson_interval(0, 0))

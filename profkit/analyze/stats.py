@@ -1031,3 +1031,16 @@ def aa_check(summary: pd.DataFrame, aa_label: str) -> AACheck | None:
     return AACheck(aa_label, str(r.get("ref_build")), float(r["vs_ref_pct"]), lo, hi,
                    max(abs(lo), abs(hi)), bool(lo > 0 or hi < 0),
                    float(share) if share is not None and pd.notna(share) else math.nan)
+
+
+def wilson_interval(hits: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate *hits* / *n* (Wilson 1927): honest near
+    0 and 1, where the normal approximation is not. (nan, nan) for n = 0."""
+    if n <= 0:
+        return math.nan, math.nan
+    z = float(sps.norm.ppf(0.5 + confidence / 2))
+    p = hits / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
