@@ -67,6 +67,35 @@ from profkit.experiments import harness
 from profkit.modes import PLAN_PREFIX, query_name
 from profkit.parse.explain import explain_times
 from profkit.progress import Progress, ProgressFn, as_progress
+from profkit.analyze.stats import (
+    aa_check,
+    attach_instructions,
+    attach_reference,
+    compare_chain,
+    default_metric,
+    metric_frame,
+    summarize_metric,
+)
+from profkit.collect.artifacts import server_settings
+from profkit.collect.callgrind import (
+    collect_callgrind_cluster,
+    instruction_counter,
+    perf_stat_instructions,
+)
+from profkit.parse.callgrind import instr_counts_from_session
+from profkit.pg.build import Build, presets
+from profkit.pg.cluster import BENCH_SETTINGS
+from profkit.pg.workloads import EXPLAIN_PREFIX, check_scale, get_workload
+from profkit.render.report import (
+    bench_extra_sections,
+    engine_notes,
+    engine_sections,
+    plot_overheads,
+    render_markdown,
+    report_provenance,
+    seed_table,
+    write_summary_csv,
+)
 
 if TYPE_CHECKING:
 
@@ -156,7 +185,6 @@ def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
     setting, or an unknown preset (naming the known ones) — before anything is built or
     started.
     """
-    from profkit.pg.build import Build, presets
 
     items: list[Any] = [] if isinstance(builds, str) else list(builds)
     if isinstance(builds, str):
@@ -213,7 +241,6 @@ def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps
     (:func:`add_aa_arm`). *allow_plan_differences*: keep going when the arms chose
     different plans (marked in every table) instead of stopping.
     """
-    from profkit.pg.workloads import EXPLAIN_PREFIX, check_scale, get_workload
 
     get_workload(workload)  # WorkloadError naming the known ones
     check_scale(scale)
@@ -539,7 +566,6 @@ def choose_instr_scale(workload: str, scale: float, timings: pd.DataFrame,
 
 def resolve_counter(instructions: InstructionCounter) -> str:
     """'callgrind', 'perf_stat' or 'none' for the requested counter ('auto': what works)."""
-    from profkit.collect.callgrind import instruction_counter
 
     if instructions not in ("auto", "callgrind", "perf_stat", "none"):
         raise BenchError(f"instructions must be auto, callgrind, perf_stat or none, not "
@@ -550,8 +576,6 @@ def resolve_counter(instructions: InstructionCounter) -> str:
 
 
 def _count_callgrind(r: _Bench, instr_scale: float, timeout: float) -> pd.DataFrame:
-    from profkit.collect.callgrind import collect_callgrind_cluster
-    from profkit.parse.callgrind import instr_counts_from_session
 
     queries = {m: r.wl.query(m) for m in r.req.modes}
 
@@ -585,7 +609,6 @@ def _count_callgrind(r: _Bench, instr_scale: float, timeout: float) -> pd.DataFr
 
 
 def _count_perf_stat(r: _Bench) -> pd.DataFrame:
-    from profkit.collect.callgrind import perf_stat_instructions
 
     rows = []
     r.progress.phase("instruction counts (perf stat)", len(r.targets) * len(r.req.modes))
@@ -623,7 +646,6 @@ class BenchResult:
 
     def summary(self, metric: str | None = None) -> pd.DataFrame:
         """Per build and mode, as in summary.csv (with the columns against vanilla)."""
-        from profkit.analyze.stats import attach_instructions, attach_reference, summarize_metric
 
         s = attach_instructions(summarize_metric(self.timings, metric), self.instructions)
         return attach_reference(s, self.timings, builds_info(self.provenance, self.timings),
@@ -632,7 +654,6 @@ class BenchResult:
     def _repr_html_(self) -> str:
         import html
 
-        from profkit.render.report import seed_table
 
         head = (f"<b>Benchmark {html.escape(self.run_id)}</b>: {self.provenance.get('workload')} "
                 f"at scale {self.provenance.get('scale')}, {self.provenance.get('reps')} "
@@ -692,9 +713,6 @@ def run_bench(
     (naming the build and repetition; rows so far kept), :class:`PlanDifference` (the
     arms chose different plans), :class:`ProfilesFull`.
     """
-    from profkit.pg.build import Build
-    from profkit.pg.cluster import BENCH_SETTINGS
-    from profkit.pg.workloads import check_scale, get_workload
 
     # a BenchRequest is already checked (the CLI checks before it names the run)
     req = (builds if isinstance(builds, BenchRequest)
@@ -787,7 +805,6 @@ def _measure(runner: _Bench, rd: rundir.RunDir, seed: int, counter: str,
              reporter: Progress) -> pd.DataFrame | None:
     """The session's blocks (clusters, warm-up, interleaved repetitions), then the
     instruction counts on the last block's backends."""
-    from profkit.collect.artifacts import server_settings
 
     req, out, session = runner.req, runner.out_dir, runner.session
     instr: list[pd.DataFrame | None] = [None]
@@ -961,24 +978,6 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     client_ms (default: :func:`default_metric`); the report shows the other two below
     the main table.
     """
-    from profkit.analyze.stats import (
-        aa_check,
-        attach_instructions,
-        attach_reference,
-        compare_chain,
-        default_metric,
-        metric_frame,
-        summarize_metric,
-    )
-    from profkit.render.report import (
-        bench_extra_sections,
-        engine_notes,
-        engine_sections,
-        plot_overheads,
-        render_markdown,
-        report_provenance,
-        write_summary_csv,
-    )
 
     res = run if isinstance(run, BenchResult) else load_bench(run)
     d, prov, timings, instr = res.out_dir, res.provenance, res.timings, res.instructions

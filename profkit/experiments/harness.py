@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 from profkit.errors import ProfkitError
 from profkit.collect.procfs import schedstat
 from profkit.collect.vcpu import VcpuProbe, counter_deltas, pin, proc_counters
+from profkit.pg.build import find_build, get_build
+from profkit.pg.cluster import Cluster, ClusterError
 
 if TYPE_CHECKING:
     import psycopg
@@ -240,7 +242,6 @@ def resolve_build(arm: Arm, progress: Callable[[str], None] | None = None,
     A variant (``vanilla@layout2``) is asked of the build layer by that full name; a
     build layer without variants refuses it with a message saying so.
     """
-    from profkit.pg.build import find_build, get_build
 
     if cached_only:
         return find_build(arm.preset)
@@ -258,7 +259,6 @@ class Clusters:
     def start(self, build: Build, name: str, settings: Mapping[str, str] | None = None, *,
               log_name: str | None = None) -> Cluster:
         """Start cluster *name* of *build*; its log goes to ``logs/postgres-<log_name>.log``."""
-        from profkit.pg.cluster import Cluster
 
         cl = Cluster(build, name=name, settings=dict(settings or {}))
         self.stack.enter_context(cl)
@@ -660,7 +660,6 @@ class Session:
 
     def open_block(self, stack: contextlib.ExitStack, block: int) -> list[Target]:
         """Start every arm's cluster and backend of *block* (stopped when *stack* closes)."""
-        from profkit.pg.cluster import ClusterError
 
         if self.given is not None:
             t = Target(self.arms[0], self.given.build, self.given, block)

@@ -54,6 +54,11 @@ from profkit.parse.explain import execution_ms
 from profkit.progress import ProgressFn
 from profkit.render import markdown as render_md
 from profkit.pg.workloads import Workload, get_workload
+from profkit.collect import bpf, callgrind as cg, ltrace as lt, perf
+from profkit.collect.bpf import DEFAULT_COST_NS
+from profkit.parse.ltrace import parse_ltrace_summary
+from profkit.run import run
+from profkit.rundir import load_run
 
 if TYPE_CHECKING:
     import psycopg
@@ -185,8 +190,6 @@ class _ObserverRun:
         conn = self.conn
         if method == "ltrace":
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
-                from profkit.collect import ltrace as lt
-                from profkit.parse.ltrace import parse_ltrace_summary
 
                 run = lt.count_calls(conn, runner=go, functions=("clock_gettime",), out_dir=d)
                 df = parse_ltrace_summary(run.summary_text)
@@ -197,7 +200,6 @@ class _ObserverRun:
             per_node = variant == "per_node"
 
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
-                from profkit.collect import bpf
 
                 fns = ((*bpf.BINARY_FUNCTIONS, *bpf.LIBC_FUNCTIONS) if per_node
                        else ("clock_gettime",))
@@ -213,7 +215,6 @@ class _ObserverRun:
             freq = int(variant[:-2])
 
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
-                from profkit.collect import perf
 
                 d.parent.mkdir(parents=True, exist_ok=True)
                 run = new_run("perf", base=d.parent, run_id=d.name, workload=self.wl.name,
@@ -233,7 +234,6 @@ class _ObserverRun:
     # -- guard -----------------------------------------------------------------
     def estimate(self, force: bool, max_ms: float) -> dict[str, dict[str, int]]:
         """Predicted hits and the guard's cost per (method, variant, mode), before attaching."""
-        from profkit.collect import bpf
 
         assert self.conn is not None
         plan = self.conn.execute(self.wl.query("analyze_notiming", fmt="json"),
@@ -279,7 +279,6 @@ class _ObserverRun:
 
 def _uprobe_hits(res: Any) -> int:
     """All probe hits of a per-node bcc/bpftrace run: entries, plus returns where popped."""
-    from profkit.collect import bpf
 
     total = 0
     for fn in res.attached:
@@ -292,8 +291,6 @@ def _uprobe_hits(res: Any) -> int:
 
 def _count_perf_samples(data: Path) -> int:
     """Samples in a perf.data: one ``perf script -F period`` line each."""
-    from profkit.collect import perf
-    from profkit.run import run
 
     cp = run([perf.perf_path(), "--buildid-dir", str(perf.buildid_dir()), "script",
               "-F", "period", "-i", str(data)], timeout=300, check=False, what="perf script")
@@ -309,7 +306,6 @@ def _callgrind(cluster: Cluster, queries: Mapping[str, str], out_dir: Path,
     The postmaster is paused for it (single-user mode needs the data directory)
     and resumed after; open connections die and must be reopened.
     """
-    from profkit.collect import callgrind as cg
 
     return cg.collect_callgrind_cluster(cluster, queries, out_dir, dbname=dbname)
 
@@ -430,8 +426,6 @@ def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:
     hit_costs.csv and slowdown.md, and returns them.  A run can so be
     summarised again later (e.g. after the guard's defaults change).
     """
-    from profkit.rundir import load_run
-    from profkit.collect.bpf import DEFAULT_COST_NS
 
     rd = load_run(run_dir)
     try:
@@ -474,7 +468,6 @@ def uptime() -> str:
     exe = shutil.which("uptime")
     if exe is None:
         return "load average: " + " ".join(f"{x:.2f}" for x in loadavg())
-    from profkit.run import run
 
     try:
         return run([exe], timeout=10, check=False).stdout.strip()

@@ -49,6 +49,11 @@ from profkit.experiments import harness
 from profkit.modes import MODES, query_name
 from profkit.render import markdown as render_md
 from profkit.progress import ProgressFn
+from profkit.collect.clock import measure_clocks
+from profkit.patches import PATCH_GUCS, PRESETS
+from profkit.pg.build import find_build, get_build, presets
+from profkit.pg.workloads import check_scale, get_workload
+from profkit.rundir import load_run
 
 if TYPE_CHECKING:
     import psycopg
@@ -119,7 +124,6 @@ def parse_arm(text: str | Arm) -> Arm:
 
 
 def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
-    from profkit.pg.build import presets
 
     parsed = [parse_arm(a) for a in arms]
     if not parsed:
@@ -144,7 +148,6 @@ def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
 
 
 def check_scales(scales: Mapping[str, float]) -> dict[str, float]:
-    from profkit.pg.workloads import check_scale, get_workload
 
     if not scales:
         raise TimingAccuracyError("no workloads given")
@@ -163,7 +166,6 @@ def resolve_builds(arms: Sequence[Arm], *, build_missing: bool, baseline: str,
     Without *build_missing* an arm whose build is not in the cache is skipped (and
     listed), except the baseline's: without it nothing can be compared.
     """
-    from profkit.pg.build import find_build, get_build
 
     builds: dict[str, Build] = {}
     skipped: list[Arm] = []
@@ -243,8 +245,6 @@ class _Accuracy:
     def prepare(self, t: harness.Target) -> None:
         """A fresh backend: every workload loaded, EXPLAIN's json as text, the patch
         settings in effect recorded (``SHOW``)."""
-        from profkit.patches import PATCH_GUCS, PRESETS
-        from profkit.pg.workloads import get_workload
 
         assert t.conn is not None
         for wl, sc in self.scales.items():
@@ -257,7 +257,6 @@ class _Accuracy:
                  + ", ".join(f"{w} @ {s:g}" for w, s in self.scales.items()))
 
     def execute(self, t: harness.Target, workload: str, mode: str) -> dict[str, Any]:
-        from profkit.pg.workloads import get_workload
 
         wl = get_workload(workload)
         sql = wl.query(mode, fmt="json" if mode != "plain" else None)
@@ -375,7 +374,6 @@ def run_timing_accuracy(
     Every arm runs on clusters of its own with its settings in their postgresql.conf (the
     harness's one rule), also arms of one preset that differ only in a session setting.
     """
-    from profkit.patches import PATCH_GUCS
 
     say = progress or (lambda s: None)
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
@@ -473,7 +471,6 @@ def run_timing_accuracy(
 
 def _clock_cost(out: Path, rd: RunDir, say: ProgressFn) -> None:
     """ns per read of each clock source the arms use (context for the cost table)."""
-    from profkit.collect.clock import measure_clocks
 
     try:
         df = measure_clocks(("clock_monotonic", "clock_monotonic_coarse", "rdtsc", "rdtscp"),
@@ -617,7 +614,6 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     it was measured; "" for none): the verdicts also say how far each arm's node
     times are from it (``accuracy_vs_<reference>.csv``).
     """
-    from profkit.rundir import load_run
 
     rd = load_run(run_dir)
     out = rd.path
