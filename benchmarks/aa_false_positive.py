@@ -18,6 +18,12 @@ backend's CPU time without the executions the vCPU calibration found slow). The 
 designs alternate run by run, so a change of the machine's load hits both alike. The
 total wall time is printed: that is the price of the check.
 
+The same runs are then read again with other estimators on every execution's CPU time
+(:func:`profkit.analyze.stats.paired_estimates`: the median of per-repetition ratios,
+the ratio of lower quartiles, the ratio of minima; intervals resampling backends, then
+repetitions): how often each calls vanilla different from vanilla on this machine's
+bimodal slow state.
+
 Usage::
 
     .venv/bin/python benchmarks/aa_false_positive.py --runs 20 --scale 0.02 --reps 12
@@ -34,7 +40,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from profkit.analyze.stats import wilson_interval
+import numpy as np
+
+from profkit.analyze.stats import ESTIMATORS, paired_estimates, wilson_interval
 from profkit.experiments import bench
 
 
@@ -48,6 +56,21 @@ class Outcome:
     excludes_zero: bool
     between_share_pct: float
     seconds: float
+    #: estimator -> its A/A interval excludes 0 (every execution's cpu_ms)
+    others: dict[str, bool]
+
+
+def other_estimators(run_dir: Path) -> dict[str, bool]:
+    t = bench.load_timings(run_dir)
+    t = t[t["mode"] == "plain"]
+    if "backend" not in t.columns:
+        t = t.assign(backend=1)
+    w = t.pivot_table(index="rep", columns="build", values="cpu_ms", aggfunc="first")
+    bk = t.groupby("rep")["backend"].first().reindex(w.index)
+    w = w.dropna()
+    est = paired_estimates(w["vanilla"].to_numpy(), w[bench.AA_LABEL].to_numpy(),
+                           bk.loc[w.index].to_numpy(), rng=np.random.default_rng(11))
+    return {k: bool(lo > 0 or hi < 0) for k, (_e, lo, hi) in est.items()}
 
 
 def one_run(design: str, root: Path, args: argparse.Namespace, seed: int) -> Outcome:
@@ -61,7 +84,8 @@ def one_run(design: str, root: Path, args: argparse.Namespace, seed: int) -> Out
     if aa is None:
         raise SystemExit(f"{res.out_dir}: no A/A interval (too few executions kept?)")
     return Outcome(design, res.out_dir, aa.diff_pct, aa.ci_low_pct, aa.ci_high_pct,
-                   aa.excludes_zero, aa.between_share_pct, time.monotonic() - t0)
+                   aa.excludes_zero, aa.between_share_pct, time.monotonic() - t0,
+                   other_estimators(res.out_dir))
 
 
 def reread(root: Path) -> list[Outcome]:
@@ -75,7 +99,8 @@ def reread(root: Path) -> list[Outcome]:
             if aa is None:
                 continue
             out.append(Outcome(design, d, aa.diff_pct, aa.ci_low_pct, aa.ci_high_pct,
-                               aa.excludes_zero, aa.between_share_pct, math.nan))
+                               aa.excludes_zero, aa.between_share_pct, math.nan,
+                               other_estimators(d)))
     return out
 
 
@@ -96,6 +121,16 @@ def summary(outcomes: list[Outcome], wall_s: float | None) -> str:
         secs = [x.seconds for x in o if not math.isnan(x.seconds)]
         if secs:
             lines.append(f"  {design}: {sum(secs) / len(secs):.0f} s per run")
+    lines += ["", "other estimators on every execution's cpu_ms (same runs): design | "
+              "estimator | excludes 0 | rate [Wilson 95 %]"]
+    for design in ("before", "after"):
+        o = [x for x in outcomes if x.design == design]
+        for k in ESTIMATORS:
+            hits = sum(x.others.get(k, False) for x in o)
+            if o:
+                lo, hi = wilson_interval(hits, len(o))
+                lines.append(f"{design} | {k} | {hits}/{len(o)} | {hits / len(o):.3f} "
+                             f"[{lo:.3f}, {hi:.3f}]")
     if wall_s is not None:
         lines.append(f"total wall time {wall_s / 60:.1f} min (taken under load: other work "
                      "shared the machine's CPUs)")

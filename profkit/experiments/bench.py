@@ -746,7 +746,7 @@ def run_bench(
             req.refs, built, name="bench", log_dir=out / "logs",
             options=harness.SessionOptions(backends=req.backends, pin_cpu=pin,
                                            calibrate=calibrate, settings=req.settings),
-            say=reporter.say)
+            say=reporter.say, arm_word="build")
         runner = _Bench(req, wl, run_id, out, reporter, session)
         session.prepare = runner.prepare
         instr_df: pd.DataFrame | None = None
@@ -860,7 +860,10 @@ def _measure(runner: _Bench, rd: rundir.RunDir, seed: int, counter: str,
 
     group = harness.Group("bench", req.modes, seed, run=runner.cell, warm=runner.warm,
                           warmup=req.warmup)
-    session.run(req.reps, [group], after=after, on_block=on_block)
+    try:
+        session.run(req.reps, [group], after=after, on_block=on_block)
+    except harness.HarnessError as e:  # not an execution's failure: a cluster's, a setting's
+        raise BenchError(str(e), run_dir=out, rows=len(runner.rows)) from None
     if instr[0] is not None:
         tmp = out / (INSTRUCTIONS_CSV + ".tmp")
         instr[0].to_csv(tmp, index=False)

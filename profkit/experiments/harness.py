@@ -626,8 +626,9 @@ class Session:
     def __init__(self, arms: Sequence[Arm], builds: Mapping[str, Build], *, name: str,
                  log_dir: Path, options: SessionOptions | None = None,
                  prepare: Callable[[Target], None] | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, arm_word: str = "arm") -> None:
         self.arms = list(arms)
+        self.arm_word = arm_word  # what the experiment calls an arm in its messages
         self.builds = dict(builds)
         self.name = name
         self.log_dir = log_dir
@@ -686,7 +687,8 @@ class Session:
             except ClusterError as e:
                 if arm.settings and "configuration" in str(e):
                     raise HarnessError(
-                        f"the cluster of {arm.label!r} (preset {arm.preset}) did not start "
+                        f"the cluster of {self.arm_word} {arm.label!r} (preset {arm.preset}) "
+                        "did not start "
                         f"with its settings {arm.settings_text}: is every name a setting of "
                         f"this build (`SHOW ALL` on it)? {e}") from None
                 raise

@@ -451,8 +451,11 @@ def run_timing_accuracy(
                     say(f"warm-up, then repetitions of {len(targets)} arms × {len(MODES)} "
                         f"modes on {', '.join(sc)}")
 
-                session.run(reps, [runner.group(wl, seed, warmup, reps) for wl in sc],
-                            on_block=on_block)
+                try:
+                    session.run(reps, [runner.group(wl, seed, warmup, reps) for wl in sc],
+                                on_block=on_block)
+                except harness.HarnessError as e:
+                    raise TimingAccuracyError(str(e)) from None
                 rd.update(measured_at=_now())
                 if clock_cost:
                     _clock_cost(out, rd, say)
