@@ -41,9 +41,15 @@ returns (or any run directory, read back by :func:`load_bench` through
 :func:`profkit.rundir.load_run`) into ``summary.csv``, ``report.md`` and the overhead
 chart: statistics from :mod:`profkit.analyze.stats`, every file from :mod:`profkit.render`.
 
-Every execution is timed by :func:`profkit.experiments.harness.timed_execute`, in the
-order :func:`~profkit.experiments.harness.interleave` draws; the clusters are
-:class:`~profkit.experiments.harness.Clusters` (server logs kept in ``logs/``).
+The benchmark is a hook on :class:`profkit.experiments.harness.Session`, the engine:
+it starts every arm's cluster (server logs kept in ``logs/``), on *backends* K fresh
+clusters and backends per arm in turn (the repetitions split into K blocks, every block
+interleaving all arms; ``backend`` column), times every execution with
+:func:`~profkit.experiments.harness.timed_execute` in the order
+:func:`~profkit.experiments.harness.interleave` draws, and reports failures; this module
+loads the workload, records each arm's plan (``EXPLAIN (COSTS OFF)``: arms that chose
+different plans stop the run unless allowed), checks answers and writes rows. The run's
+folder and final status come from :func:`profkit.rundir.open_run`.
 """
 from __future__ import annotations
 

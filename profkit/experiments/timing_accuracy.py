@@ -21,9 +21,11 @@ run that fails keeps what it measured):
 (the ``timing_nodes`` table), ``accuracy.csv``, ``cost.csv``, ``truth.csv``,
 ``mismatches.csv``, ``verdicts.csv``, ``summary.csv`` and ``report.md``.
 
-Arms that share a preset and differ only in session settings (``explain_timing_sample_rate``
-is PGC_USERSET) share one cluster and get their own connection; a setting that needs a
-restart (``instr_clock_source`` is PGC_POSTMASTER) gets the arm its own cluster.
+The run is a hook on :class:`profkit.experiments.harness.Session` (the engine of every
+timing experiment): every arm runs on clusters of its own with its settings in their
+postgresql.conf — a session setting (``explain_timing_sample_rate``) and one that needs a
+restart (``instr_clock_source``) alike — on *backends* independent backends per arm
+(fresh clusters, the repetitions split between them).
 """
 from __future__ import annotations
 
