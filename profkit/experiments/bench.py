@@ -75,6 +75,7 @@ from profkit.parse.explain import explain_times
 from profkit.progress import Progress, ProgressFn, as_progress
 from profkit.analyze.stats import (
     aa_check,
+    pg_major,
     attach_instructions,
     attach_reference,
     compare_chain,
@@ -433,13 +434,19 @@ class _Bench:
     def check_plans(self, targets: list[harness.Target]) -> None:
         """Same plan or no comparison: stop when the arms chose different plans (both
         shown), unless allowed (then every table says so)."""
-        groups: dict[str, list[str]] = {}
-        for label, plan in self.plans.items():
-            groups.setdefault(plan, []).append(label)
-        if len(groups) <= 1:
+        majors: dict[str, dict[str, list[str]]] = {}
+        for t in targets:
+            plan = self.plans.get(t.label, "")
+            major = pg_major(t.build.version)
+            majors.setdefault(major, {}).setdefault(plan, []).append(t.label)
+        # builds of one PostgreSQL major must agree; another major's planner (and EXPLAIN
+        # format) may differ: those are compared per major only
+        differ = {m: g for m, g in majors.items() if len(g) > 1}
+        if not differ:
             return
         self.plan_differs = True
-        shown = "\n\n".join(f"{', '.join(labels)}:\n{plan}" for plan, labels in groups.items())
+        shown = "\n\n".join(f"{', '.join(labels)}:\n{plan}" for g in differ.values()
+                            for plan, labels in g.items())
         if not self.req.allow_plan_differences:
             raise PlanDifference(
                 f"the builds chose different plans for the {self.wl.name} query, so their "
