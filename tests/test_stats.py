@@ -442,3 +442,17 @@ def test_wilson_interval_known_values():
     lo0, hi0 = stats.wilson_interval(0, 20)
     assert lo0 == 0.0 and hi0 == pytest.approx(0.1611, abs=1e-4)
     assert all(math.isnan(x) for x in stats.wilson_interval(0, 0))
+
+
+def test_compare_builds_resamples_backends_when_the_run_has_them():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0}},
+                     reps=20, noise=1.0)
+    rep_only = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
+    t["backend"] = t["rep"] // 5 + 1
+    four = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
+    assert rep_only.ci_method == "BCa" and four.ci_method == "hierarchical"
+    assert four.overhead_diff_pct == pytest.approx(rep_only.overhead_diff_pct)
+    assert four.diff_ci_low_pct < -10 < four.diff_ci_high_pct and four.overhead_differs
+    t["backend"] = t["rep"] // 10 + 1  # two backends: flagged, never called different
+    two = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
+    assert "too few" in two.ci_method and not two.overhead_differs

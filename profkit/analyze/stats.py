@@ -477,9 +477,11 @@ class BuildComparison:
 
     @property
     def overhead_differs(self) -> bool:
-        """True when the CI of the overhead difference excludes zero."""
+        """True when the CI of the overhead difference excludes zero (never on an
+        interval from too few backends to be trusted)."""
         lo, hi = self.diff_ci_low_pct, self.diff_ci_high_pct
-        return math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0)
+        return (math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0)
+                and "too few" not in self.ci_method)
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -553,8 +555,23 @@ def compare_builds(
                 return stat_fn(y, axis=axis) - stat_fn(x, axis=axis)
 
             ov_a, ov_b = float(stat_fn(ra)), float(stat_fn(rb))
-            ci = _bootstrap((ra, rb), diff_rep, paired=joint, rng=rng,
-                            confidence=confidence, n_resamples=n_resamples)
+            ids = (_backend_of(df[df["build"] == a]).reindex(r_a.index).fillna(1).to_numpy()
+                   if joint else np.ones(0))
+            if joint and len(np.unique(ids)) >= 2:
+                # backends, then repetitions (module doc): the comparison's interval
+                # carries the between-backend variance as summarize()'s does
+                xa, xb = _resample_pairs(ra, rb, ids, rng, min(n_resamples, 4000))
+                nan_fn = np.nanmedian if center == "median" else np.nanmean
+                boot = nan_fn(xb, axis=-1) - nan_fn(xa, axis=-1)
+                alpha = (1 - confidence) / 2
+                lo_, hi_ = (float(x) for x in np.nanquantile(boot, [alpha, 1 - alpha]))
+                k = len(np.unique(ids))
+                ci = BootstrapCI(lo_, hi_, "hierarchical" if k >= MIN_HIER_BACKENDS else
+                                 f"hierarchical ({k} backends: too few, interval too narrow)",
+                                 True)
+            else:
+                ci = _bootstrap((ra, rb), diff_rep, paired=joint, rng=rng,
+                                confidence=confidence, n_resamples=n_resamples)
             p_ov = float(sps.mannwhitneyu(ra, rb, alternative="two-sided").pvalue)
             paired = True
         else:
@@ -1070,14 +1087,10 @@ def _ratio_stat(kind: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     return f
 
 
-def paired_estimates(a: np.ndarray, b: np.ndarray, backend: np.ndarray, *,
-                     rng: np.random.Generator, confidence: float = 0.95,
-                     n_resamples: int = 2000) -> dict[str, tuple[float, float, float]]:
-    """estimator -> (estimate %, low, high) of arm *b* against arm *a*, per repetition
-    paired (*a*, *b*: the two arms' times, one per repetition; *backend*: the block of
-    each repetition). The interval resamples backends, then repetitions within them
-    (a percentile interval; with one backend, repetitions only)."""
-    a, b, backend = (np.asarray(x, dtype="float64") for x in (a, b, backend))
+def _resample_pairs(a: np.ndarray, b: np.ndarray, backend: np.ndarray,
+                    rng: np.random.Generator, n_resamples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hierarchical resamples of paired values: backends with replacement, then pairs
+    within each (NaN-padded to a common length; one backend: pairs only)."""
     ids = np.unique(backend)
     sizes = np.array([(backend == g).sum() for g in ids])
     k, nmax = len(ids), int(sizes.max())
@@ -1094,7 +1107,18 @@ def paired_estimates(a: np.ndarray, b: np.ndarray, backend: np.ndarray, *,
     ra, rb = A[chosen[..., None], j], B[chosen[..., None], j]
     ra[pad] = np.nan
     rb[pad] = np.nan
-    ra, rb = ra.reshape(n_resamples, -1), rb.reshape(n_resamples, -1)
+    return ra.reshape(n_resamples, -1), rb.reshape(n_resamples, -1)
+
+
+def paired_estimates(a: np.ndarray, b: np.ndarray, backend: np.ndarray, *,
+                     rng: np.random.Generator, confidence: float = 0.95,
+                     n_resamples: int = 2000) -> dict[str, tuple[float, float, float]]:
+    """estimator -> (estimate %, low, high) of arm *b* against arm *a*, per repetition
+    paired (*a*, *b*: the two arms' times, one per repetition; *backend*: the block of
+    each repetition). The interval resamples backends, then repetitions within them
+    (a percentile interval; with one backend, repetitions only)."""
+    a, b, backend = (np.asarray(x, dtype="float64") for x in (a, b, backend))
+    ra, rb = _resample_pairs(a, b, backend, rng, n_resamples)
     alpha = (1 - confidence) / 2
     out = {}
     for kind in ESTIMATORS:
