@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=0.02)
     ap.add_argument("--reps", type=int, default=12, help="repetitions per run (both designs)")
     ap.add_argument("--backends", type=int, default=4, help="backends per arm, 'after'")
+    ap.add_argument("--seed-base", type=int, default=1000,
+                    help="order seed of run i is SEED_BASE + i (another base: other orders)")
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
     ap.add_argument("--read", type=Path, default=None, help="re-read the runs in this folder")
     args = ap.parse_args(argv)
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     for i in range(args.runs):
         for design in designs:  # alternate: load changes hit both designs
-            o = one_run(design, root, args, seed=1000 + i)
+            o = one_run(design, root, args, seed=args.seed_base + i)
             outcomes.append(o)
             print(f"{design:6} run {i + 1:2}: {o.diff_pct:+6.2f} % [{o.ci_low_pct:+6.2f}, "
                   f"{o.ci_high_pct:+6.2f}]{'  EXCLUDES 0' if o.excludes_zero else ''}"
