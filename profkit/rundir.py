@@ -5,20 +5,28 @@ gprof, py-spy, probes, a notebook's own collection) writes its run here:
 
 - one run-id format, :func:`new_run_id`: ``YYYYmmdd-HHMMSS-<kind>[-<word>...]`` (local
   time; sorts by start; ``-2``, ``-3``... when taken);
-- :func:`new_run` creates the directory (never over an existing run) and writes the first
-  ``provenance.json``; :class:`RunDir` rewrites it atomically as facts arrive, so a run
+- :func:`open_run` is THE run lifecycle, a context manager: it names the folder (or takes
+  ``--out``, refused when it holds anything: :func:`place`, the one such check), writes
+  ``provenance.json`` with status ``running`` before any work, turns a full disk into
+  :class:`RunDiskFull`, records Ctrl-C as ``interrupted`` and any other error as
+  ``failed`` (with the error), else ``complete``, and points ``latest`` at a completed
+  run it named. Every experiment, collector and notebook run goes through it (or through
+  :func:`new_run`, its first half, when the run outlives one ``with`` block);
+- :class:`RunDir` rewrites provenance.json atomically as facts arrive, so a run
   that dies half-way still says what it is and which files it holds;
 - :class:`RowWriter` appends rows with one ``write`` + ``fsync`` each (a crash keeps
   every row reported written; a failed write is truncated back, the file stays parseable);
 - :func:`load_run` is the one loader: a path, a run id under profiles/, or ``latest``.
   It reads provenance.json exactly as written (nothing filled in from this machine) and
   refuses a directory without one with a message saying what it is missing;
+  :func:`list_runs` every run under a folder; :attr:`RunDir.status` reads the final
+  status, the old word ``ok`` as ``complete``;
 - :data:`CHECKED_FIELDS` and :func:`check_comparable`: the provenance two runs must share
   before their numbers are pooled or compared (pyperf's checked metadata);
 - :func:`update_latest`: ``profiles/latest`` → the newest run (a relative symlink).
 
 The machine facts recorded in provenance (CPU, kernel, clock source, tool versions)
-come from :mod:`profkit.collect.artifacts`.
+come from the base module :mod:`profkit.machine`.
 """
 from __future__ import annotations
 
@@ -32,19 +40,26 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profkit import paths
 from profkit.errors import ComparisonError, ProfkitError
+from profkit.machine import loadavg, machine_info, tool_version
 
 if TYPE_CHECKING:
     from profkit.pg.build import Build
 
 PROVENANCE_FILE = "provenance.json"
 LATEST = "latest"
+
+#: A run's status words: ``running`` while it runs, then exactly one of the other three.
+RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
+STATUSES: tuple[str, ...] = (RUNNING, COMPLETE, FAILED, INTERRUPTED)
+#: Words older runs wrote for a final status (read as the current word).
+_OLD_STATUS = {"ok": COMPLETE}
 
 #: Provenance fields two runs must share before they are compared (pyperf's
 #: ``_CHECKED_METADATA``). A collector's run keeps its source under ``build.source``,
@@ -60,6 +75,25 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 
 class RunDirError(ProfkitError):
     """A run directory cannot be created, read or pointed at."""
+
+
+class RunDiskFull(RunDirError):
+    """The profiles folder filled up: the run stopped; what it wrote before is kept.
+
+    ``run_dir``: the run's folder; ``oserror``: the write that failed.
+    """
+
+    def __init__(self, message: str, *, run_dir: Path, oserror: OSError) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+        self.oserror = oserror
+
+
+def normalize_status(status: Any) -> str | None:
+    """A provenance status as the current word (``ok`` -> ``complete``); None if absent."""
+    if status is None:
+        return None
+    return _OLD_STATUS.get(str(status), str(status))
 
 
 def now() -> str:
@@ -130,6 +164,10 @@ class RunDir:
         return self.file(name)
 
     def finish(self, **facts: Any) -> None:
+        """The end of a run opened with :func:`new_run`: ``ended_at`` and the final
+        status (one of :data:`STATUSES`; the old ``ok`` is written as ``complete``)."""
+        if "status" in facts:
+            facts["status"] = normalize_status(facts["status"])
         self.update(ended_at=now(), **facts)
 
     def save(self) -> None:
@@ -144,6 +182,12 @@ class RunDir:
     @property
     def kind(self) -> str:
         return str(self.provenance.get("kind") or self.provenance.get("tool") or "")
+
+    @property
+    def status(self) -> str | None:
+        """running / complete / failed / interrupted (an old run's ``ok`` reads as
+        complete; None for a run written before statuses were recorded)."""
+        return normalize_status(self.provenance.get("status"))
 
     def rows(self, name: str, columns: Sequence[str] = ()) -> RowWriter:
         """An fsync'd row file of this run (must not exist yet; no columns: JSON lines)."""
@@ -181,35 +225,53 @@ def _profkit_version() -> str:
         return "unknown"
 
 
+def place(kind: str, *words: str | None, path: str | os.PathLike[str] | None = None,
+          base: str | os.PathLike[str] | None = None, run_id: str | None = None
+          ) -> tuple[str, Path]:
+    """(run id, folder) of a new run, checked and not created: THE "never overwrite" rule.
+
+    *path* (``--out``) may be a new or an empty directory, anything else is refused; else
+    the folder is ``<base or profiles/>/<run_id>`` with *run_id* given or named by
+    :func:`new_run_id` from *kind* and *words*. Callers that build or check things
+    before the run starts call it first, so a bad ``--out`` fails before any work.
+    """
+    if path is not None:
+        p = Path(path)
+        rid = check_run_id(run_id or p.name)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise RunDirError(f"{p} already exists and is not empty; runs are never "
+                              "overwritten: choose another --out")
+        return rid, p
+    root = Path(base) if base is not None else paths.profiles_dir()
+    rid = check_run_id(run_id or new_run_id(kind, *words, root=root))
+    p = root / rid
+    if p.exists():
+        raise RunDirError(f"run directory {p} already exists; pick another run id "
+                          "(runs are never overwritten)")
+    return rid, p
+
+
+def _full_message(where: Path, e: OSError) -> str:
+    return (f"profiles folder is full: free space or choose --out (writing in {where} "
+            f"failed: {e.strerror or e})")
+
+
 def new_run(kind: str, *, build: Build | None = None, workload: str | None = None,
             mode: str | None = None, run_id: str | None = None,
             base: str | os.PathLike[str] | None = None, path: str | os.PathLike[str] | None = None,
             tools: Sequence[str] = (), **facts: Any) -> RunDir:
     """Create ``<base or profiles/>/<run_id>/`` (or exactly *path*) and write its first
-    provenance.json.
+    provenance.json: the first half of :func:`open_run`, for a run that outlives one
+    ``with`` block (a collector's, finished by :meth:`RunDir.finish`).
 
     *kind* names the experiment or tool (``bench``, ``perf``...; recorded as ``kind`` and,
     for collectors, ``tool``). *path* may name an existing empty directory (``--out``);
-    a directory holding anything is refused: runs are never overwritten. *tools*:
-    programs whose ``--version`` is recorded. *facts*: anything else.
+    a directory holding anything is refused: runs are never overwritten (:func:`place`).
+    *tools*: programs whose ``--version`` is recorded. *facts*: anything else. A full
+    disk raises :class:`RunDiskFull`.
     """
-    from profkit.collect.artifacts import machine_info, tool_version
-
-    if path is not None:
-        p = Path(path)
-        run_id = check_run_id(run_id or p.name)
-        if p.exists() and (not p.is_dir() or any(p.iterdir())):
-            raise RunDirError(f"{p} already exists and is not empty; runs are never "
-                              "overwritten: choose another --out")
-    else:
-        root = Path(base) if base is not None else paths.profiles_dir()
-        run_id = check_run_id(run_id or new_run_id(
-            kind, build.name if build is not None else None, workload, mode, root=root))
-        p = root / run_id
-        if p.exists():
-            raise RunDirError(f"run directory {p} already exists; pick another run id "
-                              "(runs are never overwritten)")
-    p.mkdir(parents=True, exist_ok=True)  # OSError (a full disk) is the caller's to report
+    run_id, p = place(kind, build.name if build is not None else None, workload, mode,
+                      path=path, base=base, run_id=run_id)
     prov: dict[str, Any] = {
         "run_id": run_id, "kind": kind, "tool": kind, "started_at": now(),
         # a single-build run (a collector's) names its build; multi-build experiments
@@ -225,8 +287,88 @@ def new_run(kind: str, *, build: Build | None = None, workload: str | None = Non
     }
     prov.update(facts)
     rd = RunDir(run_id, p, prov)
-    rd.save()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        rd.save()
+    except OSError as e:
+        if is_disk_full(e):
+            with contextlib.suppress(OSError):
+                (p / (PROVENANCE_FILE + ".tmp")).unlink()
+            raise RunDiskFull(_full_message(p, e), run_dir=p, oserror=e) from None
+        raise
     return rd
+
+
+@contextlib.contextmanager
+def open_run(kind: str, *, words: Sequence[str | None] = (), build: Build | None = None,
+             workload: str | None = None, mode: str | None = None,
+             run_id: str | None = None, base: str | os.PathLike[str] | None = None,
+             path: str | os.PathLike[str] | None = None, tools: Sequence[str] = (),
+             latest: bool = False, **facts: Any) -> Iterator[RunDir]:
+    """THE run lifecycle: ``with open_run("bench", workload=w) as rd: ...``.
+
+    Before the body: the folder is named and checked (:func:`place`; *words* name it
+    beside *kind*, else the build, workload and mode do) and provenance.json is written
+    with ``status: running``. After it, one final status is written with ``ended_at``,
+    the load average and the error (if any): ``complete`` when the body returns,
+    ``interrupted`` on Ctrl-C (KeyboardInterrupt, SystemExit), ``failed`` on anything
+    else; a full disk anywhere becomes :class:`RunDiskFull` (the files written before are
+    kept). With *latest*, ``<folder's parent>/latest`` is pointed at the run when it
+    completes (the bench and the imported profiles: what a notebook opens by default).
+    The final status is this function's word; the body adds facts with
+    :meth:`RunDir.update`.
+    """
+    if words:
+        run_id, path = place(kind, *words, path=path, base=base, run_id=run_id)
+    rd = new_run(kind, build=build, workload=workload, mode=mode, run_id=run_id,
+                 base=base, path=path, tools=tools, status=RUNNING,
+                 loadavg_start=loadavg(), **facts)
+    status, error = FAILED, None
+    try:
+        yield rd
+        status = COMPLETE
+    except (KeyboardInterrupt, SystemExit) as e:
+        status, error = INTERRUPTED, type(e).__name__
+        raise
+    except OSError as e:
+        error = f"{type(e).__name__}: {e}"
+        if is_disk_full(e):
+            raise RunDiskFull(_full_message(rd.path, e), run_dir=rd.path, oserror=e) from None
+        raise
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        try:
+            rd.update(status=status, error=error, ended_at=now(), loadavg_end=loadavg())
+        except OSError:  # a full disk: the provenance written before stays
+            with contextlib.suppress(OSError):
+                (rd.path / (PROVENANCE_FILE + ".tmp")).unlink()
+        if status == COMPLETE and latest:
+            update_latest(rd.path)
+
+
+def list_runs(root: str | os.PathLike[str] | None = None, *, kind: str | None = None
+              ) -> list[RunDir]:
+    """Every run under *root* (default profiles/), oldest first; *kind* filters.
+
+    A folder without a readable provenance.json is not a run and is left out; ``latest``
+    (a symlink) is not listed twice.
+    """
+    base = Path(root) if root is not None else paths.profiles_dir()
+    if not base.is_dir():
+        return []
+    out = []
+    for d in base.iterdir():
+        if d.is_symlink() or not d.is_dir() or d.name.startswith("."):
+            continue
+        try:
+            rd = load_run(d)
+        except RunDirError:
+            continue
+        if kind is None or rd.kind == kind:
+            out.append(rd)
+    return sorted(out, key=lambda r: (str(r.provenance.get("started_at") or ""), r.run_id))
 
 
 def resolve(path_or_id: str | os.PathLike[str] | None = None,

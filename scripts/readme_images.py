@@ -2,7 +2,7 @@
 flamegraph, as small PNGs under docs/img/.
 
 - ``docs/img/overheads.png``: the run's chart (``overheads.svg``, written by
-  profkit/render/report.py beside report.md), rendered by headless Chromium;
+  profkit/render/bench_report.py beside report.md), rendered by headless Chromium;
 - ``docs/img/query2-flamegraph.png``: ``flamegraphs/query2-vanilla.svg`` (the flamegraph
   `make demo` draws of vanilla's Query-2), rendered the same way, as it first appears;
 - ``docs/img/SOURCE.md``: which run and which files they came from.

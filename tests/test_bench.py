@@ -18,6 +18,9 @@ import threading
 import time
 from pathlib import Path
 
+import math
+
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import kept_counts
@@ -32,7 +35,8 @@ SUMMARY_COLUMNS = ["build", "mode", "n", "median_ms", "mean_ms", "variance", "ov
                    "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct", "pg_version",
                    "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms", "plain_q25_ms",
                    "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
-                   "vs_ref_instr_pct"]
+                   "vs_ref_instr_pct", "backends", "between_share_pct",
+                   "vs_ref_between_share_pct", "note"]
 MODES = ["plain", "analyze_notiming", "analyze_timing"]
 SEED = 7  # an order seed whose first repetition interleaves the two builds (checked below)
 
@@ -511,3 +515,99 @@ def test_load_bench_reads_the_run_back(small_run):
     csv_s = pd.read_csv(small_run["dir"] / "summary.csv")
     # summary.csv keeps 3 decimals: equal to within that rounding
     assert csv_s["overhead_pct"].tolist() == pytest.approx(s["overhead_pct"].tolist(), abs=1e-3)
+
+
+# ---------------------------------------------------------------------------
+# nothing measured disappears; A/A; plans; backends (synthetic run directories)
+
+
+def _synthetic_run(d: Path, *, reject_all: tuple[str, str] | None = None,
+                   plan_differs: bool = False, backends: int = 4, reps: int = 12) -> Path:
+    rng = np.random.default_rng(5)
+    rows = []
+    order = 0
+    for rep in range(1, reps + 1):
+        for build in ("vanilla", bench.AA_LABEL):
+            for mode, ov in (("plain", 0.0), ("analyze_notiming", 20.0)):
+                cpu = 100 * (1 + ov / 100) * (1 + rng.normal(0, 0.01))
+                slow = reject_all == (build, mode)
+                rows.append({"run_id": "syn", "build": build, "workload": "nested_loop",
+                             "query": mode, "mode": mode, "rep": rep, "order": order,
+                             "client_ms": cpu + 1, "server_ms": cpu, "cpu_ms": cpu,
+                             "calib_before_ms": 3.0 * (2.0 if slow else 1.0) + rng.normal(0, .005),
+                             "calib_after_ms": 3.0 + rng.normal(0, 0.005),
+                             "preset": "vanilla", "settings": "",
+                             "backend": (rep - 1) * backends // reps + 1})
+                order += 1
+    d.mkdir()
+    pd.DataFrame(rows).to_csv(d / "timings.csv", index=False)
+    prov = {"run_id": "syn", "kind": "bench", "workload": "nested_loop", "scale": 0.01,
+            "reps": reps, "backends": backends, "aa_label": bench.AA_LABEL,
+            "plan_differs": plan_differs,
+            "plans": {"vanilla": "Aggregate\n  ->  Seq Scan on t",
+                      bench.AA_LABEL: "Aggregate\n  ->  Index Scan on t" if plan_differs
+                      else "Aggregate\n  ->  Seq Scan on t"},
+            "builds": {b: {"preset": "vanilla", "source": {"version": "18.6"}}
+                       for b in ("vanilla", bench.AA_LABEL)}}
+    (d / "provenance.json").write_text(json.dumps(prov))
+    return d
+
+
+def test_rejected_cell_keeps_its_row_with_the_reason(tmp_path):
+    d = _synthetic_run(tmp_path / "run", reject_all=("vanilla", "analyze_notiming"))
+    files = bench.write_report(d)
+    s = pd.read_csv(files.summary_csv)
+    row = s[(s.build == "vanilla") & (s["mode"] == "analyze_notiming")].iloc[0]
+    assert row.n == 0 and math.isnan(row.overhead_pct)
+    assert "all 12 executions rejected" in row.note and "vCPU" in row.note
+    assert len(s) == 4  # every (build, mode) measured has its row
+    md = files.report_md.read_text()
+    assert "vanilla analyze_notiming: all 12 executions rejected" in md
+    assert any("all 12 executions rejected" in x for x in files.notes)
+
+
+def test_rejected_plain_keeps_the_builds_rows_without_overhead(tmp_path):
+    d = _synthetic_run(tmp_path / "run", reject_all=(bench.AA_LABEL, "plain"))
+    s = bench.write_report(d).summary
+    aa = s[s.build == bench.AA_LABEL].set_index("mode")
+    assert aa.loc["plain", "n"] == 0 and aa.loc["analyze_notiming", "n"] == 12
+    assert "no plain Query-1 of this build kept" in aa.loc["analyze_notiming", "note"]
+
+
+def test_aa_arm_gives_the_smallest_detectable_difference(tmp_path):
+    d = _synthetic_run(tmp_path / "run")
+    files = bench.write_report(d)
+    aa = files.aa
+    assert aa is not None and aa.aa == bench.AA_LABEL and aa.ref == "vanilla"
+    assert aa.ci_low_pct <= aa.diff_pct <= aa.ci_high_pct
+    assert aa.detectable_pct == pytest.approx(max(abs(aa.ci_low_pct), abs(aa.ci_high_pct)))
+    assert aa.detectable_pct < 5  # 1 % noise, 12 reps
+    md = files.report_md.read_text()
+    assert "the smallest difference this run could detect" in md
+    assert "backends per build (fresh clusters): between-backend variance" in md
+    s = pd.read_csv(files.summary_csv)
+    assert set(s["backends"]) == {4}
+    q2 = s[(s.build == "vanilla") & (s["mode"] == "analyze_notiming")].iloc[0]
+    assert 0 <= q2.between_share_pct <= 100
+
+
+def test_plan_differences_mark_every_row(tmp_path):
+    d = _synthetic_run(tmp_path / "run", plan_differs=True)
+    files = bench.write_report(d)
+    s = pd.read_csv(files.summary_csv)
+    assert s["note"].str.contains("plans differ between builds").all()
+    md = files.report_md.read_text()
+    assert "PLANS DIFFER" in md and "Index Scan on t" in md and "2 different plans" in md
+
+
+def test_aa_and_backends_options_are_checked():
+    req = bench.check_request("vanilla,step1", "nested_loop", 0.01, 10, aa=True)
+    assert [r.label for r in req.refs] == ["vanilla", "step1", bench.AA_LABEL]
+    assert req.refs[-1].preset == "vanilla" and req.backends == 4
+    assert bench.check_request("vanilla", "nested_loop", 0.01, 3).backends == 1
+    with pytest.raises(BenchError, match="--aa repeats the vanilla build"):
+        bench.check_request("step1", "nested_loop", 0.01, 10, aa=True)
+    with pytest.raises(BenchError, match="must not exceed reps"):
+        bench.check_request("vanilla", "nested_loop", 0.01, 3, backends=4)
+    with pytest.raises(BenchError, match="backends must be"):
+        bench.check_request("vanilla", "nested_loop", 0.01, 3, backends=0)

@@ -178,7 +178,7 @@ def test_query2_tables_and_artifacts(query2) -> None:
                  "query-output.txt", "provenance.json"):
         assert (d / name).exists(), name
     p = load_run(d).provenance
-    assert p["tool"] == "gprof" and p["status"] == "ok" and p["backend_pid"] == grun.pid
+    assert p["tool"] == "gprof" and p["status"] == "complete" and p["backend_pid"] == grun.pid
     assert "--enable-profiling" in p["build"]["configure_opts"]
     assert p["tools"]["gprof"].startswith("GNU gprof")
     # call graph: ExecProcNodeInstr calls InstrStartNode and InstrStopNode once per call

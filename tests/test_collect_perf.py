@@ -90,7 +90,7 @@ def test_query3_artifacts_and_provenance(query3) -> None:
         assert (d / name).exists(), name
     run = load_run(d)
     p = run.provenance
-    assert p["tool"] == "perf" and p["status"] == "ok"
+    assert p["tool"] == "perf" and p["status"] == "complete"
     assert p["backend_pid"] == rec.pid
     assert p["build"]["build"] == "vanilla" and p["build"]["source"]["version"]
     assert p["machine"]["kernel"] and p["machine"]["clocksource"]

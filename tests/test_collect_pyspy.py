@@ -93,7 +93,7 @@ def test_record_pid_duration(child_script: Path, tmp_path: Path) -> None:
                  "provenance.json"):
         assert (d / name).exists(), name
     p = load_run(d).provenance
-    assert p["tool"] == "py-spy" and p["pid"] == proc.pid and p["status"] == "ok"
+    assert p["tool"] == "py-spy" and p["pid"] == proc.pid and p["status"] == "complete"
     assert p["tools"]["py-spy"].startswith("py-spy")
     # the same stacks make a flamegraph
     svg = render(prof.counts, title="busy child", provenance=load_run(d).subtitle_facts())

@@ -139,7 +139,7 @@ def test_readme_images_script_renders_a_run(tmp_path: Path) -> None:
     flamegraph of a recorded fixture; then its refusal of a flamegraph older than the run."""
     from PIL import Image
 
-    from profkit.render.report import plot_overheads
+    from profkit.render.bench_report import plot_overheads
 
     run = tmp_path / "profiles" / "20261201-000000-demo"
     flames = tmp_path / "flamegraphs"

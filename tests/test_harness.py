@@ -95,3 +95,32 @@ def test_clusters_keep_the_server_log(vanilla_build, tmp_path):
         harness.close(conn)
     log = tmp_path / "logs" / "postgres-v.log"
     assert log.exists() and "database system is ready" in log.read_text()
+
+
+def test_reps_split_into_backend_blocks():
+    assert [list(r) for r in harness.split_reps(10, 3)] == [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10]]
+    assert [list(r) for r in harness.split_reps(3, 1)] == [[1, 2, 3]]
+    assert len(harness.split_reps(2, 5)) == 2  # never an empty block
+    assert [harness.auto_backends(n) for n in (1, 3, 7, 8, 10, 25, 40, 200)] == \
+        [1, 1, 1, 4, 4, 5, 8, 8]
+
+
+def test_one_arm_parser_for_every_experiment():
+    known = {"vanilla", "step3", "pg19/vanilla", "sampled_timing"}
+    arms = harness.parse_arms("vanilla,t=pg19/vanilla:timing_clock_source=tsc,jit=off,"
+                              "a=step3,vanilla@layout2", known)
+    assert [(a.label, a.preset, a.settings) for a in arms] == [
+        ("vanilla", "vanilla", ()),
+        ("t", "pg19/vanilla", (("timing_clock_source", "tsc"), ("jit", "off"))),
+        ("a", "step3", ()),
+        ("vanilla-layout2", "vanilla@layout2", ())]
+    assert arms[3].base_preset == "vanilla" and arms[3].variant == "layout2"
+    assert arms[1].settings_text == "timing_clock_source=tsc,jit=off"
+    for bad, text in (("nosuch", "unknown build 'nosuch'"), ("a=vanilla,a=step3", "twice"),
+                      ("null=vanilla", "missing value"), ("x=vanilla:a='1'", "quotes")):
+        with pytest.raises(harness.HarnessError, match=text):
+            harness.parse_arms(bad, known)
+    # bench's and timing-accuracy's arms are this one model
+    from profkit.experiments import bench, timing_accuracy
+
+    assert bench.BuildRef is harness.Arm and timing_accuracy.Arm is harness.Arm

@@ -293,7 +293,7 @@ def test_observers_real_perf_and_bcc(pg_cluster, _join_sum_loaded, tmp_path):
               "provenance.json", "plan_notiming.json"):
         assert (res.run_dir / f).exists(), f
     prov = json.loads((res.run_dir / "provenance.json").read_text())
-    assert prov["status"] == "ok" and len(prov["loadavg_after"]) == 3
+    assert prov["status"] == "complete" and len(prov["loadavg_after"]) == 3
     assert "load average" in (res.run_dir / "slowdown.md").read_text()
     # every tracer was stopped and every probe detached
     assert children_named("perf", "ltrace", "bpftrace") == []

@@ -52,10 +52,11 @@ def test_new_run_then_load_run_reads_back_exactly(tmp_path):
     rd = rundir.new_run("observers", base=tmp_path, run_id="r1", workload="join_sum",
                         scale=0.02)
     rd.update(status="running")
-    rd.finish(status="ok")
+    rd.finish(status="ok")  # the old word is written as the one word for a finished run
     got = rundir.load_run(tmp_path / "r1")
     assert got.run_id == "r1" and got.kind == "observers"
-    assert got.provenance["scale"] == 0.02 and got.provenance["status"] == "ok"
+    assert got.provenance["scale"] == 0.02 and got.provenance["status"] == "complete"
+    assert got.status == "complete"
     assert got.provenance["machine"]["cpus"] == os.cpu_count()
     assert rundir.load_run("r1", root=tmp_path).path == got.path
     rundir.update_latest(got.path)

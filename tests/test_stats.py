@@ -276,7 +276,8 @@ def test_summary_csv_columns_and_instruction_overhead(tmp_path):
     assert lines[0] == ("build,mode,n,median_ms,mean_ms,variance,overhead_pct,ci_low_pct,"
                         "ci_high_pct,instr,instr_overhead_pct,pg_version,preset,metric,q25_ms,"
                         "plain_instr,plain_median_ms,plain_q25_ms,ref_build,vs_ref_pct,"
-                        "vs_ref_ci_low_pct,vs_ref_ci_high_pct,vs_ref_instr_pct")
+                        "vs_ref_ci_low_pct,vs_ref_ci_high_pct,vs_ref_instr_pct,backends,"
+                        "between_share_pct,vs_ref_between_share_pct,note")
     back = pd.read_csv(io.StringIO(text))
     v = back[(back.build == "vanilla") & (back["mode"] == "analyze_notiming")].iloc[0]
     assert v.instr == 448_476_655
@@ -368,3 +369,90 @@ def test_seed_figures_are_consistent_with_the_text():
     assert 3.9681 / (2 * 4e9) * 1e9 == pytest.approx(0.496, abs=1e-3)
     assert all(f.quote and f.source.endswith(".txt") for f in seed_figures.FIGURES)
     assert q1.unit == "s"
+
+
+def _two_level(rng, k: int, n: int, between: float, within: float = 2.0,
+               true: float = 10.0) -> list[np.ndarray]:
+    effects = rng.normal(0, between, k)
+    return [true + effects[i] + rng.normal(0, within, n) for i in range(k)]
+
+
+def test_hierarchical_interval_coverage():
+    """The interval labelled 95 % covers ~95 % on a two-level model with a between-backend
+    component; the repetition bootstrap of the same data (and of one backend) does not."""
+    import warnings
+
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(1)
+    n_exp, hit_h, hit_r, hit_1 = 300, 0, 0, 0
+    shares = []
+    for _ in range(n_exp):
+        data = _two_level(rng, 6, 4, between=2.0)
+        ci, share = stats.hierarchical_bootstrap(data, np.median, rng=rng, n_resamples=1000)
+        assert ci.method == "hierarchical"
+        hit_h += ci.low <= 10.0 <= ci.high
+        shares.append(share)
+        flat = np.concatenate(data)
+        one = _two_level(rng, 1, 24, between=2.0)[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = sps.bootstrap((flat,), np.median, n_resamples=999, method="BCa", rng=rng)
+            r1 = sps.bootstrap((one,), np.median, n_resamples=999, method="BCa", rng=rng)
+        hit_r += r.confidence_interval.low <= 10.0 <= r.confidence_interval.high
+        hit_1 += r1.confidence_interval.low <= 10.0 <= r1.confidence_interval.high
+    cov_h, cov_r, cov_1 = hit_h / n_exp, hit_r / n_exp, hit_1 / n_exp
+    print(f"coverage: hierarchical {cov_h:.3f}, repetitions only {cov_r:.3f}, "
+          f"one backend {cov_1:.3f}; median between share {np.median(shares):.0f} %")
+    assert 0.90 <= cov_h <= 0.98, cov_h
+    assert cov_r <= 0.88 and cov_1 <= 0.5, (cov_r, cov_1)
+    # half the variance is between backends here: the share says most of the interval
+    assert 50 <= np.median(shares) <= 95
+
+
+def test_hierarchical_share_and_few_backends():
+    rng = np.random.default_rng(3)
+    same = [np.array([10.0, 10.5, 9.5, 10.2]) for _ in range(5)]  # no backend effect
+    ci, share = stats.hierarchical_bootstrap(same, np.median, rng=rng, n_resamples=2000)
+    assert share == pytest.approx(0.0, abs=15) and ci.low < 10.1 < ci.high
+    ci2, _ = stats.hierarchical_bootstrap(_two_level(rng, 2, 6, 2.0), np.median, rng=rng)
+    assert "too few" in ci2.method
+    ci1, share1 = stats.hierarchical_bootstrap([np.arange(5.0)], np.median, rng=rng)
+    assert ci1.method == "none" and math.isnan(share1)
+
+
+def test_summarize_uses_backends_when_the_run_has_them():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=20, noise=1.0)
+    one = stats.summarize(t, n_resamples=999)
+    t["backend"] = t["rep"] // 5 + 1  # 4 backends of 5 repetitions
+    four = stats.summarize(t, n_resamples=999)
+    r1 = one[one["mode"] == "analyze_notiming"].iloc[0]
+    r4 = four[four["mode"] == "analyze_notiming"].iloc[0]
+    assert r1.backends == 1 and math.isnan(r1.between_share_pct) and r1.ci_method == "BCa"
+    assert r4.backends == 4 and r4.ci_method == "hierarchical"
+    assert 0 <= r4.between_share_pct <= 100
+    assert r4.overhead_pct == pytest.approx(r1.overhead_pct)  # the estimate is the same
+    assert r4.ci_low_pct < 30 < r4.ci_high_pct
+
+
+def test_wilson_interval_known_values():
+    # 1 of 20: 0.05 [0.0089, 0.2361] (Wilson score, 95 %)
+    lo, hi = stats.wilson_interval(1, 20)
+    assert lo == pytest.approx(0.00889, abs=1e-4) and hi == pytest.approx(0.2361, abs=1e-4)
+    lo0, hi0 = stats.wilson_interval(0, 20)
+    assert lo0 == 0.0 and hi0 == pytest.approx(0.1611, abs=1e-4)
+    assert all(math.isnan(x) for x in stats.wilson_interval(0, 0))
+
+
+def test_compare_builds_resamples_backends_when_the_run_has_them():
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0}},
+                     reps=20, noise=1.0)
+    rep_only = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
+    t["backend"] = t["rep"] // 5 + 1
+    four = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
+    assert rep_only.ci_method == "BCa" and four.ci_method == "hierarchical"
+    assert four.overhead_diff_pct == pytest.approx(rep_only.overhead_diff_pct)
+    assert four.diff_ci_low_pct < -10 < four.diff_ci_high_pct and four.overhead_differs
+    t["backend"] = t["rep"] // 10 + 1  # two backends: flagged, never called different
+    two = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
+    assert "too few" in two.ci_method and not two.overhead_differs

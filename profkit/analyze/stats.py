@@ -39,6 +39,36 @@ bootstrap of the ratio of medians covers (0.98–1.0) but is 3–12× wider, thr
 interleaving away. The median of per-repetition overheads covered 0.89–0.94 at every
 drift with the narrow width (2.4 points), so it is the estimator when pairs exist.
 The ``paired`` column says which was used.
+
+Backends: variance where it lives
+---------------------------------
+A run whose arms ran on several backends (the ``backend`` column: 1..K, each a fresh
+cluster and backend, the repetitions split into K blocks) has two levels of noise: the
+repetitions of one backend, and the backends themselves (process and memory layout,
+placement, the slow vCPU state lasting several executions). A bootstrap that resamples
+repetitions only treats one backend's bias as fixed and its interval is too narrow.
+With K ≥ 2 the interval is **hierarchical**: each resample draws K backends with
+replacement, then within each drawn backend its repetitions with replacement, and the
+statistic (median of per-repetition overheads) is taken over the pooled draw; the 95 %
+percentile interval of those resamples is reported (``ci_method`` ``hierarchical``).
+``between_share_pct`` says how much of the interval's variance comes from between-
+backend variance: 100 × (1 − var(resamples with the backends held fixed) / var(the
+hierarchical resamples)), floored at 0. With one backend the interval is the
+repetition bootstrap above and ``between_share_pct`` is empty: a one-backend run cannot
+see that variance at all.
+
+Coverage, simulated (``tests/test_stats.py::test_hierarchical_interval_coverage``; a
+two-level model: per-repetition overhead = 10 % + a backend effect N(0, 2²) + repetition
+noise N(0, 2²), in points; 300 experiments): 24 repetitions split into 6 backends of
+4, the hierarchical interval covered 0.94 where the repetition bootstrap (BCa) on the
+same data covered 0.81; with one backend of 24 repetitions (its bias fixed, as in every
+run before backends existed) the repetition bootstrap covered 0.38; the median between
+share was 76 %. In a separate sweep (400 experiments per row, /tmp scripts, not kept) with
+few backends the hierarchical percentile interval is too narrow: 0.70 (2 backends),
+0.86 (3), 0.90-0.94 (4-5), 0.93-0.97 (6-8); with no between-backend effect it covers
+0.98. Hence at least :data:`MIN_HIER_BACKENDS` backends by default
+(:func:`profkit.experiments.harness.auto_backends`), and ``ci_method`` says "too few"
+below that.
 """
 from __future__ import annotations
 
@@ -74,16 +104,22 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "pg_version", "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms",
     "plain_q25_ms", "ref_build", "vs_ref_pct", "vs_ref_ci_low_pct", "vs_ref_ci_high_pct",
     "vs_ref_instr_pct",
+    # backends per arm, the share of the interval's variance between backends (of
+    # overhead_pct's interval and of vs_ref_pct's), and a note: why a row has n = 0
+    # (every execution rejected) or that the arms chose different plans
+    "backends", "between_share_pct", "vs_ref_between_share_pct", "note",
 )
 #: The against-vanilla columns a summary without :func:`attach_reference` lacks (left empty).
-_REFERENCE_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[11:]
+_REFERENCE_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[11:23]
+#: Columns after them that a summary may lack (left empty).
+_LATER_COLUMNS: tuple[str, ...] = SUMMARY_CSV_COLUMNS[23:]
 
 #: Columns of the DataFrame :func:`summarize` returns.
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "build", "mode", "n", "median_ms", "mean_ms", "variance", "std_ms",
     "overhead_pct", "ci_low_pct", "ci_high_pct",
     "overhead_median_pct", "overhead_mean_pct", "center", "paired", "ci_method", "metric",
-    "q25_ms", "overhead_q25_pct",
+    "q25_ms", "overhead_q25_pct", "backends", "between_share_pct",
 )
 
 # Modes in the order the seed presents them (Query-1, -2, -3); others follow sorted.
@@ -157,6 +193,57 @@ def _bootstrap(
     return BootstrapCI(value, value, "degenerate", paired)
 
 
+#: Below this many backends the hierarchical percentile interval under-covers badly
+#: (simulated: 0.70 with 2, 0.86 with 3; 0.90-0.94 with 4-5, 0.93-0.97 with 6-8).
+MIN_HIER_BACKENDS = 4
+
+
+def hierarchical_bootstrap(
+    groups: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray] = np.median,
+    *,
+    rng: np.random.Generator,
+    confidence: float = 0.95,
+    n_resamples: int = 4000,
+) -> tuple[BootstrapCI, float]:
+    """Percentile interval of *statistic* over two-level data, and the between share.
+
+    *groups*: one array of per-repetition values per backend. Each resample draws
+    ``len(groups)`` backends with replacement, then within each its repetitions with
+    replacement; *statistic(values, axis=-1)* of the pooled draw (NaN-aware: groups of
+    unequal size are padded). Returns the interval and ``between_share_pct``: 100 × (1 −
+    var of the resamples with the backends held fixed / var of the hierarchical ones),
+    floored at 0 (NaN with fewer than two backends).
+    """
+    gs = [np.asarray(g, dtype="float64") for g in groups if len(g)]
+    k = len(gs)
+    if k < 2 or sum(len(g) for g in gs) < 3:
+        return BootstrapCI(math.nan, math.nan, "none", True), math.nan
+    sizes = np.array([len(g) for g in gs])
+    nmax = int(sizes.max())
+    arr = np.full((k, nmax), np.nan)
+    for i, g in enumerate(gs):
+        arr[i, :len(g)] = g
+    nan_stat = {np.median: np.nanmedian, np.mean: np.nanmean}.get(statistic, statistic)
+
+    def draw(chosen: np.ndarray) -> np.ndarray:
+        n = sizes[chosen]                                   # (B, K)
+        j = (rng.random((*chosen.shape, nmax)) * n[..., None]).astype(np.int64)
+        vals = arr[chosen[..., None], j]                    # (B, K, nmax)
+        vals[np.arange(nmax)[None, None, :] >= n[..., None]] = np.nan
+        return nan_stat(vals.reshape(len(chosen), -1), axis=-1)
+
+    hier = draw(rng.integers(k, size=(n_resamples, k)))
+    within = draw(np.broadcast_to(np.arange(k), (n_resamples, k)).copy())
+    alpha = (1 - confidence) / 2
+    lo, hi = (float(x) for x in np.nanquantile(hier, [alpha, 1 - alpha]))
+    vt, vw = float(np.nanvar(hier)), float(np.nanvar(within))
+    share = max(0.0, 1.0 - vw / vt) * 100.0 if vt > 0 else 0.0
+    method = "hierarchical" if k >= MIN_HIER_BACKENDS else \
+        f"hierarchical ({k} backends: too few, interval too narrow)"
+    return BootstrapCI(lo, hi, method, True), share
+
+
 def _check_timings(timings: pd.DataFrame, metric: str) -> pd.DataFrame:
     if not isinstance(timings, pd.DataFrame):
         raise ComparisonError(
@@ -201,6 +288,24 @@ def _pair(base: pd.Series, other: pd.Series, common: bool = False
         other = other.reindex(base.index)
         return base.to_numpy(), other.to_numpy(), True
     return base.to_numpy(), other.to_numpy(), False
+
+
+def _paired_keys(base: pd.Series, other: pd.Series, common: bool) -> list[Any]:
+    """The (run_id, rep) keys :func:`_pair` pairs on (when it pairs)."""
+    if common and base.index.is_unique and other.index.is_unique:
+        keys = [k for k in base.index if k in set(other.index)]
+        if len(keys) >= 2:
+            return keys
+    return list(base.index)
+
+
+def _backend_of(df: pd.DataFrame) -> pd.Series:
+    """(run_id, rep) -> the backend (1..K) that ran it; 1 for runs without the column."""
+    idx = pd.MultiIndex.from_frame(df[["run_id", "rep"]])
+    if "backend" not in df.columns:
+        return pd.Series(1, index=idx).groupby(level=[0, 1]).first()
+    b = pd.to_numeric(df["backend"], errors="coerce").fillna(1).astype("int64")
+    return pd.Series(b.to_numpy(), index=idx).groupby(level=[0, 1]).first()
 
 
 def _mode_sort_key(mode: str) -> tuple[int, str]:
@@ -279,6 +384,8 @@ def summarize(
                 "with the plain mode included"
             )
         base = _keyed(base_df, metric)
+        backend_of = _backend_of(bdf)
+        n_backends = int(backend_of.nunique())
         for mode in modes:
             cur = _keyed(bdf[bdf["mode"] == mode], metric)
             vals = cur.to_numpy()
@@ -291,6 +398,7 @@ def summarize(
                 "variance": float(np.var(vals, ddof=1)) if n > 1 else math.nan,
                 "std_ms": float(np.std(vals, ddof=1)) if n > 1 else math.nan,
                 "center": center, "metric": metric,
+                "backends": n_backends, "between_share_pct": math.nan,
             }
             if mode == BASELINE_MODE:
                 row.update(
@@ -302,11 +410,18 @@ def summarize(
                 b, o, paired = _pair(base, cur, common=pair == "common")
                 paired = paired and pair != "never"
                 stat = paired_stat if paired else ratio_stat
-                ci = _bootstrap(
-                    (b, o), stat, paired=paired,
-                    rng=_cell_rng(seed, build, mode, metric, center),
-                    confidence=confidence, n_resamples=n_resamples,
-                )
+                rng = _cell_rng(seed, build, mode, metric, center)
+                ids = (backend_of.reindex(_paired_keys(base, cur, pair == "common"))
+                       .fillna(1).to_numpy() if paired else np.ones(0))
+                if paired and len(np.unique(ids)) >= 2:
+                    r = np.asarray(_pct(o, b))
+                    ci, share = hierarchical_bootstrap(
+                        [r[ids == g] for g in np.unique(ids)], stat_fn, rng=rng,
+                        confidence=confidence, n_resamples=min(n_resamples, 4000))
+                    row["between_share_pct"] = share
+                else:
+                    ci = _bootstrap((b, o), stat, paired=paired, rng=rng,
+                                    confidence=confidence, n_resamples=n_resamples)
                 row.update(
                     overhead_pct=float(stat(b, o)),
                     ci_low_pct=ci.low, ci_high_pct=ci.high,
@@ -317,14 +432,14 @@ def summarize(
                 )
             rows.append(row)
     out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-    return out.astype({"n": "int64", "paired": "bool"})
+    return out.astype({"n": "int64", "paired": "bool", "backends": "int64"})
 
 
 def _empty_summary() -> pd.DataFrame:
     out = pd.DataFrame({c: pd.Series(dtype="float64") for c in SUMMARY_COLUMNS})
     return out.astype({
         "build": "string", "mode": "string", "n": "int64", "center": "string",
-        "paired": "bool", "ci_method": "string", "metric": "string",
+        "paired": "bool", "ci_method": "string", "metric": "string", "backends": "int64",
     })
 
 
@@ -363,9 +478,11 @@ class BuildComparison:
 
     @property
     def overhead_differs(self) -> bool:
-        """True when the CI of the overhead difference excludes zero."""
+        """True when the CI of the overhead difference excludes zero (never on an
+        interval from too few backends to be trusted)."""
         lo, hi = self.diff_ci_low_pct, self.diff_ci_high_pct
-        return math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0)
+        return (math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0)
+                and "too few" not in self.ci_method)
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -439,8 +556,23 @@ def compare_builds(
                 return stat_fn(y, axis=axis) - stat_fn(x, axis=axis)
 
             ov_a, ov_b = float(stat_fn(ra)), float(stat_fn(rb))
-            ci = _bootstrap((ra, rb), diff_rep, paired=joint, rng=rng,
-                            confidence=confidence, n_resamples=n_resamples)
+            ids = (_backend_of(df[df["build"] == a]).reindex(r_a.index).fillna(1).to_numpy()
+                   if joint else np.ones(0))
+            if joint and len(np.unique(ids)) >= 2:
+                # backends, then repetitions (module doc): the comparison's interval
+                # carries the between-backend variance as summarize()'s does
+                xa, xb = _resample_pairs(ra, rb, ids, rng, min(n_resamples, 4000))
+                nan_fn = np.nanmedian if center == "median" else np.nanmean
+                boot = nan_fn(xb, axis=-1) - nan_fn(xa, axis=-1)
+                alpha = (1 - confidence) / 2
+                lo_, hi_ = (float(x) for x in np.nanquantile(boot, [alpha, 1 - alpha]))
+                k = len(np.unique(ids))
+                ci = BootstrapCI(lo_, hi_, "hierarchical" if k >= MIN_HIER_BACKENDS else
+                                 f"hierarchical ({k} backends: too few, interval too narrow)",
+                                 True)
+            else:
+                ci = _bootstrap((ra, rb), diff_rep, paired=joint, rng=rng,
+                                confidence=confidence, n_resamples=n_resamples)
             p_ov = float(sps.mannwhitneyu(ra, rb, alternative="two-sided").pvalue)
             paired = True
         else:
@@ -525,14 +657,14 @@ def summary_table(summary: pd.DataFrame,
 
     *summary* comes from :func:`summarize`. If it already has ``instr`` columns
     (from :func:`attach_instructions`) and *instr_counts* is None they are kept.
-    (Writing it is :func:`profkit.render.report.summary_csv`.)
+    (Writing it is :func:`profkit.render.bench_report.write_summary_csv`.)
     """
     if "instr" not in summary.columns or instr_counts is not None:
         summary = attach_instructions(summary, instr_counts)
     summary = summary.copy()
-    for c in _REFERENCE_COLUMNS:
+    for c in (*_REFERENCE_COLUMNS, *_LATER_COLUMNS):
         if c not in summary.columns:
-            summary[c] = math.nan
+            summary[c] = math.nan if c != "note" else ""
     missing = [c for c in SUMMARY_CSV_COLUMNS if c not in summary.columns]
     if missing:
         raise ComparisonError(
@@ -545,7 +677,8 @@ def summary_table(summary: pd.DataFrame,
                   ("ci_low_pct", 3), ("ci_high_pct", 3), ("instr_overhead_pct", 3),
                   ("q25_ms", 4), ("plain_median_ms", 4), ("plain_q25_ms", 4),
                   ("vs_ref_pct", 3), ("vs_ref_ci_low_pct", 3), ("vs_ref_ci_high_pct", 3),
-                  ("vs_ref_instr_pct", 3)):
+                  ("vs_ref_instr_pct", 3), ("between_share_pct", 1),
+                  ("vs_ref_between_share_pct", 1)):
         out[c] = out[c].astype("float64").round(nd)
     return out
 
@@ -608,6 +741,7 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
     if metric == "cpu_kept_ms":
         kwargs.setdefault("pair", "common")
     plain_rows = out[out["mode"] == BASELINE_MODE].set_index("build")
+    out["vs_ref_between_share_pct"] = math.nan
     for c in _REFERENCE_COLUMNS:
         if c in ("q25_ms", "metric") and c in out.columns:
             continue  # from summarize
@@ -646,6 +780,7 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
         out.at[i, "vs_ref_pct"] = r["overhead_pct"]
         out.at[i, "vs_ref_ci_low_pct"] = r["ci_low_pct"]
         out.at[i, "vs_ref_ci_high_pct"] = r["ci_high_pct"]
+        out.at[i, "vs_ref_between_share_pct"] = r["between_share_pct"]
     return out
 
 
@@ -799,13 +934,200 @@ def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
                      **kwargs: Any) -> pd.DataFrame:
     """:func:`profkit.analyze.stats.summarize` on any of :data:`METRICS` (default: see
     :func:`default_metric`); ``cpu_kept_ms`` pairs on the repetitions kept (pair
-    ``"common"``)."""
+    ``"common"``).
+
+    Nothing measured disappears: a (build, mode) the timings hold but the metric left
+    without a value (every execution rejected by the vCPU rule) keeps its row with n = 0
+    and the reason in ``note``; a build whose plain executions were all rejected keeps
+    its other rows (n, medians) without an overhead, and says so.
+    """
     metric = metric or default_metric(timings)
     frame, col = metric_frame(timings, metric)
     if metric == "cpu_kept_ms":
         kwargs.setdefault("pair", "common")
-    out = summarize(frame, col, **kwargs)  # type: ignore[arg-type]
+    with_plain = set(frame.loc[frame["mode"] == BASELINE_MODE, "build"])
+    ok = frame[frame["build"].isin(with_plain)]
+    out = summarize(ok, col, **kwargs) if not ok.empty else _empty_summary()  # type: ignore[arg-type]
     out["metric"] = metric
+    out["note"] = ""
+    return add_dropped_cells(out, timings, frame, col, metric)
+
+
+def _rejected_reason(metric: str, n_all: int, n_kept: int) -> str:
+    if metric == "cpu_kept_ms":
+        why = "the vCPU calibration just before or after it ran slow"
+    else:
+        why = f"no {metric} value"
+    if n_kept == 0:
+        return f"all {n_all} executions rejected ({why}): not measured"
+    return (f"no plain Query-1 of this build kept ({why}): {n_kept} of {n_all} kept, "
+            "no overhead")
+
+
+def add_dropped_cells(summary: pd.DataFrame, timings: pd.DataFrame, kept: pd.DataFrame,
+                      col: str, metric: str) -> pd.DataFrame:
+    """*summary* plus a row for every (build, mode) of *timings* it lacks (see
+    :func:`summarize_metric`): n = the executions *kept* holds, medians of those, the
+    reason in ``note``."""
+    if timings.empty:
+        return summary
+    have = set(zip(summary["build"], summary["mode"], strict=True))
+    n_all = timings.groupby(["build", "mode"]).size()
+    extra = []
+    for (build, mode), n in n_all.items():
+        if (build, mode) in have:
+            continue
+        vals = kept.loc[(kept["build"] == build) & (kept["mode"] == mode), col].astype(
+            "float64").to_numpy()
+        k = len(vals)
+        extra.append({
+            "build": build, "mode": mode, "n": k,
+            "median_ms": float(np.median(vals)) if k else math.nan,
+            "mean_ms": float(np.mean(vals)) if k else math.nan,
+            "q25_ms": float(np.quantile(vals, 0.25)) if k else math.nan,
+            "variance": float(np.var(vals, ddof=1)) if k > 1 else math.nan,
+            "overhead_pct": math.nan, "ci_low_pct": math.nan, "ci_high_pct": math.nan,
+            "paired": False, "ci_method": "none", "metric": metric,
+            "backends": int(timings.loc[timings["build"] == build, "backend"].nunique())
+            if "backend" in timings.columns else 1,
+            "note": _rejected_reason(metric, int(n), k)})
+    if not extra:
+        return summary
+    out = pd.concat([summary, pd.DataFrame(extra)], ignore_index=True)
+    order = {b: i for i, b in enumerate(build_order(out["build"].astype(str).tolist()))}
+    out = out.assign(_b=out["build"].map(order), _m=out["mode"].map(
+        lambda m: _mode_sort_key(str(m)))).sort_values(["_b", "_m"], kind="stable")
+    return out.drop(columns=["_b", "_m"]).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- A/A
+
+
+@dataclass(frozen=True)
+class AACheck:
+    """An A/A arm (the reference build again, on clusters and backends of its own)
+    against its reference, plain Query-1: every difference it shows is noise.
+
+    ``detectable_pct``: the larger end of its 95 % interval in absolute value — a
+    difference between builds smaller than that is within what the same build showed
+    against itself in this run. ``excludes_zero``: the A/A interval excludes 0 (a false
+    positive of the interval; at 95 % this should happen in about 1 run of 20).
+    """
+
+    aa: str
+    ref: str
+    diff_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    detectable_pct: float
+    excludes_zero: bool
+    between_share_pct: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"A/A: {self.aa} vs {self.ref}, plain Query-1: {self.diff_pct:+.2f} % "
+                f"[{self.ci_low_pct:+.2f}, {self.ci_high_pct:+.2f}]"
+                + (" — the interval EXCLUDES 0 (a false positive: treat the other "
+                   "intervals of this run with suspicion)" if self.excludes_zero else "")
+                + f"; the smallest difference this run could detect: ±{self.detectable_pct:.2f} %")
+
+
+def aa_check(summary: pd.DataFrame, aa_label: str) -> AACheck | None:
+    """The A/A reading of a summary with :func:`attach_reference`'s columns (None when
+    the arm or its interval is missing)."""
+    if "vs_ref_ci_low_pct" not in summary.columns:
+        return None
+    row = summary[(summary["build"] == aa_label) & (summary["mode"] == BASELINE_MODE)]
+    if row.empty:
+        return None
+    r = row.iloc[0]
+    lo, hi = float(r["vs_ref_ci_low_pct"]), float(r["vs_ref_ci_high_pct"])
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    share = r.get("vs_ref_between_share_pct", math.nan)
+    return AACheck(aa_label, str(r.get("ref_build")), float(r["vs_ref_pct"]), lo, hi,
+                   max(abs(lo), abs(hi)), bool(lo > 0 or hi < 0),
+                   float(share) if share is not None and pd.notna(share) else math.nan)
+
+
+def wilson_interval(hits: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate *hits* / *n* (Wilson 1927): honest near
+    0 and 1, where the normal approximation is not. (nan, nan) for n = 0."""
+    if n <= 0:
+        return math.nan, math.nan
+    z = float(sps.norm.ppf(0.5 + confidence / 2))
+    p = hits / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+# --------------------------------------------------------------------------- other estimators
+
+#: Estimators of a time difference between two arms that :func:`paired_estimates`
+#: computes on one run, for an A/A comparison of estimators on this machine's data:
+#: ``median``: median of per-repetition ratios (the report's estimator); ``q25``/``min``:
+#: ratio of the arms' lower quartiles / minima (a slow vCPU only ever adds time, so the
+#: low end of the distribution is the least disturbed: Chen & Revels 2016 argue for the
+#: minimum under positive noise).
+ESTIMATORS: tuple[str, ...] = ("median", "q25", "min")
+
+
+def _ratio_stat(kind: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    def f(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            if kind == "median":
+                return np.nanmedian((b - a) / a, axis=-1) * 100.0
+            if kind == "q25":
+                return (np.nanquantile(b, 0.25, axis=-1) / np.nanquantile(a, 0.25, axis=-1)
+                        - 1.0) * 100.0
+            return (np.nanmin(b, axis=-1) / np.nanmin(a, axis=-1) - 1.0) * 100.0
+    return f
+
+
+def _resample_pairs(a: np.ndarray, b: np.ndarray, backend: np.ndarray,
+                    rng: np.random.Generator, n_resamples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hierarchical resamples of paired values: backends with replacement, then pairs
+    within each (NaN-padded to a common length; one backend: pairs only)."""
+    ids = np.unique(backend)
+    sizes = np.array([(backend == g).sum() for g in ids])
+    k, nmax = len(ids), int(sizes.max())
+    A = np.full((k, nmax), np.nan)
+    B = np.full((k, nmax), np.nan)
+    for i, g in enumerate(ids):
+        A[i, :sizes[i]] = a[backend == g]
+        B[i, :sizes[i]] = b[backend == g]
+    chosen = (rng.integers(k, size=(n_resamples, k)) if k > 1
+              else np.zeros((n_resamples, 1), dtype=np.int64))
+    n = sizes[chosen]
+    j = (rng.random((*chosen.shape, nmax)) * n[..., None]).astype(np.int64)
+    pad = np.arange(nmax)[None, None, :] >= n[..., None]
+    ra, rb = A[chosen[..., None], j], B[chosen[..., None], j]
+    ra[pad] = np.nan
+    rb[pad] = np.nan
+    return ra.reshape(n_resamples, -1), rb.reshape(n_resamples, -1)
+
+
+def paired_estimates(a: np.ndarray, b: np.ndarray, backend: np.ndarray, *,
+                     rng: np.random.Generator, confidence: float = 0.95,
+                     n_resamples: int = 2000) -> dict[str, tuple[float, float, float]]:
+    """estimator -> (estimate %, low, high) of arm *b* against arm *a*, per repetition
+    paired (*a*, *b*: the two arms' times, one per repetition; *backend*: the block of
+    each repetition). The interval resamples backends, then repetitions within them
+    (a percentile interval; with one backend, repetitions only)."""
+    a, b, backend = (np.asarray(x, dtype="float64") for x in (a, b, backend))
+    ra, rb = _resample_pairs(a, b, backend, rng, n_resamples)
+    alpha = (1 - confidence) / 2
+    out = {}
+    for kind in ESTIMATORS:
+        f = _ratio_stat(kind)
+        est = float(f(a[None, :], b[None, :])[0])
+        lo, hi = (float(x) for x in np.nanquantile(f(ra, rb), [alpha, 1 - alpha]))
+        out[kind] = (est, lo, hi)
     return out
 
 

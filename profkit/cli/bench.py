@@ -53,6 +53,8 @@ def _print_results(files: Any) -> None:
 
     for part in console_report(files.summary, files.comparisons):
         out_console.print(part, highlight=False)
+    for line in getattr(files, "notes", ()):
+        out_console.print(line, highlight=False)
     out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
                       f"chart: {files.chart_png} (+ .svg)", highlight=False)
 
@@ -75,6 +77,17 @@ def _pin(text: str) -> int | str | None:
 
 def _mode_list(modes: str) -> list[str]:
     return [m.strip() for m in modes.split(",") if m.strip()]
+
+
+def _backends(text: str) -> int | str:
+    """--backends: 'auto' or a whole number (checked by check_request)."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give auto or a whole number >= 1",
+                                 param_hint="--backends") from None
 
 
 @click.command("bench")
@@ -121,12 +134,23 @@ def _mode_list(modes: str) -> list[str]:
                    "last one.")
 @click.option("--no-calibration", is_flag=True,
               help="Skip the vCPU calibration before and after every execution.")
+@click.option("--backends", default="auto", show_default=True, metavar="auto|K",
+              help="Independent backends per build, each on a fresh cluster; the repetitions "
+                   "are split between them and the intervals resample backends, then "
+                   "repetitions (auto: 1 below 8 repetitions, else 4-8).")
+@click.option("--aa", is_flag=True,
+              help="Add an A/A arm (vanilla again, on clusters of its own): the report states "
+                   "the smallest difference the run could detect.")
+@click.option("--allow-plan-differences", is_flag=True,
+              help="Measure even when the builds chose different plans (every table is "
+                   "marked); by default such a run stops and shows the plans.")
 @json_option
 @_friendly
 def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
               instr_scale: float | None, order_seed: int | None, metric: str | None,
-              pin_cpu: str, no_calibration: bool, as_json: bool) -> None:
+              pin_cpu: str, no_calibration: bool, backends: str, aa: bool,
+              allow_plan_differences: bool, as_json: bool) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
@@ -136,7 +160,9 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
     from profkit.pg.workloads import workload_spec
 
     workload = workload_spec(workload, query)
-    req = check_request(builds, workload, scale, reps, _mode_list(modes), warmup, list(sets))
+    req = check_request(builds, workload, scale, reps, _mode_list(modes), warmup, list(sets),
+                        backends=_backends(backends), aa=aa,
+                        allow_plan_differences=allow_plan_differences)
     try:
         res = run_bench(req, root=out, progress=True,
                         instructions=instructions,  # type: ignore[arg-type]

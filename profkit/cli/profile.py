@@ -11,7 +11,7 @@ import click
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
 from profkit.cli.common import say as _say
-from profkit.pg.workloads import EXPLAIN_PREFIX
+from profkit.modes import EXPLAIN_PREFIX
 
 MODES = tuple(EXPLAIN_PREFIX)
 

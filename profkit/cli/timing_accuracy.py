@@ -26,6 +26,14 @@ def _print(res: Any) -> None:
     click.echo(f"\nreport: {res.report_md}\nrun: {res.run_dir}")
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give auto or a whole number >= 1",
+                                 param_hint="--backends") from None
+
+
 @click.command("timing-accuracy")
 @click.option("--arm", "arms", multiple=True, metavar="[LABEL=]PRESET[:GUC=V,...]",
               help="An arm to measure (repeatable). Default: vanilla, coarse_clock, tsc_clock, "
@@ -62,13 +70,16 @@ def _print(res: Any) -> None:
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, exists=True,
                                                          path_type=Path), default=None,
               help="Only (re)analyse an existing run directory.")
+@click.option("--backends", default="auto", show_default=True, metavar="auto|K",
+              help="Independent backends per arm, each on a fresh cluster; the repetitions "
+                   "are split between them (auto: 1 below 8 repetitions, else 4-8).")
 @_friendly
 def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
                         js_scale: float, cs_scale: float, reps: int, warmup: int,
                         baseline: str, build_missing: bool, no_clock_cost: bool, tol: float,
                         min_node_ms: float, reference: str, nice: str, seed: int | None,
                         out: Path | None,
-                        report_dir: Path | None) -> None:
+                        report_dir: Path | None, backends: str) -> None:
     """How far coarse_clock/tsc_clock/sampled_timing's per-node times are from vanilla's,
     and what TIMING TRUE costs on each.
 
@@ -99,7 +110,8 @@ def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
                               reps=reps, warmup=warmup, baseline=baseline,
                               build_missing=build_missing, out_dir=out, seed=seed,
                               clock_cost=not no_clock_cost, nice=nice_v, tol_pct=tol,
-                              min_node_ms=min_node_ms, progress=_say)
+                              min_node_ms=min_node_ms, progress=_say,
+                              backends=backends if backends == "auto" else _int(backends))
     if reference != "tsc_clock":
         res = analyze_run(res.run_dir, baseline=baseline, tol_pct=tol,
                           min_node_ms=min_node_ms, reference=reference)

@@ -34,6 +34,7 @@ import pandas as pd
 from profkit import tables
 from profkit.collect import ctools
 from profkit.errors import ParseError, ProbeError, ToolNotFound
+from profkit.machine import parse_cpuinfo
 from profkit.run import run
 
 HELPER_SRC = Path(__file__).with_name("clock_bench.c")
@@ -85,24 +86,7 @@ class ClockInfo:
         }
 
 
-def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
-    """(model name, flags) of the first CPU in ``/proc/cpuinfo`` text.
-
-    Input:  ``model name\\t: AMD EPYC 7B13`` / ``flags\\t\\t: fpu tsc constant_tsc ...``
-    Output: ``("AMD EPYC 7B13", frozenset({"fpu", "tsc", "constant_tsc", ...}))``
-    """
-    model = ""
-    flags: frozenset[str] = frozenset()
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key = key.strip()
-        if key == "model name" and not model:
-            model = value.strip()
-        elif key in ("flags", "Features") and not flags:
-            flags = frozenset(value.split())
-    return model, flags
+# parse_cpuinfo lives in the base module profkit.machine (imported above)
 
 
 def clock_info(sysfs: Path = CLOCKSOURCE_DIR, cpuinfo: Path = Path("/proc/cpuinfo")) -> ClockInfo:

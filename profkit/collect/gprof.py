@@ -422,6 +422,6 @@ def parse_run(run: RunDir | str | os.PathLike[str], *, binary: str | None = None
     prof.call_edges.to_parquet(rd.file(EDGES_PARQUET), index=False)
     rd.add_artifact(FUNCTIONS_PARQUET, "functions table (calls, self seconds)")
     rd.add_artifact(EDGES_PARQUET, "call_edges table (caller -> callee calls)")
-    rd.finish(status="ok", functions=len(prof.functions),
+    rd.finish(status="complete", functions=len(prof.functions),
               sample_seconds=prof.sample_seconds)
     return GprofResult(rd, prof)

@@ -614,7 +614,7 @@ def fold_run(run: RunDir | str | os.PathLike[str], *, perf: str = "perf",
                        (FUNCTIONS_PARQUET, "functions table (self/total samples)")):
         rd.add_artifact(name, what)
     share = instrumentation_share(functions)
-    rd.finish(status="ok", samples_folded=folding.samples, events=list(folding.events),
+    rd.finish(status="complete", samples_folded=folding.samples, events=list(folding.events),
               instrumentation_share=round(share, 6),
               unknown_binary_frames=list(unknown_total) if unknown_total else None)
     return PerfProfile(rd, folding, stacks, functions, stat_df,

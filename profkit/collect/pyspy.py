@@ -312,5 +312,5 @@ def fold_run(run: RunDir | str | os.PathLike[str]) -> PySpyProfile:
     rd.add_artifact(FOLDED, "folded stacks (py-spy's, empty stacks named)")
     rd.add_artifact(STACKS_PARQUET, "stacks table")
     rd.add_artifact(FUNCTIONS_PARQUET, "functions table (function, module = file)")
-    rd.finish(status="ok", samples_folded=float(sum(counts.values())))
+    rd.finish(status="complete", samples_folded=float(sum(counts.values())))
     return PySpyProfile(rd, counts, stacks, funcs)

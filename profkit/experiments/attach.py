@@ -42,7 +42,7 @@ from profkit.experiments.probe import EXPLAIN, _baseline, _sql_failed, check_que
 from profkit.experiments.profile import ProfileRun, flamegraph_dir, flamegraph_for, top_functions
 from profkit.pg.cluster import connect_dsn, redact_dsn
 from profkit.pg.workloads import EXPLAIN_PREFIX, get_workload, workload_spec
-from profkit.rundir import load_run, new_run
+from profkit.rundir import load_run, open_run
 from profkit.run import run
 
 
@@ -158,29 +158,33 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
         exe = check_backend(pid)
         rep = binary_report(exe)
         say(rep.describe())
-        rd = new_run("perf", workload=workload, mode=mode, base=base,
-                     target={"pid": pid, "dsn": redact_dsn(dsn) if dsn else None,
-                             "binary": str(exe), "binary_level": rep.level,
-                             "binary_report": rep.describe(), "version": rep.version},
-                     query_name=(mode or "query") if conn is not None else f"pid {pid}")
-        if conn is not None:
-            assert sql is not None
-            rd.update(query=sql, reps=reps, settings=server_settings(conn))
-            say(f"recording backend {pid} while it runs the query (perf, {freq} Hz)")
-            _rec, res = record_pid(pid, lambda: run_query(conn, sql, reps), run=rd, freq=freq,
-                                   call_graph=call_graph, stat=stat,  # type: ignore[arg-type]
-                                   binary=exe)
-            rd.file(QUERY_OUTPUT).write_text(format_rows(res.rows))
-            rd.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
-        else:
-            say(f"recording backend {pid} for {seconds:g} s (perf, {freq} Hz)")
-            record_pid(pid, lambda: time.sleep(seconds), run=rd, freq=freq,
-                       call_graph=call_graph, stat=stat, binary=exe)  # type: ignore[arg-type]
+        with open_run("perf", workload=workload, mode=mode, base=base,
+                      target={"pid": pid, "dsn": redact_dsn(dsn) if dsn else None,
+                              "binary": str(exe), "binary_level": rep.level,
+                              "binary_report": rep.describe(), "version": rep.version},
+                      query_name=(mode or "query") if conn is not None else f"pid {pid}"
+                      ) as rd:
+            if conn is not None:
+                assert sql is not None
+                rd.update(query=sql, reps=reps, settings=server_settings(conn))
+                say(f"recording backend {pid} while it runs the query (perf, {freq} Hz)")
+                _rec, res = record_pid(pid, lambda: run_query(conn, sql, reps), run=rd,
+                                       freq=freq, call_graph=call_graph,  # type: ignore[arg-type]
+                                       stat=stat, binary=exe)
+                rd.file(QUERY_OUTPUT).write_text(format_rows(res.rows))
+                rd.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
+            else:
+                say(f"recording backend {pid} for {seconds:g} s (perf, {freq} Hz)")
+                record_pid(pid, lambda: time.sleep(seconds), run=rd, freq=freq,
+                           call_graph=call_graph, stat=stat,  # type: ignore[arg-type]
+                           binary=exe)
+            if conn is not None:
+                conn.close()
+                conn = None
+            prof = fold_run(load_run(rd.path), binary=exe, check=False)
     finally:
         if conn is not None:
             conn.close()
-    prof = fold_run(load_run(rd.path), binary=exe, check=False)
-    rd.finish(status="complete")
     return prof, rep
 
 

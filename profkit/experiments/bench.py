@@ -41,9 +41,15 @@ returns (or any run directory, read back by :func:`load_bench` through
 :func:`profkit.rundir.load_run`) into ``summary.csv``, ``report.md`` and the overhead
 chart: statistics from :mod:`profkit.analyze.stats`, every file from :mod:`profkit.render`.
 
-Every execution is timed by :func:`profkit.experiments.harness.timed_execute`, in the
-order :func:`~profkit.experiments.harness.interleave` draws; the clusters are
-:class:`~profkit.experiments.harness.Clusters` (server logs kept in ``logs/``).
+The benchmark is a hook on :class:`profkit.experiments.harness.Session`, the engine:
+it starts every arm's cluster (server logs kept in ``logs/``), on *backends* K fresh
+clusters and backends per arm in turn (the repetitions split into K blocks, every block
+interleaving all arms; ``backend`` column), times every execution with
+:func:`~profkit.experiments.harness.timed_execute` in the order
+:func:`~profkit.experiments.harness.interleave` draws, and reports failures; this module
+loads the workload, records each arm's plan (``EXPLAIN (COSTS OFF)``: arms that chose
+different plans stop the run unless allowed), checks answers and writes rows. The run's
+folder and final status come from :func:`profkit.rundir.open_run`.
 """
 from __future__ import annotations
 
@@ -51,7 +57,6 @@ import contextlib
 import logging
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,19 +66,47 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from profkit import paths, rundir, tables
+from profkit import rundir, tables
 from profkit.errors import ComparisonError, ProfkitError
 from profkit.collect import vcpu as vcpu_mod
-from profkit.collect.vcpu import VcpuProbe
 from profkit.experiments import harness
+from profkit.modes import PLAN_PREFIX, query_name
 from profkit.parse.explain import explain_times
 from profkit.progress import Progress, ProgressFn, as_progress
+from profkit.analyze.stats import (
+    aa_check,
+    pg_major,
+    attach_instructions,
+    attach_reference,
+    compare_chain,
+    default_metric,
+    metric_frame,
+    summarize_metric,
+)
+from profkit.collect.artifacts import server_settings
+from profkit.collect.callgrind import (
+    collect_callgrind_cluster,
+    instruction_counter,
+    perf_stat_instructions,
+)
+from profkit.parse.callgrind import instr_counts_from_session
+from profkit.pg.build import Build, presets
+from profkit.pg.cluster import BENCH_SETTINGS
+from profkit.pg.workloads import EXPLAIN_PREFIX, check_scale, get_workload
+from profkit.render.bench_report import (
+    bench_extra_sections,
+    engine_notes,
+    engine_sections,
+    plot_overheads,
+    render_markdown,
+    report_provenance,
+    seed_table,
+    write_summary_csv,
+)
 
 if TYPE_CHECKING:
-    import psycopg
 
     from profkit.pg.build import Build
-    from profkit.pg.cluster import Cluster
     from profkit.pg.workloads import Workload
 
 log = logging.getLogger("profkit.bench")
@@ -99,6 +132,8 @@ TIMINGS_COLUMNS: tuple[str, ...] = (
     # work on the backend's CPU) and what disturbed the backend over it (collect.vcpu)
     "calib_before_ms", "calib_after_ms", "runq_ms", "vol_cs", "invol_cs", "migrations",
     "minflt", "majflt", "steal_ms", "steal_cpu_ms", "last_cpu",
+    # which of the arm's backends (1..K, each on a fresh cluster) ran the execution
+    "backend",
 )
 
 # How the work of a workload grows with its scale (nested_loop: |test1⋈test3| × |test2|).
@@ -110,13 +145,6 @@ CALLGRIND_STARTUP_S = 5.0
 #: Default callgrind time budget per build (seconds) when choosing the counting scale.
 CALLGRIND_BUDGET_S = 60.0
 MIN_INSTR_SCALE = 0.002
-
-# A provenance field must be equal in two runs before their timings are pooled
-# (pyperf's checked metadata): same machine kind, clock, workload and scale.
-BENCH_CHECKED_FIELDS: tuple[str, ...] = (
-    "machine.cpu_model", "machine.kernel", "machine.clocksource", "machine.virtualization",
-    "machine.cpus", "workload", "scale", "source.version",
-)
 
 InstructionCounter = Literal["auto", "callgrind", "perf_stat", "none"]
 
@@ -142,30 +170,19 @@ class ProfilesFull(BenchError):
 # input
 
 
-@dataclass(frozen=True)
-class BuildRef(harness.Arm):
-    """A build in a benchmark (an arm): the label its rows carry, the preset it is built
-    from and the server settings its cluster runs with.
-
-    ``"step1"`` is label and preset at once; ``"a=vanilla"`` runs preset vanilla under
-    the label ``a`` (two labels on one preset make an A/A run: a check of the noise);
-    ``"pg19tsc=pg19/vanilla:timing_clock_source=tsc"`` runs pg19/vanilla with that
-    setting in its cluster's postgresql.conf (every arm has a cluster of its own, so a
-    postmaster-context setting is no different from a session one).
-    """
-
-    label: str
-    preset: str
-    settings: tuple[tuple[str, str], ...] = ()
-
-
-_GUC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+#: A build in a benchmark is an arm (:class:`profkit.experiments.harness.Arm`): the label
+#: its rows carry, the preset it is built from and the server settings its cluster runs
+#: with. ``"step1"`` is label and preset at once; ``"a=vanilla"`` runs preset vanilla
+#: under the label ``a`` (two labels on one preset make an A/A run: a check of the
+#: noise); ``"pg19tsc=pg19/vanilla:timing_clock_source=tsc"`` runs pg19/vanilla with that
+#: setting in its cluster's postgresql.conf (every arm has a cluster of its own).
+BuildRef = harness.Arm
 
 
 def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
     """Build references (arms) from ``"vanilla,step1"``, a list of names, or Build objects.
 
-    Each item is ``[LABEL=]PRESET[:GUC=V,...]`` (:func:`harness.split_arm`, the syntax
+    Each item is ``[LABEL=]PRESET[:GUC=V,...]`` (:func:`harness.parse_arms`, the syntax
     of ``profkit timing-accuracy --arm``). In a comma-separated string an item's
     settings continue after its ``:`` until the next item that is not ``GUC=V``:
     ``"vanilla,t=pg19/vanilla:timing_clock_source=tsc,jit=off,step3"`` gives t both
@@ -175,106 +192,33 @@ def parse_builds(builds: str | Sequence[Any]) -> list[BuildRef]:
     setting, or an unknown preset (naming the known ones) — before anything is built or
     started.
     """
-    from profkit.pg.build import Build, presets
 
-    items: list[Any]
+    items: list[Any] = [] if isinstance(builds, str) else list(builds)
     if isinstance(builds, str):
-        items = _split_items(builds)
-    else:
-        items = list(builds)
-    if not items:
+        if not builds.strip(" ,"):
+            raise BenchError("no builds given: pass build presets, e.g. --builds vanilla,step1")
+    elif not items:
         raise BenchError("no builds given: pass build presets, e.g. --builds vanilla,step1")
-    refs: list[BuildRef] = []
     for it in items:
-        if isinstance(it, Build):
-            refs.append(BuildRef(it.name, it.name))
-            continue
-        if isinstance(it, BuildRef):
-            refs.append(it)
-            continue
-        if isinstance(it, harness.Arm):
-            refs.append(BuildRef(it.label, it.preset, it.settings))
-            continue
-        if not isinstance(it, str):
+        if not isinstance(it, (str, Build, harness.Arm)):
             raise BenchError(f"a build is a preset name (str), not {type(it).__name__}: {it!r}")
-        try:
-            label, preset, sets = harness.split_arm(it)
-        except harness.HarnessError as e:
-            raise BenchError(f"build {e}") from None
-        try:
-            settings = parse_settings(sets)
-        except BenchError as e:
-            raise BenchError(f"build {it!r}: {e}") from None
-        refs.append(BuildRef(label, preset, tuple(settings.items())))
-    labels = [r.label for r in refs]
-    dups = sorted({x for x in labels if labels.count(x) > 1})
-    if dups:
-        raise BenchError(f"build {', '.join(dups)} given twice; to run one preset twice "
-                         "(an A/A check, or with other settings) give the copies labels: "
-                         "a=vanilla,b=vanilla")
-    known = presets()
-    unknown = [r.preset for r in refs if r.preset not in known and not
-               any(isinstance(i, Build) and i.name == r.preset for i in items)]
-    if unknown:
-        raise BenchError(f"unknown build {', '.join(map(repr, unknown))}; known presets: "
-                         f"{', '.join(sorted(known))} (`profkit build --list`)")
-    return refs
-
-
-def _split_items(text: str) -> list[str]:
-    """Comma-separated arms. ``X=Y`` after an arm with settings continues its settings
-    unless Y is a build preset (then it is the arm labelled X): ``GUC=V`` and
-    ``LABEL=PRESET`` look alike."""
-    from profkit.pg.build import presets
-
-    known = presets()
-    out: list[str] = []
-    for part in (x.strip() for x in text.split(",")):
-        if not part:
-            continue
-        name, eq, value = part.partition("=")
-        continues = (out and ":" in out[-1] and eq and ":" not in part
-                     and _GUC.match(name.strip()) and value.strip() not in known)
-        if continues:
-            out[-1] += "," + part
-        else:
-            out.append(part)
-    return out
+    known = set(presets()) | {b.name for b in items if isinstance(b, Build)}
+    try:
+        return harness.parse_arms(
+            builds if isinstance(builds, str)
+            else [harness.Arm(i.name, i.name) if isinstance(i, Build) else i for i in items],
+            known)
+    except harness.HarnessError as e:
+        raise BenchError(f"build {e}") from None
 
 
 def parse_settings(items: Sequence[str] | Mapping[str, Any] | None) -> dict[str, str]:
-    """Server settings from ``["name=value", ...]`` or a dict, checked for safe names.
-
-    The values go into postgresql.conf as ``name = 'value'``: a quote or line break in a
-    value, or a name that is not a GUC name, is refused with :class:`BenchError`.
-    """
-    if not items:
-        return {}
-    pairs: list[tuple[str, Any]]
-    if isinstance(items, Mapping):
-        pairs = list(items.items())
-    else:
-        pairs = []
-        for it in items:
-            name, sep, value = str(it).partition("=")
-            if not sep:
-                raise BenchError(f"setting {it!r} is not name=value (e.g. --set work_mem=64MB)")
-            pairs.append((name.strip(), value.strip()))
-    out: dict[str, str] = {}
-    for name, value in pairs:
-        v = str(value).lower() if isinstance(value, bool) else str(value)
-        if not _GUC.match(name):
-            raise BenchError(f"{name!r} is not a PostgreSQL setting name")
-        if "'" in v or "\n" in v or "\\" in v:
-            raise BenchError(f"setting {name}: the value {v!r} may not contain quotes, "
-                             "backslashes or line breaks")
-        out[name] = v
-    spl = out.get("shared_preload_libraries")
-    if spl is not None and "pg_stat_statements" not in [x.strip() for x in spl.split(",")]:
-        raise BenchError("shared_preload_libraries must keep pg_stat_statements: the server-"
-                         "side times come from it (e.g. --set shared_preload_libraries="
-                         "pg_stat_statements,auto_explain)")
-    return out
+    """Server settings from ``["name=value", ...]`` or a dict
+    (:func:`harness.parse_settings`; :class:`BenchError` for a bad one)."""
+    try:
+        return harness.parse_settings(items)
+    except harness.HarnessError as e:
+        raise BenchError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -288,13 +232,22 @@ class BenchRequest:
     modes: tuple[str, ...]
     warmup: int
     settings: dict[str, str]
+    backends: int = 1
+    allow_plan_differences: bool = False
 
 
 def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps: int,
                   modes: Sequence[str] | str = DEFAULT_MODES, warmup: int = 1,
-                  settings: Sequence[str] | Mapping[str, Any] | None = None) -> BenchRequest:
-    """Validate everything about a run before anything is built, started or written."""
-    from profkit.pg.workloads import EXPLAIN_PREFIX, check_scale, get_workload
+                  settings: Sequence[str] | Mapping[str, Any] | None = None,
+                  backends: int | str = "auto", aa: bool = False,
+                  allow_plan_differences: bool = False) -> BenchRequest:
+    """Validate everything about a run before anything is built, started or written.
+
+    *backends*: independent backends (each on a fresh cluster) per arm, the repetitions
+    split between them (``"auto"``: :func:`harness.auto_backends`). *aa*: add an A/A arm
+    (:func:`add_aa_arm`). *allow_plan_differences*: keep going when the arms chose
+    different plans (marked in every table) instead of stopping.
+    """
 
     get_workload(workload)  # WorkloadError naming the known ones
     check_scale(scale)
@@ -315,8 +268,49 @@ def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps
         raise BenchError("modes must include 'plain': every overhead is relative to the plain "
                          "query of the same build")
     refs = parse_builds(builds)
+    if aa:
+        refs = add_aa_arm(refs)
+    if backends == "auto":
+        k = harness.auto_backends(reps)
+    elif isinstance(backends, bool) or not isinstance(backends, int) or backends < 1:
+        raise BenchError(f"backends must be an integer >= 1 or 'auto', got {backends!r}")
+    elif backends > reps:
+        raise BenchError(f"backends ({backends}) must not exceed reps ({reps}): every backend "
+                         "runs at least one repetition")
+    else:
+        k = backends
     return BenchRequest(tuple(refs), workload, float(scale), reps, modes, warmup,
-                        parse_settings(settings))
+                        parse_settings(settings), k, bool(allow_plan_differences))
+
+
+#: The label of the A/A arm ``--aa`` adds.
+AA_LABEL = "vanilla-aa"
+
+
+def add_aa_arm(refs: Sequence[BuildRef]) -> list[BuildRef]:
+    """*refs* plus an A/A arm: the reference vanilla again, on clusters (and backends) of
+    its own, labelled :data:`AA_LABEL`. Its difference from vanilla is noise by
+    construction, so its interval is the smallest difference the run could detect.
+
+    Where the build layer offers variants of a build (another code layout:
+    ``vanilla@layout2``) the A/A arm should run one, so that layout shifts count as
+    noise too; :data:`AA_VARIANT` names it (None until such variants exist).
+    """
+    vanillas = [r for r in refs if r.base_preset.split("/")[-1] == "vanilla"
+                and not r.settings and r.variant is None]
+    if not vanillas:
+        raise BenchError("--aa repeats the vanilla build: include vanilla (or pg19/vanilla) "
+                         "in --builds")
+    if any(r.label == AA_LABEL for r in refs):
+        raise BenchError(f"--aa adds an arm labelled {AA_LABEL!r}: that label is taken")
+    ref = vanillas[0]
+    preset = f"{ref.preset}@{AA_VARIANT}" if AA_VARIANT else ref.preset
+    return [*refs, BuildRef(AA_LABEL, preset)]
+
+
+#: The build variant an A/A arm runs (another code layout of the same source) once the
+#: build layer makes them; None: the same binary on another cluster and backends.
+AA_VARIANT: str | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -383,68 +377,100 @@ def load_bench(run_dir: str | os.PathLike[str] | None = None) -> BenchResult:
 # the run
 
 
-@dataclass
-class _Target:
-    """One build's running cluster and the connection the benchmark drives."""
-
-    ref: BuildRef
-    build: Build
-    cluster: Cluster
-    conn: psycopg.Connection | None = None
-    backend_pid: int = 0
-    pgss: harness.Pgss | None = None
-
-    @property
-    def qids(self) -> dict[str, int]:
-        return self.pgss.qids if self.pgss is not None else {}
+class PlanDifference(BenchError):
+    """The arms chose different plans for the same query: their times are not comparable."""
 
 
-class _ExecFailed(Exception):
-    def __init__(self, target: _Target, mode: str, err: BaseException) -> None:
-        super().__init__(str(err))
-        self.target = target
-        self.mode = mode
-        self.err = err
+class _Bench:
+    """What a benchmark does per cell of the :class:`harness.Session` (the engine runs
+    clusters, backends, interleaving and timing): run a mode, check its answer, write the
+    row; and the plans each arm chose (``EXPLAIN (COSTS OFF)``), compared across arms."""
 
-
-class _Runner:
     def __init__(self, req: BenchRequest, wl: Workload, run_id: str, out_dir: Path,
-                 reporter: Progress, order_seed: int) -> None:
+                 reporter: Progress, session: harness.Session) -> None:
         self.req = req
         self.wl = wl
         self.run_id = run_id
         self.out_dir = out_dir
         self.progress = reporter
-        self.order_seed = order_seed
-        self.targets: list[_Target] = []
+        self.session = session
         self.rows: list[dict[str, Any]] = []
         self.writer: rundir.RowWriter | None = None
-        self.clusters: harness.Clusters | None = None
         self.expected = wl.expected_rows(req.scale)
-        self.vcpu: VcpuProbe | None = None
-        self.pin_cpu: int | None = None
+        #: label -> the plan its first backend chose (EXPLAIN (COSTS OFF) of the query)
+        self.plans: dict[str, str] = {}
+        self.plan_differs = False
+        self.block = 0
 
-    # -- one execution --------------------------------------------------------
-    def execute(self, t: _Target, mode: str) -> dict[str, Any]:
-        """Run *mode* once on *t* (:func:`harness.timed_execute`). Raises _ExecFailed."""
-        assert t.conn is not None and t.pgss is not None
+    @property
+    def targets(self) -> list[harness.Target]:
+        return self.session.targets
+
+    # -- per backend -------------------------------------------------------------
+    def prepare(self, t: harness.Target) -> None:
+        """A fresh backend: load the workload, record the plan it chooses."""
+        import psycopg
+
+        if t.arm == self.session.arms[0]:
+            self.block = t.block
+            self.progress.phase("starting clusters and loading data"
+                                + (f" (backend {t.block} of {self.req.backends} per build)"
+                                   if self.req.backends > 1 else ""), len(self.req.refs))
         try:
-            m = harness.timed_execute(t.conn, self.wl.query(mode), pid=t.backend_pid,
-                                      pgss=t.pgss, key=mode, vcpu=self.vcpu)
+            self.wl.load(t.conn, self.req.scale)  # type: ignore[arg-type]
+            rows = t.conn.execute(PLAN_PREFIX + self.wl.select_sql,  # type: ignore[union-attr]
+                                  prepare=False).fetchall()
+        except psycopg.Error as e:
+            assert self.session.clusters is not None
+            raise BenchError(f"could not prepare the cluster of build {t.label!r} "
+                             f"(pg_stat_statements, loading {self.wl.name} at scale "
+                             f"{self.req.scale}): {e}; server log: "
+                             f"{self.session.clusters.log_file(t.label)}") from e
+        plan = "\n".join(str(r[0]) for r in rows)
+        self.plans.setdefault(t.label, plan)
+        self.progress.advance(f"{t.label}: cluster on port {t.cluster.port}, {self.wl.name} "
+                              f"loaded at scale {self.req.scale}")
+
+    def check_plans(self, targets: list[harness.Target]) -> None:
+        """Same plan or no comparison: stop when the arms chose different plans (both
+        shown), unless allowed (then every table says so)."""
+        majors: dict[str, dict[str, list[str]]] = {}
+        for t in targets:
+            plan = self.plans.get(t.label, "")
+            major = pg_major(t.build.version)
+            majors.setdefault(major, {}).setdefault(plan, []).append(t.label)
+        # builds of one PostgreSQL major must agree; another major's planner (and EXPLAIN
+        # format) may differ: those are compared per major only
+        differ = {m: g for m, g in majors.items() if len(g) > 1}
+        if not differ:
+            return
+        self.plan_differs = True
+        shown = "\n\n".join(f"{', '.join(labels)}:\n{plan}" for g in differ.values()
+                            for plan, labels in g.items())
+        if not self.req.allow_plan_differences:
+            raise PlanDifference(
+                f"the builds chose different plans for the {self.wl.name} query, so their "
+                f"times would compare different work:\n\n{shown}\n\nPass "
+                "--allow-plan-differences to measure anyway (every table is then marked)")
+        self.progress.say(f"[the builds chose different plans; every table is marked]\n{shown}")
+
+    # -- per cell ------------------------------------------------------------------
+    def execute(self, t: harness.Target, mode: str) -> dict[str, Any]:
+        """Run *mode* once on *t* (:meth:`harness.Session.execute`)."""
+        try:
+            m = self.session.execute(t, self.wl.query(mode), what=mode, key=mode)
         except harness.HarnessError as e:
-            raise BenchError(f"{e} (build {t.ref.label}, {mode})") from None
-        except Exception as e:  # psycopg errors, and a broken connection's own errors
-            raise _ExecFailed(t, mode, e) from e
+            raise BenchError(f"{e} (build {t.label}, {mode})") from None
         if m.pgss_calls != 1:
             raise BenchError(
                 f"pg_stat_statements counted {m.pgss_calls} calls of the {mode} "
-                f"statement on {t.ref.label} for one execution (expected 1): is another "
+                f"statement on {t.label} for one execution (expected 1): is another "
                 "session running it? The benchmark's clusters must be private")
         if mode == "plain" and self.expected is not None:
             got = harness.first_value(m.rows)
             if got != self.expected:
                 raise BenchError(
-                    f"build {t.ref.label} returned {got!r} for the plain {self.wl.name} query at "
+                    f"build {t.label} returned {got!r} for the plain {self.wl.name} query at "
                     f"scale {self.req.scale}, expected {self.expected}: the build computes "
                     "wrong results (check its patches with `profkit regress`)")
         ex, pl = explain_times(m.rows) if mode != "plain" else (math.nan, math.nan)
@@ -453,136 +479,61 @@ class _Runner:
                 "backend_pid": t.backend_pid, "calib_before_ms": m.calib_before_ms,
                 "calib_after_ms": m.calib_after_ms, "runq_ms": m.runq_ms, **m.counters}
 
-    # -- phases ---------------------------------------------------------------
-    def start_clusters(self, stack: contextlib.ExitStack, builds: Mapping[str, Build],
-                       settings: Mapping[str, str]) -> None:
-        import psycopg
+    def warm(self, t: harness.Target, mode: str) -> None:
+        # at least one execution per mode: it checks the plain result and finds each
+        # statement's pg_stat_statements entry
+        try:
+            self.execute(t, mode)
+        except harness.ExecFailed as e:
+            raise self._failure(e, "the warm-up") from e.err
+        self.progress.advance(f"warm-up {t.label} {mode}")
 
-        from profkit.pg.cluster import ClusterError
+    def on_block(self, targets: list[harness.Target]) -> None:
+        if targets and targets[0].block == 1:
+            self.check_plans(targets)
+        n = len(targets) * len(self.req.modes)
+        block = harness.split_reps(self.req.reps, self.req.backends)[targets[0].block - 1]
+        self.progress.phase("warm-up and benchmark", n * (max(self.req.warmup, 1)
+                                                          + len(block)))
 
-        self.clusters = harness.Clusters(stack, self.out_dir / "logs")
-        self.progress.phase("starting clusters and loading data", len(self.req.refs))
-        for ref in self.req.refs:
-            b = builds[ref.label]
-            try:
-                cl = self.clusters.start(b, f"bench-{ref.label}",
-                                         {**settings, **ref.settings_dict}, log_name=ref.label)
-            except ClusterError as e:
-                if ref.settings and "configuration" in str(e):
-                    raise BenchError(
-                        f"the cluster of build {ref.label!r} (preset {ref.preset}) did not "
-                        f"start with its settings {_settings_text(ref)}: is every name a "
-                        f"setting of this build (`SHOW ALL` on it)? {e}") from None
-                raise
-            t = _Target(ref, b, cl)
-            self.targets.append(t)
-            stack.callback(self._close, t)
-            try:
-                self.connect(t)
-                self.wl.load(t.conn, self.req.scale)  # type: ignore[arg-type]
-            except psycopg.Error as e:
-                raise BenchError(f"could not prepare the cluster of build {ref.label!r} "
-                                 f"(pg_stat_statements, loading {self.wl.name} at scale "
-                                 f"{self.req.scale}): {e}; server log: "
-                                 f"{self.clusters.log_file(ref.label)}") from e
-            self.progress.advance(f"{ref.label}: cluster on port {cl.port}, {self.wl.name} "
-                                  f"loaded at scale {self.req.scale}")
+    def cell(self, t: harness.Target, mode: str, rep: int, slot: int, order: int) -> None:
+        try:
+            m = self.execute(t, mode)
+        except harness.ExecFailed as e:
+            raise self._failure(e, f"repetition {rep} of {self.req.reps}") from e.err
+        row = {
+            "run_id": self.run_id, "build": t.label, "workload": self.wl.name,
+            "query": query_name(mode), "mode": mode, "rep": rep, "order": order,
+            **m, "slot": slot, "preset": t.arm.preset, "settings": t.arm.settings_text,
+            "backend": t.block,
+        }
+        self.rows.append(row)
+        assert self.writer is not None
+        self.writer.write(row)
+        self.progress.advance(f"rep {rep}/{self.req.reps}: {t.label} {mode} "
+                              f"{m['client_ms']:.0f} ms")
 
-    def shown_settings(self) -> dict[str, dict[str, str]]:
-        """``SHOW`` of every arm's own settings, as its server reports them (the check
-        that a setting took: a value it rounds or refuses shows here)."""
-        out: dict[str, dict[str, str]] = {}
-        for t in self.targets:
-            if t.conn is None or not t.ref.settings:
-                continue
-            out[t.ref.label] = {k: str(t.conn.execute(f"SHOW {k}").fetchone()[0])  # type: ignore[index]
-                                for k, _ in t.ref.settings}  # names checked by parse_settings
-        return out
-
-    def start_vcpu(self, stack: contextlib.ExitStack, pin_cpu: int | None,
-                   calibrate: bool) -> None:
-        """Pin every backend to *pin_cpu*; with *calibrate*, start the calibration helper
-        pinned there too (stopped when *stack* closes)."""
-        self.pin_cpu = pin_cpu
-        if pin_cpu is not None:
-            for t in self.targets:
-                vcpu_mod.pin(t.backend_pid, pin_cpu)
-        if calibrate:
-            self.vcpu = stack.enter_context(VcpuProbe(pin_cpu))
-
-    def connect(self, t: _Target) -> None:
-        qids = dict(t.qids)
-        t.conn, t.backend_pid = harness.connect(t.cluster)
-        if self.pin_cpu is not None:
-            vcpu_mod.pin(t.backend_pid, self.pin_cpu)
-        t.pgss = harness.Pgss(t.conn)
-        t.pgss.qids.update(qids)
-
-    @staticmethod
-    def _close(t: _Target) -> None:
-        harness.close(t.conn)
-        t.conn = None
-
-    def warm_up(self) -> None:
-        n = len(self.targets) * len(self.req.modes) * max(self.req.warmup, 1)
-        self.progress.phase("warm-up", n)
-        for t in self.targets:
-            # at least one execution per mode: it checks the plain result and finds each
-            # statement's pg_stat_statements entry
-            for _ in range(max(self.req.warmup, 1)):
-                for mode in self.req.modes:
-                    try:
-                        self.execute(t, mode)
-                    except _ExecFailed as e:
-                        raise self._failure(e, "the warm-up") from e.err
-                    self.progress.advance(f"warm-up {t.ref.label} {mode}")
-
-    def measure(self) -> None:
-        pairs = [(t, m) for t in self.targets for m in self.req.modes]
-        self.progress.phase("benchmark", self.req.reps * len(pairs))
-        for order, (rep, slot, (t, mode)) in enumerate(
-                harness.interleave(pairs, self.req.reps, self.order_seed)):
-            try:
-                m = self.execute(t, mode)
-            except _ExecFailed as e:
-                raise self._failure(e, f"repetition {rep} of {self.req.reps}") from e.err
-            row = {
-                "run_id": self.run_id, "build": t.ref.label, "workload": self.wl.name,
-                "query": _query_name(mode), "mode": mode, "rep": rep, "order": order,
-                **m, "slot": slot, "preset": t.ref.preset, "settings": _settings_text(t.ref),
-            }
-            self.rows.append(row)
-            assert self.writer is not None
-            self.writer.write(row)
-            self.progress.advance(f"rep {rep}/{self.req.reps}: {t.ref.label} {mode} "
-                                  f"{m['client_ms']:.0f} ms")
-
-    def _failure(self, e: _ExecFailed, when: str) -> BenchError:
+    def _failure(self, e: harness.ExecFailed, when: str) -> BenchError:
         t = e.target
         crashed, detail = harness.failure_detail(t.cluster, t.conn)
         kept = len(self.rows)
-        where = f"build {t.ref.label!r}, {e.mode}, during {when}"
+        where = f"build {t.label!r}, {e.what}, during {when}"
         if crashed:
-            assert self.clusters is not None
+            assert self.session.clusters is not None
+            log = self.session.clusters.log_file(self.session.log_name(t.arm, t.block))
             return ServerCrashed(
                 f"the server of {where} {detail}. The {kept} rows measured before are "
                 f"kept in {self.out_dir / TIMINGS_CSV}; all benchmark clusters were stopped "
-                f"(server log: {self.clusters.log_file(t.ref.label)})",
-                run_dir=self.out_dir, rows=kept)
+                f"(server log: {log})", run_dir=self.out_dir, rows=kept)
         return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
                           f"before are kept in {self.out_dir / TIMINGS_CSV}",
                           run_dir=self.out_dir, rows=kept)
 
-
-def _settings_text(ref: harness.Arm) -> str:
-    """An arm's own settings as ``guc=v,guc=v`` ('' for none)."""
-    return ",".join(f"{k}={v}" for k, v in ref.settings)
-
-
-def _query_name(mode: str) -> str:
-    from profkit.pg.workloads import SEED_QUERY_NAMES
-
-    return SEED_QUERY_NAMES.get(mode, mode)
+    def shown_settings(self) -> dict[str, dict[str, str]]:
+        """``SHOW`` of every arm's own settings, as its server reports them (the check
+        that a setting took: a value it rounds or refuses shows here)."""
+        return {t.label: dict(t.shown) for t in self.session.all_targets
+                if t.block == 1 and t.shown}
 
 
 # ---------------------------------------------------------------------------
@@ -628,7 +579,6 @@ def choose_instr_scale(workload: str, scale: float, timings: pd.DataFrame,
 
 def resolve_counter(instructions: InstructionCounter) -> str:
     """'callgrind', 'perf_stat' or 'none' for the requested counter ('auto': what works)."""
-    from profkit.collect.callgrind import instruction_counter
 
     if instructions not in ("auto", "callgrind", "perf_stat", "none"):
         raise BenchError(f"instructions must be auto, callgrind, perf_stat or none, not "
@@ -638,27 +588,25 @@ def resolve_counter(instructions: InstructionCounter) -> str:
     return instructions
 
 
-def _count_callgrind(r: _Runner, instr_scale: float, timeout: float) -> pd.DataFrame:
-    from profkit.collect.callgrind import collect_callgrind_cluster
-    from profkit.parse.callgrind import instr_counts_from_session
+def _count_callgrind(r: _Bench, instr_scale: float, timeout: float) -> pd.DataFrame:
 
     queries = {m: r.wl.query(m) for m in r.req.modes}
 
-    def one(t: _Target) -> pd.DataFrame:
-        _Runner._close(t)
+    def one(t: harness.Target) -> pd.DataFrame:
+        harness.Session.disconnect(t)
         if instr_scale != r.req.scale:
             with t.cluster.connect() as c:
                 r.wl.load(c, instr_scale)
-        dest = r.out_dir / "callgrind" / t.ref.label
+        dest = r.out_dir / "callgrind" / t.label
         session = collect_callgrind_cluster(t.cluster, queries, dest, warmup_sql="",
                                             timeout=timeout)
-        df = instr_counts_from_session(session, run_id=r.run_id, build=t.ref.label,
+        df = instr_counts_from_session(session, run_id=r.run_id, build=t.label,
                                        workload=r.wl.name)
         df["scale"] = instr_scale
-        df["preset"] = t.ref.preset
-        df["query"] = df["mode"].map(_query_name)
+        df["preset"] = t.arm.preset
+        df["query"] = df["mode"].map(query_name)
         df["out_file"] = df["out_file"].map(lambda p: os.path.relpath(p, r.out_dir))
-        r.progress.advance(f"callgrind {t.ref.label}: "
+        r.progress.advance(f"callgrind {t.label}: "
                        + ", ".join(f"{m} {int(v):,}" for m, v in zip(df["mode"],
                                                                       df["instructions"],
                                                                       strict=True)))
@@ -673,8 +621,7 @@ def _count_callgrind(r: _Runner, instr_scale: float, timeout: float) -> pd.DataF
     return pd.concat(parts, ignore_index=True)
 
 
-def _count_perf_stat(r: _Runner) -> pd.DataFrame:
-    from profkit.collect.callgrind import perf_stat_instructions
+def _count_perf_stat(r: _Bench) -> pd.DataFrame:
 
     rows = []
     r.progress.phase("instruction counts (perf stat)", len(r.targets) * len(r.req.modes))
@@ -683,17 +630,17 @@ def _count_perf_stat(r: _Runner) -> pd.DataFrame:
         assert conn is not None
         for mode in r.req.modes:
             sql = r.wl.query(mode)
-            out = r.out_dir / "perf_stat" / f"{t.ref.label}.{mode}.csv"
+            out = r.out_dir / "perf_stat" / f"{t.label}.{mode}.csv"
             n = perf_stat_instructions(
                 t.backend_pid,
                 lambda c=conn, q=sql: c.execute(q, prepare=False).fetchall(),
                 out_path=out)
-            rows.append({"run_id": r.run_id, "build": t.ref.label, "workload": r.wl.name,
-                         "query": _query_name(mode), "mode": mode, "instructions": round(n),
+            rows.append({"run_id": r.run_id, "build": t.label, "workload": r.wl.name,
+                         "query": query_name(mode), "mode": mode, "instructions": round(n),
                          "tool": "perf_stat", "scope": "backend (perf stat -e instructions:u -p)",
-                         "scale": r.req.scale, "preset": t.ref.preset,
+                         "scale": r.req.scale, "preset": t.arm.preset,
                          "out_file": os.path.relpath(out, r.out_dir)})
-            r.progress.advance(f"perf stat {t.ref.label} {mode}: {n:,.0f}")
+            r.progress.advance(f"perf stat {t.label} {mode}: {n:,.0f}")
     return tables.validate(pd.DataFrame(rows), "instr_counts")
 
 
@@ -712,7 +659,6 @@ class BenchResult:
 
     def summary(self, metric: str | None = None) -> pd.DataFrame:
         """Per build and mode, as in summary.csv (with the columns against vanilla)."""
-        from profkit.analyze.stats import attach_instructions, attach_reference, summarize_metric
 
         s = attach_instructions(summarize_metric(self.timings, metric), self.instructions)
         return attach_reference(s, self.timings, builds_info(self.provenance, self.timings),
@@ -721,7 +667,6 @@ class BenchResult:
     def _repr_html_(self) -> str:
         import html
 
-        from profkit.render.report import seed_table
 
         head = (f"<b>Benchmark {html.escape(self.run_id)}</b>: {self.provenance.get('workload')} "
                 f"at scale {self.provenance.get('scale')}, {self.provenance.get('reps')} "
@@ -753,6 +698,9 @@ def run_bench(
     root: str | os.PathLike[str] | None = None,
     calibrate: bool = True,
     pin_cpu: int | str | None = "auto",
+    backends: int | str = "auto",
+    aa: bool = False,
+    allow_plan_differences: bool = False,
 ) -> BenchResult:
     """Benchmark *modes* of *workload* on every build, interleaved; see the module doc.
 
@@ -771,17 +719,19 @@ def run_bench(
     time are extra columns of the timings (the report's robust estimates use them,
     :func:`profkit.analyze.stats.vcpu_adjust`).
 
+    *backends*, *aa*, *allow_plan_differences*: see :func:`check_request` (ignored when
+    *builds* is a checked :class:`BenchRequest`).
+
     Raises :class:`BenchError` (bad input, before anything starts), :class:`ServerCrashed`
-    (naming the build and repetition; rows so far kept), :class:`ProfilesFull`.
+    (naming the build and repetition; rows so far kept), :class:`PlanDifference` (the
+    arms chose different plans), :class:`ProfilesFull`.
     """
-    from profkit.collect.artifacts import server_settings
-    from profkit.pg.build import Build, get_build
-    from profkit.pg.cluster import BENCH_SETTINGS
-    from profkit.pg.workloads import check_scale, get_workload
 
     # a BenchRequest is already checked (the CLI checks before it names the run)
     req = (builds if isinstance(builds, BenchRequest)
-           else check_request(builds, workload, scale, reps, modes, warmup, settings))
+           else check_request(builds, workload, scale, reps, modes, warmup, settings,
+                              backends=backends, aa=aa,
+                              allow_plan_differences=allow_plan_differences))
     wl = get_workload(req.workload)
     if instr_scale is not None:
         check_scale(instr_scale)
@@ -789,18 +739,11 @@ def run_bench(
     pin = _resolve_pin(pin_cpu)
     seed = order_seed if order_seed is not None else harness.new_seed()
 
-    named_here = out_dir is None
-    if out_dir is None:
-        root_dir = Path(root) if root is not None else paths.profiles_dir()
-        root_dir.mkdir(parents=True, exist_ok=True)
-        run_id = run_id or rundir.new_run_id("bench", req.workload, root=root_dir)
-        out = root_dir / run_id
-    else:
-        out = Path(out_dir)
-        run_id = run_id or out.name
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise BenchError(f"{out} already exists and is not empty; runs are never overwritten: "
-                         "choose another --out")
+    try:
+        run_id, out = rundir.place("bench", req.workload, path=out_dir, base=root,
+                                   run_id=run_id)
+    except rundir.RunDirError as e:
+        raise BenchError(str(e)) from None
 
     reporter = as_progress(progress)
     with reporter:
@@ -809,25 +752,34 @@ def run_bench(
                   if isinstance(b, Build)}
         built: dict[str, Build] = {}
         for ref in req.refs:
-            built[ref.label] = passed.get(ref.preset) or get_build(ref.preset,
-                                                                   progress=reporter.say)
+            built[ref.label] = passed.get(ref.preset) or harness.resolve_build(
+                ref, progress=reporter.say)  # type: ignore[assignment]
         cluster_settings = {**BENCH_SETTINGS, **req.settings}
-        rows_kept = 0
+        session = harness.Session(
+            req.refs, built, name="bench", log_dir=out / "logs",
+            options=harness.SessionOptions(backends=req.backends, pin_cpu=pin,
+                                           calibrate=calibrate, settings=req.settings),
+            say=reporter.say, arm_word="build")
+        runner = _Bench(req, wl, run_id, out, reporter, session)
+        session.prepare = runner.prepare
+        instr_df: pd.DataFrame | None = None
         try:
-            rd = rundir.new_run(
+            with rundir.open_run(
                 "bench", path=out, run_id=run_id, workload=req.workload,
-                tools=("valgrind", "perf", "gcc"), status="running",
+                latest=out_dir is None,
+                tools=("valgrind", "perf", "gcc"),
                 command_line=list(command_line) if command_line is not None
                 else list(sys.argv),
                 workload_sql={m: wl.query(m) for m in req.modes},
                 scale=req.scale, reps=req.reps, warmup=req.warmup,
+                backends=req.backends, aa_label=AA_LABEL if any(
+                    r.label == AA_LABEL for r in req.refs) else None,
                 modes=list(req.modes), order_seed=seed,
                 settings=dict(req.settings), cluster_settings=cluster_settings,
                 builds={r.label: {**built[r.label].provenance(), "preset": r.preset,
                                   "arm_settings": r.settings_dict}
                         for r in req.refs},
                 source=next(iter(built.values())).source,
-                loadavg_start=list(os.getloadavg()),
                 python_packages=_package_versions(),
                 metric_note=("server_ms = pg_stat_statements total_exec_time delta (EXPLAIN: "
                              "the utility statement, inner planning included); client_ms = "
@@ -838,97 +790,98 @@ def run_bench(
                     {"loops": vcpu_mod.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
                      "where": "just before and after every execution, on the pinned CPU"}
                     if calibrate else None),
-                files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON})
-            runner = _Runner(req, wl, run_id, out, reporter, seed)
-            runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
-        except OSError as e:
-            if rundir.is_disk_full(e):
-                raise ProfilesFull(_full_message(out, e, 0), run_dir=out) from None
-            raise
-
-        status, error = "failed", ""
-        instr_df: pd.DataFrame | None = None
-        try:
-            with contextlib.ExitStack() as stack:
-                runner.start_clusters(stack, built, cluster_settings)
-                runner.start_vcpu(stack, pin, calibrate)
-                rd.update(clusters={t.ref.label: {"dir": str(t.cluster.dir), "port":
-                                                  t.cluster.port, "postmaster_pid":
-                                                  t.cluster.pid} for t in runner.targets})
-                runner.warm_up()
-                rd.update(backend_pids={t.ref.label: t.backend_pid for t in runner.targets},
-                          pgss_queryids={t.ref.label: {m: str(q) for m, q in t.qids.items()}
-                                         for t in runner.targets},
-                          server_settings={t.ref.label: server_settings(t.conn)
-                                           for t in runner.targets if t.conn is not None},
-                          arm_settings_shown=runner.shown_settings(),
-                          expected_rows=runner.expected)
-                runner.measure()
-                rows_kept = len(runner.rows)
-                rd.update(measured_at=_now(), rows=rows_kept,
-                          loadavg_after_timings=list(os.getloadavg()))
+                files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON}) as rd:
                 try:
-                    if counter == "callgrind":
-                        tdf = pd.DataFrame(runner.rows)
-                        if instr_scale is not None:
-                            iscale, why = instr_scale, "given (--instr-scale)"
-                        else:
-                            iscale, why = choose_instr_scale(req.workload, req.scale, tdf,
-                                                             callgrind_budget_s)
-                        rd.update(instr_scale=iscale, instr_scale_reason=why)
-                        reporter.say(f"instruction counts: {why}")
-                        instr_df = _count_callgrind(runner, iscale, timeout=max(
-                            1800.0, 20 * callgrind_budget_s))
-                    elif counter == "perf_stat":
-                        rd.update(instr_scale=req.scale,
-                                  instr_scale_reason="bench scale (perf stat)")
-                        instr_df = _count_perf_stat(runner)
-                except ProfkitError as e:
-                    # The timings are complete and worth more than the counts: finish the
-                    # run without them and say so (provenance and report).
-                    if isinstance(e, BenchError) or (isinstance(e, OSError) and rundir.is_disk_full(e)):
-                        raise
-                    instr_df = None
-                    rd.update(instructions_error=f"{type(e).__name__}: {e}")
-                    reporter.say(f"[instruction counts failed, the run continues without "
-                                 f"them] {e}")
-                if instr_df is not None:
-                    tmp = out / (INSTRUCTIONS_CSV + ".tmp")
-                    instr_df.to_csv(tmp, index=False)
-                    os.replace(tmp, out / INSTRUCTIONS_CSV)
-            timings = _timings_frame(runner.rows)
-            timings.to_parquet(out / TIMINGS_PARQUET, index=False)
-            status = "complete"
-        except OSError as e:
-            error = f"{type(e).__name__}: {e}"
-            if rundir.is_disk_full(e):
-                raise ProfilesFull(_full_message(out, e, len(runner.rows)), run_dir=out,
-                                   rows=len(runner.rows)) from None
-            raise
-        except (KeyboardInterrupt, SystemExit) as e:
-            status, error = "interrupted", type(e).__name__
-            raise
-        except BaseException as e:
-            error = f"{type(e).__name__}: {e}"
-            if isinstance(e, BenchError):
-                e.run_dir, e.rows = out, len(runner.rows)
-            raise
-        finally:
-            if runner.writer is not None:
-                runner.writer.close()
-            if status != "complete":
-                _salvage(out, runner.rows)
-            try:
-                rd.update(status=status, error=error or None, ended_at=_now(),
-                          rows=len(runner.rows), loadavg_end=list(os.getloadavg()),
-                          files=_files(out))
-            except OSError as e:  # a full disk: the first provenance.json stays
-                log.warning("could not update %s: %s", out / PROVENANCE_JSON, e)
-                with contextlib.suppress(OSError):
-                    (out / (PROVENANCE_JSON + ".tmp")).unlink()
-    if named_here:
-        rundir.update_latest(out)
+                    runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
+                    instr_df = _measure(runner, rd, seed, counter, instr_scale,
+                                        callgrind_budget_s, reporter)
+                    timings = _timings_frame(runner.rows)
+                    timings.to_parquet(out / TIMINGS_PARQUET, index=False)
+                except BaseException as e:
+                    if isinstance(e, BenchError):
+                        e.run_dir, e.rows = out, len(runner.rows)
+                    _salvage(out, runner.rows)
+                    raise
+                finally:
+                    if runner.writer is not None:
+                        runner.writer.close()
+                    with contextlib.suppress(OSError):
+                        rd.update(rows=len(runner.rows), files=_files(out))
+        except rundir.RunDiskFull as e:
+            raise ProfilesFull(_full_message(out, e.oserror, len(runner.rows)), run_dir=out,
+                               rows=len(runner.rows)) from None
     return BenchResult(run_id, out, timings, instr_df, rd.provenance)
+
+
+def _measure(runner: _Bench, rd: rundir.RunDir, seed: int, counter: str,
+             instr_scale: float | None, callgrind_budget_s: float,
+             reporter: Progress) -> pd.DataFrame | None:
+    """The session's blocks (clusters, warm-up, interleaved repetitions), then the
+    instruction counts on the last block's backends."""
+
+    req, out, session = runner.req, runner.out_dir, runner.session
+    instr: list[pd.DataFrame | None] = [None]
+    clusters: dict[str, Any] = {}
+    pids: dict[str, int] = {}
+
+    def on_block(targets: list[harness.Target]) -> None:
+        for t in targets:
+            name = session.log_name(t.arm, t.block)
+            clusters[name] = {"dir": str(t.cluster.dir), "port": t.cluster.port,
+                              "postmaster_pid": t.cluster.pid}
+            pids[name] = t.backend_pid
+        facts: dict[str, Any] = {"clusters": clusters, "backend_pids": pids}
+        if targets[0].block == 1:
+            facts.update(server_settings={t.label: server_settings(t.conn)
+                                          for t in targets if t.conn is not None},
+                         arm_settings_shown=runner.shown_settings(),
+                         expected_rows=runner.expected, plans=runner.plans)
+        rd.update(**facts)
+        runner.on_block(targets)
+        if targets[0].block == 1:
+            rd.update(plan_differs=runner.plan_differs)
+
+    def after(targets: list[harness.Target]) -> None:
+        rd.update(measured_at=_now(), rows=len(runner.rows),
+                  pgss_queryids={t.label: {m: str(q) for m, q in t.qids.items()}
+                                 for t in targets},
+                  loadavg_after_timings=list(os.getloadavg()))
+        try:
+            if counter == "callgrind":
+                tdf = pd.DataFrame(runner.rows)
+                if instr_scale is not None:
+                    iscale, why = instr_scale, "given (--instr-scale)"
+                else:
+                    iscale, why = choose_instr_scale(req.workload, req.scale, tdf,
+                                                     callgrind_budget_s)
+                rd.update(instr_scale=iscale, instr_scale_reason=why)
+                reporter.say(f"instruction counts: {why}")
+                instr[0] = _count_callgrind(runner, iscale, timeout=max(
+                    1800.0, 20 * callgrind_budget_s))
+            elif counter == "perf_stat":
+                rd.update(instr_scale=req.scale, instr_scale_reason="bench scale (perf stat)")
+                instr[0] = _count_perf_stat(runner)
+        except ProfkitError as e:
+            # The timings are complete and worth more than the counts: finish the
+            # run without them and say so (provenance and report).
+            if isinstance(e, BenchError) or (isinstance(e, OSError) and rundir.is_disk_full(e)):
+                raise
+            instr[0] = None
+            rd.update(instructions_error=f"{type(e).__name__}: {e}")
+            reporter.say(f"[instruction counts failed, the run continues without "
+                         f"them] {e}")
+
+    group = harness.Group("bench", req.modes, seed, run=runner.cell, warm=runner.warm,
+                          warmup=req.warmup)
+    try:
+        session.run(req.reps, [group], after=after, on_block=on_block)
+    except harness.HarnessError as e:  # not an execution's failure: a cluster's, a setting's
+        raise BenchError(str(e), run_dir=out, rows=len(runner.rows)) from None
+    if instr[0] is not None:
+        tmp = out / (INSTRUCTIONS_CSV + ".tmp")
+        instr[0].to_csv(tmp, index=False)
+        os.replace(tmp, out / INSTRUCTIONS_CSV)
+    return instr[0]
 
 
 def _resolve_pin(pin_cpu: int | str | None) -> int | None:
@@ -1026,6 +979,9 @@ class ReportFiles:
     report_md: Path
     chart_png: Path
     chart_svg: Path
+    #: lines for the console: plans, executions not measured, the A/A reading, backends
+    notes: tuple[str, ...] = ()
+    aa: Any = None
 
 
 def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | None = None,
@@ -1038,21 +994,6 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     client_ms (default: :func:`default_metric`); the report shows the other two below
     the main table.
     """
-    from profkit.analyze.stats import (
-        attach_instructions,
-        attach_reference,
-        compare_chain,
-        default_metric,
-        metric_frame,
-        summarize_metric,
-    )
-    from profkit.render.report import (
-        bench_extra_sections,
-        plot_overheads,
-        render_markdown,
-        report_provenance,
-        write_summary_csv,
-    )
 
     res = run if isinstance(run, BenchResult) else load_bench(run)
     d, prov, timings, instr = res.out_dir, res.provenance, res.timings, res.instructions
@@ -1060,6 +1001,10 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     s = summarize_metric(timings, metric, center=center)
     s = attach_instructions(s, instr)
     s = attach_reference(s, timings, builds_info(prov, timings), instr, metric, center=center)
+    if prov.get("plan_differs"):
+        mark = "plans differ between builds (measured with --allow-plan-differences)"
+        s["note"] = [f"{n}; {mark}" if n else mark for n in s["note"].fillna("")]
+    aa = aa_check(s, str(prov.get("aa_label"))) if prov.get("aa_label") else None
     comps = None
     builds = timings["build"].unique().tolist()
     if len(builds) >= 2 and not timings.empty:
@@ -1076,6 +1021,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
         write_summary_csv(s, d / SUMMARY_CSV)
         plot_overheads(s, d / CHART_PNG, d / CHART_SVG, provenance=rprov)
         md = render_markdown(s, rprov, comparisons=comps, chart=CHART_PNG)
+        md += engine_sections(s, prov, aa)
         md += bench_extra_sections(timings, instr, metric, center)
         (d / REPORT_MD).write_text(md)
     except OSError as e:
@@ -1083,6 +1029,6 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
             raise ProfilesFull(_full_message(d, e, 0)) from None
         raise
     return ReportFiles(d, s, comps, d / SUMMARY_CSV, d / REPORT_MD, d / CHART_PNG,
-                       d / CHART_SVG)
+                       d / CHART_SVG, tuple(engine_notes(s, prov, aa)), aa)
 
 

@@ -23,16 +23,18 @@ import pandas as pd
 from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
+from profkit.collect import clock
 from profkit.collect.artifacts import server_settings
 from profkit.errors import ProbeError
 from profkit.experiments import harness
 from profkit.experiments.observers import loadavg
 from profkit.experiments.observers import uptime as _uptime
 from profkit.parse.explain import execution_ms
-from profkit.pg.workloads import SEED_QUERY_NAMES, get_workload
+from profkit.modes import query_name
+from profkit.pg.workloads import get_workload
 from profkit.progress import ProgressFn
 from profkit.render import markdown as render_md
-from profkit.rundir import new_run
+from profkit.rundir import RunDir, open_run
 
 if TYPE_CHECKING:
     from profkit.pg.cluster import Cluster
@@ -68,8 +70,6 @@ def measure_correction(cluster: Cluster, *,
     TIMING ON interleaved (*reps* repetitions, order shuffled within each),
     measures CLOCK_MONOTONIC's ns per read before and after, and tabulates.
     """
-    from profkit.collect import clock
-
     say = progress or (lambda _m: None)
     wls = dict(workloads or DEFAULT_CORRECTION_WORKLOADS)
     if not wls:
@@ -81,68 +81,83 @@ def measure_correction(cluster: Cluster, *,
     if reps < 2:
         raise ProbeError("reps must be >= 2 (the in-situ check splits odd and even reps)")
     la0 = loadavg()
-    rd = new_run("correction", build=cluster.build, base=base, run_id=run_id,
-                 workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0))
-    conn, pid = harness.connect(cluster, dbname=dbname)
+    with open_run("correction", build=cluster.build, base=base, run_id=run_id,
+                  workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0)) as rd:
+        return _correct(rd, cluster, wls, reps=reps, warmup=warmup, metric=metric, top=top,
+                        clock_loops=clock_loops, clock_repeats=clock_repeats, seed=seed,
+                        dbname=dbname, say=say, la0=la0)
+
+
+def _correct(rd: RunDir, cluster: Cluster, wls: Mapping[str, float], *, reps: int,
+             warmup: int, metric: str, top: int, clock_loops: int, clock_repeats: int,
+             seed: int, dbname: str, say: ProgressFn, la0: tuple[float, float, float]
+             ) -> CorrectionResult:
+    """The correction run's body (inside its run's lifecycle)."""
     rows: list[dict[str, Any]] = []
     plans_on: dict[str, list[Any]] = {w: [] for w in wls}
     plan_off: dict[str, Any] = {}
-    try:
-        rd.update(settings=server_settings(conn), backend_pid=pid)
-        pgss = harness.Pgss(conn)
+    costs: list[pd.DataFrame] = []
+
+    def prepare(t: harness.Target) -> None:
+        assert t.conn is not None
+        rd.update(settings=server_settings(t.conn), backend_pid=t.backend_pid)
         for name, sc in wls.items():
             say(f"loading {name} at scale {sc}")
-            get_workload(name).load(conn, sc)
+            get_workload(name).load(t.conn, sc)
         say("clock micro-benchmark (before)")
-        cost_before = clock.measure_clocks(["clock_monotonic"], loops=clock_loops,
-                                           repeats=clock_repeats, run_id=rd.run_id)
+        costs.append(clock.measure_clocks(["clock_monotonic"], loops=clock_loops,
+                                          repeats=clock_repeats, run_id=rd.run_id))
 
-        def execute(name: str, mode: str) -> tuple[harness.Timed, float, Any]:
-            wl = get_workload(name)
-            sql = wl.query(mode, fmt="json" if mode != "plain" else None)
-            if mode == "plain":
-                m = harness.timed_execute(conn, sql, pid=pid, pgss=pgss, key=name)
-                server = m.server_ms if m.pgss_calls == 1 else math.nan
-                exp = wl.expected_rows(wls[name])
-                got = harness.first_value(m.rows)
-                if exp is not None and got != exp:
-                    raise ProbeError(f"{name} returned {got!r}, expected {exp}")
-                return m, server, None
-            m = harness.timed_execute(conn, sql, pid=pid)
-            return m, execution_ms(m.rows), m.rows[0][0]
+    session = harness.Session.on_cluster(
+        cluster, options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=say)
 
-        for name in wls:
-            # finds the plain statement's pg_stat_statements entry
-            harness.timed_execute(conn, get_workload(name).query("plain"), pid=pid, pgss=pgss,
-                                  key=name)
-            for _ in range(max(warmup, 0)):
-                for mode in A.CORRECTION_MODES:
-                    execute(name, mode)
-        cells = [(w, m) for w in wls for m in A.CORRECTION_MODES]
-        for order, (rep, slot, (name, mode)) in enumerate(harness.interleave(cells, reps, seed)):
-            box, s, plan = execute(name, mode)
-            if mode == "analyze_timing":
-                plans_on[name].append(plan)
-            elif mode == "analyze_notiming":
-                plan_off[name] = plan
-            rows.append({"run_id": rd.run_id, "build": cluster.build.name,
-                         "workload": name, "query": SEED_QUERY_NAMES[mode], "mode": mode,
-                         "rep": rep, "order": order, "client_ms": box.client_ms, "server_ms": s,
-                         "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms,
-                         "scale": wls[name]})
-            if slot == len(cells) - 1:
-                say(f"rep {rep}/{reps} done")
+    def execute(t: harness.Target, name: str, mode: str) -> tuple[harness.Timed, float, Any]:
+        wl = get_workload(name)
+        sql = wl.query(mode, fmt="json" if mode != "plain" else None)
+        if mode == "plain":
+            m = session.execute(t, sql, what=f"{name} {mode}", key=name)
+            server = m.server_ms if m.pgss_calls == 1 else math.nan
+            exp = wl.expected_rows(wls[name])
+            got = harness.first_value(m.rows)
+            if exp is not None and got != exp:
+                raise ProbeError(f"{name} returned {got!r}, expected {exp}")
+            return m, server, None
+        m = session.execute(t, sql, what=f"{name} {mode}")
+        return m, execution_ms(m.rows), m.rows[0][0]
+
+    cells = [(w, m) for w in wls for m in A.CORRECTION_MODES]
+
+    def cell(t: harness.Target, c: tuple[str, str], rep: int, slot: int, order: int) -> None:
+        name, mode = c
+        box, s, plan = execute(t, name, mode)
+        if mode == "analyze_timing":
+            plans_on[name].append(plan)
+        elif mode == "analyze_notiming":
+            plan_off[name] = plan
+        rows.append({"run_id": rd.run_id, "build": cluster.build.name,
+                     "workload": name, "query": query_name(mode), "mode": mode,
+                     "rep": rep, "order": order, "client_ms": box.client_ms, "server_ms": s,
+                     "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms,
+                     "scale": wls[name]})
+        if slot == len(cells) - 1:
+            say(f"rep {rep}/{reps} done")
+
+    facts_box: list[pd.DataFrame] = []
+    node_frames: list[pd.DataFrame] = []
+
+    def after(targets: list[harness.Target]) -> None:
+        conn = targets[0].conn
+        assert conn is not None
         say("clock micro-benchmark (after)")
-        cost_after = clock.measure_clocks(["clock_monotonic"], loops=clock_loops,
-                                          repeats=clock_repeats, run_id=rd.run_id)
-        both = pd.concat([cost_before, cost_after])
+        costs.append(clock.measure_clocks(["clock_monotonic"], loops=clock_loops,
+                                          repeats=clock_repeats, run_id=rd.run_id))
+        both = pd.concat(costs)
         # A tight loop preempted by other processes' work only gets slower: on a
         # loaded machine the fastest of many short repeats (200k reads, a few ms,
         # shorter than a time slice) is the clock's cost; the median is kept beside it.
         ns_micro = float(both["ns_per_call_min"].min())
         ns_micro_median = float(both["ns_per_call"].median())
         facts_rows = []
-        node_frames = []
         for name in wls:
             ctx = P.context_from_conn(conn, "analyze_timing")
             pr = P.predict(plan_off[name], ctx)
@@ -159,16 +174,20 @@ def measure_correction(cluster: Cluster, *,
                 json.dumps(plan_off[name], indent=1))
             (plans_dir / f"{name}-analyze_timing.json").write_text(
                 json.dumps(plans_on[name], indent=1))
-        facts = pd.DataFrame(facts_rows)
-    except BaseException as e:
-        rd.finish(status="failed", error=f"{type(e).__name__}: {e}", executions_kept=len(rows))
-        raise
+        facts_box.append(pd.DataFrame(facts_rows))
+    try:
+        # every cell once before the repetitions: the plain statement's first execution
+        # finds its pg_stat_statements entry
+        group = harness.Group("correction", cells, seed, run=cell,
+                              warm=lambda t, c: execute(t, *c), warmup=warmup)
+        session.run(reps, [group], after=after)
+        facts = facts_box[0]
     finally:
+        rd.update(executions_kept=len(rows))
         timings = (tables.validate(pd.DataFrame(rows), "timings") if rows
                    else tables.empty("timings"))
         timings.to_csv(rd.file("timings.csv"), index=False)
         rd.add_artifact("timings.csv", "one row per execution (timings table)")
-        conn.close()
     summary = A.correction_summary(timings, facts, metric=metric)
     others = {m: A.correction_summary(timings, facts, metric=m)
               for m in A.CORRECTION_METRICS if m != metric}
@@ -183,7 +202,7 @@ def measure_correction(cluster: Cluster, *,
         nodes.insert(0, "workload", name)
         node_frames.append(nodes)
     nodes_all = pd.concat(node_frames, ignore_index=True)
-    cost = pd.concat([cost_before.assign(when="before"), cost_after.assign(when="after")],
+    cost = pd.concat([costs[0].assign(when="before"), costs[-1].assign(when="after")],
                      ignore_index=True)
     la1 = loadavg()
     uptime = _uptime()
@@ -205,7 +224,7 @@ def measure_correction(cluster: Cluster, *,
                        ("clock_cost.csv", "CLOCK_MONOTONIC ns/read before and after"),
                        ("correction.md", "the tables as markdown, with load average")):
         rd.add_artifact(name, what)
-    rd.finish(status="ok", loadavg_after=list(la1), uptime=uptime,
+    rd.update(loadavg_after=list(la1), uptime=uptime,
               ns_per_read_micro=float(facts["ns_per_read_micro"].iloc[0]))
     return CorrectionResult(rd.run_id, rd.path, timings, summary, nodes_all, cost, facts,
                             la0, la1, others)

@@ -1,9 +1,21 @@
-"""The one experiment engine: arms, clusters, the timed execution, interleaving, crashes.
+"""The one experiment engine: arms, the session that runs them, the timed execution.
 
-Every timing experiment (bench, timing accuracy, observers, correction) is built from
-these pieces, so a fix to how a repetition is timed is made once:
+Every timing experiment (bench, timing accuracy, observers, correction) is a hook on
+:class:`Session` plus its own analysis, so a fix to how a repetition is timed, how the
+arms are interleaved or how many backends an arm runs on is made once:
 
-- :class:`Arm`: what is compared — a label, the build preset it runs and settings;
+- :class:`Arm` and :func:`parse_arms`: what is compared — a label, the build preset it
+  runs (``preset@variant`` names a variant of the build, e.g. another code layout, where
+  the build layer offers one) and its settings. **One rule for settings**: every arm
+  runs on a cluster of its own and its settings go into that cluster's postgresql.conf
+  (a postmaster-context setting is then no different from a session one, and no arm's
+  setting can leak into another's);
+- :class:`Session`: the clusters of every arm (started, loaded, warmed up), the
+  backends per arm (*backends* K: the repetitions are split into K consecutive blocks,
+  each on a fresh cluster and backend per arm, so process-to-process variance shows up
+  in the data instead of being a fixed bias), pinning / vCPU calibration / priority of
+  the measured backends, the seeded interleaving, the timed execution and the failure
+  report. The experiment gives it a hook per cell (:meth:`Session.run`);
 - :class:`Clusters`: throwaway clusters of one run, started on demand inside an
   ExitStack; each one's server log is copied into ``<run>/logs/`` before its directory
   goes, also after a crash;
@@ -29,14 +41,16 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profkit.errors import ProfkitError
 from profkit.collect.procfs import schedstat
-from profkit.collect.vcpu import VcpuProbe, counter_deltas, proc_counters
+from profkit.collect.vcpu import VcpuProbe, counter_deltas, pin, proc_counters
+from profkit.pg.build import find_build, get_build
+from profkit.pg.cluster import Cluster, ClusterError
 
 if TYPE_CHECKING:
     import psycopg
@@ -57,7 +71,8 @@ class Arm:
 
     ``Arm("a", "vanilla")`` and ``Arm("b", "vanilla")`` make an A/A run (a check of the
     noise); ``Arm("n1", "sampled_timing", (("explain_timing_sample_rate", "1"),))`` runs
-    a patch's setting.
+    a patch's setting. *preset* may name a variant of the build, ``vanilla@layout2``
+    (:attr:`variant`): the same source built another way, resolved by the build layer.
     """
 
     label: str
@@ -68,21 +83,42 @@ class Arm:
     def settings_dict(self) -> dict[str, str]:
         return dict(self.settings)
 
+    @property
+    def base_preset(self) -> str:
+        """The preset without its ``@variant``."""
+        return self.preset.partition("@")[0]
+
+    @property
+    def variant(self) -> str | None:
+        """``layout2`` of ``vanilla@layout2``; None for the build itself."""
+        v = self.preset.partition("@")[2]
+        return v or None
+
+    @property
+    def settings_text(self) -> str:
+        """The arm's own settings as ``guc=v,guc=v`` ('' for none)."""
+        return ",".join(f"{k}={v}" for k, v in self.settings)
+
     def describe(self) -> str:
         s = ", ".join(f"{k}={v}" for k, v in self.settings)
         return f"{self.label} (preset {self.preset}{'; ' + s if s else ''})"
 
 
 _ARM_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
+_GUC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+# what pandas.read_csv reads as missing by default (lower-cased): a label a run's CSV
+# files would read back as a missing value, not as the arm
+_MISSING_WORDS = frozenset({"na", "n/a", "nan", "-nan", "null", "none", "<na>", "-1.#ind",
+                            "1.#qnan", "#na", "#n/a", "1.#ind", "-1.#qnan", "-na", "#n/a n/a"})
 
 
 def split_arm(text: str) -> tuple[str, str, list[str]]:
     """``[LABEL=]PRESET[:GUC=V,...]`` -> (label, preset, ["GUC=V", ...]): the arm syntax
     of ``profkit bench --builds`` and ``profkit timing-accuracy --arm``.
 
-    Without a label the preset names the arm, "/" read as "-" (a label names files):
-    ``pg19/vanilla:timing_clock_source=tsc`` is labelled ``pg19-vanilla``. The settings
-    are returned unchecked (the caller checks them, e.g. bench.parse_settings).
+    Without a label the preset names the arm, "/" read as "-" and "@" as "-" (a label
+    names files): ``pg19/vanilla:timing_clock_source=tsc`` is labelled ``pg19-vanilla``.
+    The settings are returned unchecked (:func:`parse_settings` checks them).
 
     >>> split_arm("pg19tsc=pg19/vanilla:timing_clock_source=tsc")
     ('pg19tsc', 'pg19/vanilla', ['timing_clock_source=tsc'])
@@ -91,7 +127,7 @@ def split_arm(text: str) -> tuple[str, str, list[str]]:
     label, sep, preset = head.partition("=")
     label, preset = label.strip(), (preset.strip() if sep else label.strip())
     if not sep:
-        label = label.replace("/", "-")
+        label = label.replace("/", "-").replace("@", "-")
     if not label or not _ARM_LABEL.match(label) or not preset:
         raise HarnessError(
             f"{text!r}: write PRESET, LABEL=PRESET or LABEL=PRESET:guc=value[,guc=value] "
@@ -100,6 +136,116 @@ def split_arm(text: str) -> tuple[str, str, list[str]]:
     if colon and not items:
         raise HarnessError(f"{text!r}: nothing after ':' (give guc=value[,guc=value])")
     return label, preset, items
+
+
+def parse_settings(items: Sequence[str] | Mapping[str, Any] | None) -> dict[str, str]:
+    """Server settings from ``["name=value", ...]`` or a dict, checked for safe names.
+
+    The values go into postgresql.conf as ``name = 'value'``: a quote or line break in a
+    value, or a name that is not a GUC name, is refused with :class:`HarnessError`.
+    """
+    if not items:
+        return {}
+    pairs: list[tuple[str, Any]]
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for it in items:
+            name, sep, value = str(it).partition("=")
+            if not sep:
+                raise HarnessError(f"setting {it!r} is not name=value (e.g. --set work_mem=64MB)")
+            pairs.append((name.strip(), value.strip()))
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        v = str(value).lower() if isinstance(value, bool) else str(value)
+        if not _GUC.match(name):
+            raise HarnessError(f"{name!r} is not a PostgreSQL setting name")
+        if "'" in v or "\n" in v or "\\" in v:
+            raise HarnessError(f"setting {name}: the value {v!r} may not contain quotes, "
+                               "backslashes or line breaks")
+        out[name] = v
+    spl = out.get("shared_preload_libraries")
+    if spl is not None and "pg_stat_statements" not in [x.strip() for x in spl.split(",")]:
+        raise HarnessError("shared_preload_libraries must keep pg_stat_statements: the server-"
+                           "side times come from it (e.g. --set shared_preload_libraries="
+                           "pg_stat_statements,auto_explain)")
+    return out
+
+
+def parse_arm(text: str | Arm) -> Arm:
+    """One arm from ``"tsc_clock"``, ``"label=preset"`` or ``"label=preset:guc=v,guc=v"``.
+
+    >>> parse_arm("s1=sampled_timing:explain_timing_sample_rate=1")
+    Arm(label='s1', preset='sampled_timing', settings=(('explain_timing_sample_rate', '1'),))
+    """
+    if isinstance(text, Arm):
+        return text
+    label, preset, items = split_arm(str(text))
+    try:
+        settings = parse_settings(items)
+    except HarnessError as e:
+        raise HarnessError(f"{text!r}: {e}") from None
+    if label.lower() in _MISSING_WORDS:
+        raise HarnessError(f"{text!r}: the label {label!r} reads back from CSV as a missing "
+                           "value; choose another label")
+    return Arm(label, preset, tuple(settings.items()))
+
+
+def split_items(text: str, known: Collection[str]) -> list[str]:
+    """Comma-separated arms. ``X=Y`` after an arm with settings continues its settings
+    unless Y is a build preset in *known* (then it is the arm labelled X): ``GUC=V`` and
+    ``LABEL=PRESET`` look alike."""
+    out: list[str] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        name, eq, value = part.partition("=")
+        continues = (out and ":" in out[-1] and eq and ":" not in part
+                     and _GUC.match(name.strip()) and value.strip().partition("@")[0]
+                     not in known)
+        if continues:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+def parse_arms(items: str | Sequence[str | Arm], known: Collection[str]) -> list[Arm]:
+    """THE arm parser: arms from a comma-separated string (:func:`split_items`) or a list.
+
+    Raises :class:`HarnessError` for an empty list, a malformed arm or setting, a label
+    given twice, or a preset not in *known* (the build presets) — before anything is
+    built or started.
+    """
+    raw = split_items(items, known) if isinstance(items, str) else list(items)
+    if not raw:
+        raise HarnessError("no arms given")
+    arms = [parse_arm(x) for x in raw]
+    labels = [a.label for a in arms]
+    dups = sorted({x for x in labels if labels.count(x) > 1})
+    if dups:
+        raise HarnessError(f"{', '.join(dups)} given twice; to run one preset twice (an A/A "
+                           "check, or with other settings) give the copies labels: "
+                           "a=vanilla,b=vanilla")
+    unknown = list(dict.fromkeys(a.base_preset for a in arms if a.base_preset not in known))
+    if unknown:
+        raise HarnessError(f"unknown build {', '.join(map(repr, unknown))}; known presets: "
+                           f"{', '.join(sorted(known))} (`profkit build --list`)")
+    return arms
+
+
+def resolve_build(arm: Arm, progress: Callable[[str], None] | None = None,
+                  cached_only: bool = False) -> Build | None:
+    """The build an arm runs (built when missing unless *cached_only*: then None).
+
+    A variant (``vanilla@layout2``) is asked of the build layer by that full name; a
+    build layer without variants refuses it with a message saying so.
+    """
+
+    if cached_only:
+        return find_build(arm.preset)
+    return get_build(arm.preset, progress=progress)
 
 
 class Clusters:
@@ -113,7 +259,6 @@ class Clusters:
     def start(self, build: Build, name: str, settings: Mapping[str, str] | None = None, *,
               log_name: str | None = None) -> Cluster:
         """Start cluster *name* of *build*; its log goes to ``logs/postgres-<log_name>.log``."""
-        from profkit.pg.cluster import Cluster
 
         cl = Cluster(build, name=name, settings=dict(settings or {}))
         self.stack.enter_context(cl)
@@ -360,3 +505,295 @@ def failure_detail(cluster: Cluster, conn: psycopg.Connection | None,
         pid = cluster.proc.pid if cluster.proc else "?"
         return True, f"{what}: {crash or f'postmaster (pid {pid}) is gone'}"
     return False, ""
+
+
+# --------------------------------------------------------------------------- the session
+
+@dataclass
+class Target:
+    """One arm's cluster and measured backend in one block of a :class:`Session`."""
+
+    arm: Arm
+    build: Build
+    cluster: Cluster
+    block: int                      # 1..K: which of the arm's backends this is
+    conn: psycopg.Connection | None = None
+    backend_pid: int = 0
+    pgss: Pgss | None = None
+    shown: dict[str, str] = field(default_factory=dict)   # SHOW of the arm's settings
+
+    @property
+    def label(self) -> str:
+        return self.arm.label
+
+    @property
+    def qids(self) -> dict[str, int]:
+        return self.pgss.qids if self.pgss is not None else {}
+
+
+class ExecFailed(ProfkitError):
+    """An execution failed on *target* (the database's error in ``err``); the experiment
+    turns it into its own error, naming what was kept."""
+
+    def __init__(self, target: Target, what: str, err: BaseException) -> None:
+        super().__init__(str(err))
+        self.target = target
+        self.what = what
+        self.err = err
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a session runs its arms (recorded in the run's provenance by the experiment).
+
+    *backends*: K independent backends per arm, each on a fresh cluster: the
+    repetitions are split into K consecutive blocks (:func:`split_reps`), every block
+    interleaving all arms. *pin_cpu*: the CPU every measured backend is pinned to;
+    *calibrate*: the vCPU calibration just before and after every execution
+    (:class:`~profkit.collect.vcpu.VcpuProbe`); *nice*: the measured backends'
+    scheduling priority; *pgss*: pg_stat_statements created on each connection;
+    *settings*: server settings of every arm's cluster (an arm's own win).
+    """
+
+    backends: int = 1
+    pin_cpu: int | None = None
+    calibrate: bool = False
+    nice: int | None = None
+    pgss: bool = True
+    settings: Mapping[str, str] = field(default_factory=dict)
+    dbname: str = "postgres"
+
+
+def split_reps(reps: int, backends: int) -> list[range]:
+    """Repetitions 1..*reps* split into *backends* consecutive blocks, as even as can be
+    (``split_reps(10, 3)`` -> 1-4, 5-7, 8-10)."""
+    k = max(1, min(int(backends), int(reps)))
+    base, extra = divmod(reps, k)
+    out, start = [], 1
+    for i in range(k):
+        n = base + (1 if i < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+#: Fewer backends than this make a hierarchical interval too narrow (simulated coverage
+#: of a 95 % interval: 0.70 with 2 backends, 0.86 with 3, 0.90-0.94 with 4-5; see
+#: :mod:`profkit.analyze.stats`).
+MIN_BACKENDS = 4
+
+
+def auto_backends(reps: int) -> int:
+    """The default number of backends per arm: one below 8 repetitions (too few to split
+    into :data:`MIN_BACKENDS`), else 4 to 8 (about 5 repetitions each): 3 -> 1, 10 -> 4,
+    25 -> 5, 40 or more -> 8. Each backend adds one warm-up execution per mode and a
+    cluster start; the measured repetitions stay *reps*."""
+    if reps < 2 * MIN_BACKENDS:
+        return 1
+    return max(MIN_BACKENDS, min(8, reps // 5))
+
+
+#: What the experiment does per cell: (target, cell, rep, slot, order) -> None.
+CellHook = Callable[[Target, Any, int, int, int], None]
+
+
+@dataclass
+class Group:
+    """Cells run together: every repetition runs each (arm, cell) once, shuffled by
+    *seed*; *warm(target, cell)* runs *warmup* times per cell before a block's first
+    repetition; *include(rep, cell)* may leave a cell out of a repetition."""
+
+    name: str
+    cells: Sequence[Any]
+    seed: int | str
+    run: CellHook
+    warm: Callable[[Target, Any], None] | None = None
+    warmup: int = 1
+    include: Callable[[int, Any], bool] | None = None
+
+
+class Session:
+    """The engine of a timing experiment: arms' clusters and backends, block by block.
+
+    *builds*: arm label -> Build. *prepare(target)* runs once per fresh backend, after
+    it connected (load the workload, SET what the experiment needs...). The experiment
+    calls :meth:`run` with its groups of cells; everything else — clusters (one per arm
+    and block, its settings in postgresql.conf, its server log kept in ``log_dir``),
+    connections, pinning, calibration, priority, the interleaving, the timing
+    (:meth:`execute`) and the failure report (:meth:`failure`) — is here.
+    """
+
+    def __init__(self, arms: Sequence[Arm], builds: Mapping[str, Build], *, name: str,
+                 log_dir: Path, options: SessionOptions | None = None,
+                 prepare: Callable[[Target], None] | None = None,
+                 say: Callable[[str], None] | None = None, arm_word: str = "arm") -> None:
+        self.arms = list(arms)
+        self.arm_word = arm_word  # what the experiment calls an arm in its messages
+        self.builds = dict(builds)
+        self.name = name
+        self.log_dir = log_dir
+        self.options = options or SessionOptions()
+        self.prepare = prepare
+        self.say = say or (lambda _m: None)
+        self.targets: list[Target] = []        # the current block's
+        self.all_targets: list[Target] = []    # every block's, in order
+        self.clusters: Clusters | None = None
+        self.vcpu: VcpuProbe | None = None
+        self.order = 0
+        self.given: Cluster | None = None
+
+    @classmethod
+    def on_cluster(cls, cluster: Cluster, *, options: SessionOptions | None = None,
+                   prepare: Callable[[Target], None] | None = None,
+                   say: Callable[[str], None] | None = None) -> Session:
+        """A session of one arm on a cluster the caller started (observers, correction:
+        the experiment measures that cluster's build); the cluster is not stopped."""
+        arm = Arm(cluster.build.name, cluster.build.name)
+        s = cls([arm], {arm.label: cluster.build}, name="given", log_dir=Path("."),
+                options=options, prepare=prepare, say=say)
+        s.given = cluster
+        return s
+
+    # -- clusters and backends --------------------------------------------------
+    def log_name(self, arm: Arm, block: int) -> str:
+        return arm.label if self.options.backends <= 1 or block == 1 else \
+            f"{arm.label}-b{block}"
+
+    def open_block(self, stack: contextlib.ExitStack, block: int) -> list[Target]:
+        """Start every arm's cluster and backend of *block* (stopped when *stack* closes)."""
+
+        if self.given is not None:
+            t = Target(self.arms[0], self.given.build, self.given, block)
+            self.targets = [t]
+            self.all_targets.append(t)
+            stack.callback(self.disconnect, t)
+            self.connect(t)
+            if self.prepare is not None:
+                self.prepare(t)
+            return self.targets
+        self.clusters = Clusters(stack, self.log_dir)
+        if self.options.calibrate and self.vcpu is None:
+            self.vcpu = stack.enter_context(VcpuProbe(self.options.pin_cpu))
+            stack.callback(setattr, self, "vcpu", None)
+        self.targets = []
+        for arm in self.arms:
+            b = self.builds[arm.label]
+            suffix = "" if self.options.backends <= 1 else f"-b{block}"
+            try:
+                cl = self.clusters.start(
+                    b, f"{self.name}-{arm.label}{suffix}",
+                    {**self.options.settings, **arm.settings_dict},
+                    log_name=self.log_name(arm, block))
+            except ClusterError as e:
+                if arm.settings and "configuration" in str(e):
+                    raise HarnessError(
+                        f"the cluster of {self.arm_word} {arm.label!r} (preset {arm.preset}) "
+                        "did not start "
+                        f"with its settings {arm.settings_text}: is every name a setting of "
+                        f"this build (`SHOW ALL` on it)? {e}") from None
+                raise
+            t = Target(arm, b, cl, block)
+            self.targets.append(t)
+            self.all_targets.append(t)
+            stack.callback(self.disconnect, t)
+            self.connect(t)
+            if self.prepare is not None:
+                self.prepare(t)
+            for k, _ in arm.settings:  # names checked by parse_settings
+                assert t.conn is not None
+                t.shown[k] = str(t.conn.execute(f"SHOW {k}").fetchone()[0])  # type: ignore[index]
+        return self.targets
+
+    def connect(self, t: Target) -> None:
+        """(Re)connect *t*'s backend: pinned, prioritised, pg_stat_statements keys kept."""
+        qids = dict(t.qids)
+        t.conn, t.backend_pid = connect(t.cluster, pgss=self.options.pgss,
+                                        dbname=self.options.dbname)
+        if self.options.pin_cpu is not None:
+            pin(t.backend_pid, self.options.pin_cpu)
+        if self.options.nice is not None:
+            try:
+                prioritise(t.backend_pid, self.options.nice)
+            except OSError as e:
+                raise HarnessError(
+                    f"cannot set the priority of backend {t.backend_pid} to "
+                    f"{self.options.nice} ({e}); run as root or pass nice=None "
+                    "(--nice none)") from None
+        if self.options.pgss:
+            t.pgss = Pgss(t.conn)
+            t.pgss.qids.update(qids)
+
+    @staticmethod
+    def disconnect(t: Target) -> None:
+        close(t.conn)
+        t.conn = None
+
+    # -- one execution ----------------------------------------------------------
+    def execute(self, t: Target, sql: str, *, what: str, key: str | None = None,
+                stamps: bool = False,
+                observe: Callable[[Callable[[], list[tuple[Any, ...]]]], Any] | None = None
+                ) -> Timed:
+        """:func:`timed_execute` on *t*'s backend (pg_stat_statements under *key* when
+        the session has it; *stamps*: the backend's clock_timestamp() around it;
+        *observe*: an observer wrapping the execution), with the session's vCPU
+        calibration. A database error raises :class:`ExecFailed`."""
+        assert t.conn is not None
+        try:
+            return timed_execute(t.conn, sql, pid=t.backend_pid,
+                                 pgss=t.pgss if key is not None else None, key=key,
+                                 stamps=stamps, observe=observe, vcpu=self.vcpu)
+        except HarnessError:
+            raise
+        except Exception as e:  # psycopg errors, and a broken connection's own errors
+            raise ExecFailed(t, what, e) from e
+
+    def failure(self, e: ExecFailed, when: str) -> tuple[bool, str]:
+        """(did the server crash, a sentence naming the arm, what and when, the log)."""
+        t = e.target
+        crashed, detail = failure_detail(t.cluster, t.conn)
+        where = f"{t.label!r}, {e.what}, during {when}"
+        log = self.clusters.log_file(self.log_name(t.arm, t.block)) if self.clusters else "?"
+        if crashed:
+            return True, f"the server of {where} {detail} (server log: {log})"
+        return False, f"the query failed on {where}: {e.err}"
+
+    # -- the run ----------------------------------------------------------------
+    def run(self, reps: int, groups: Sequence[Group], *,
+            after: Callable[[list[Target]], None] | None = None,
+            on_block: Callable[[list[Target]], None] | None = None) -> None:
+        """Every block: fresh clusters and backends for all arms, *on_block(targets)*,
+        then per group its warm-up and its repetitions of the block in the seeded
+        interleaved order (the same order whatever the number of blocks: with one
+        block it is exactly :func:`interleave`'s). *after(targets)* runs on the last
+        block's backends before they stop (instruction counts)."""
+        blocks = split_reps(reps, self.options.backends)
+        for bi, block_reps in enumerate(blocks, 1):
+            with contextlib.ExitStack() as stack:
+                targets = self.open_block(stack, bi)
+                if len(blocks) > 1:
+                    self.say(f"backend {bi} of {len(blocks)} per arm: repetitions "
+                             f"{block_reps.start}-{block_reps.stop - 1}")
+                if on_block is not None:
+                    on_block(targets)
+                for g in groups:
+                    self._run_group(g, targets, block_reps)
+                if bi == len(blocks) and after is not None:
+                    after(targets)
+
+    def _run_group(self, g: Group, targets: list[Target], block_reps: range) -> None:
+        if g.warm is not None:
+            for t in targets:
+                for _ in range(max(g.warmup, 1)):
+                    for c in g.cells:
+                        g.warm(t, c)
+        pairs = [(t, c) for t in targets for c in g.cells]
+        # the interleaving of (arm, cell) pairs, seeded per group and drawn for all
+        # repetitions at once so a block's part is the same as in a one-block run
+        inc = g.include
+        for rep, slot, (t, c) in interleave(
+                pairs, block_reps.stop - 1, g.seed,
+                include=None if inc is None else (lambda r, tc: inc(r, tc[1]))):
+            if rep not in block_reps:
+                continue
+            g.run(t, c, rep, slot, self.order)
+            self.order += 1

@@ -48,13 +48,18 @@ from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
 from profkit.collect.artifacts import server_settings
-from profkit.rundir import RunDir, new_run
+from profkit.rundir import RunDir, new_run, open_run
 from profkit.errors import ProbeError, ProfkitError
 from profkit.experiments import harness
 from profkit.parse.explain import execution_ms
 from profkit.progress import ProgressFn
 from profkit.render import markdown as render_md
 from profkit.pg.workloads import Workload, get_workload
+from profkit.collect import bpf, callgrind as cg, ltrace as lt, perf
+from profkit.collect.bpf import DEFAULT_COST_NS
+from profkit.parse.ltrace import parse_ltrace_summary
+from profkit.run import run
+from profkit.rundir import load_run
 
 if TYPE_CHECKING:
     import psycopg
@@ -135,14 +140,12 @@ class _ObserverRun:
         self.expected = wl.expected_rows(scale)
         self.guard: dict[tuple[str, str, str], tuple[int | None, float]] = {}
         self.notes: list[str] = []
+        self.session: harness.Session | None = None
 
     # -- connection ------------------------------------------------------------
-    def connect(self) -> psycopg.Connection:
-        qids = dict(self.pgss.qids) if self.pgss is not None else {}
-        self.conn, self.pid = harness.connect(self.cluster, dbname=self.dbname)
-        self.pgss = harness.Pgss(self.conn)
-        self.pgss.qids.update(qids)
-        return self.conn
+    def attach(self, t: harness.Target) -> None:
+        """Measure on the session's backend *t* (again after callgrind reconnected it)."""
+        self.conn, self.pid, self.pgss = t.conn, t.backend_pid, t.pgss
 
     def sql(self, mode: str) -> str:
         return self.wl.query(mode)
@@ -188,8 +191,6 @@ class _ObserverRun:
         conn = self.conn
         if method == "ltrace":
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
-                from profkit.collect import ltrace as lt
-                from profkit.parse.ltrace import parse_ltrace_summary
 
                 run = lt.count_calls(conn, runner=go, functions=("clock_gettime",), out_dir=d)
                 df = parse_ltrace_summary(run.summary_text)
@@ -200,7 +201,6 @@ class _ObserverRun:
             per_node = variant == "per_node"
 
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
-                from profkit.collect import bpf
 
                 fns = ((*bpf.BINARY_FUNCTIONS, *bpf.LIBC_FUNCTIONS) if per_node
                        else ("clock_gettime",))
@@ -216,7 +216,6 @@ class _ObserverRun:
             freq = int(variant[:-2])
 
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
-                from profkit.collect import perf
 
                 d.parent.mkdir(parents=True, exist_ok=True)
                 run = new_run("perf", base=d.parent, run_id=d.name, workload=self.wl.name,
@@ -224,7 +223,7 @@ class _ObserverRun:
                 rec, _ = perf.record_pid(self.pid, go, run=run,
                                          freq=freq, call_graph="fp", stat=False,
                                          binary=self.cluster.build.postgres)
-                run.finish(status="ok")
+                run.finish(status="complete")
                 samples = rec.samples
                 if samples is None:
                     # perf prints "(N samples)" only when N > 0 (and not always): count
@@ -236,7 +235,6 @@ class _ObserverRun:
     # -- guard -----------------------------------------------------------------
     def estimate(self, force: bool, max_ms: float) -> dict[str, dict[str, int]]:
         """Predicted hits and the guard's cost per (method, variant, mode), before attaching."""
-        from profkit.collect import bpf
 
         assert self.conn is not None
         plan = self.conn.execute(self.wl.query("analyze_notiming", fmt="json"),
@@ -282,7 +280,6 @@ class _ObserverRun:
 
 def _uprobe_hits(res: Any) -> int:
     """All probe hits of a per-node bcc/bpftrace run: entries, plus returns where popped."""
-    from profkit.collect import bpf
 
     total = 0
     for fn in res.attached:
@@ -295,8 +292,6 @@ def _uprobe_hits(res: Any) -> int:
 
 def _count_perf_samples(data: Path) -> int:
     """Samples in a perf.data: one ``perf script -F period`` line each."""
-    from profkit.collect import perf
-    from profkit.run import run
 
     cp = run([perf.perf_path(), "--buildid-dir", str(perf.buildid_dir()), "script",
               "-F", "period", "-i", str(data)], timeout=300, check=False, what="perf script")
@@ -312,7 +307,6 @@ def _callgrind(cluster: Cluster, queries: Mapping[str, str], out_dir: Path,
     The postmaster is paused for it (single-user mode needs the data directory)
     and resumed after; open connections die and must be reopened.
     """
-    from profkit.collect import callgrind as cg
 
     return cg.collect_callgrind_cluster(cluster, queries, out_dir, dbname=dbname)
 
@@ -340,46 +334,66 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
         raise ProbeError("reps and expensive_reps must be >= 1")
     specs = list(dict.fromkeys(parse_method(m) for m in methods))
     la0 = loadavg()
-    rd = new_run("observers", build=cluster.build, workload=workload, base=base,
-                 run_id=run_id, tools=("perf", "ltrace", "bpftrace", "valgrind"),
-                 scale=scale, modes=list(modes), methods=[f"{m} {v}" for m, v in specs],
-                 reps=reps, expensive_reps=expensive_reps, loadavg_before=list(la0))
-    r = _ObserverRun(cluster, wl, scale, modes, specs, rd, progress, dbname)
-    try:
-        conn = r.connect()
-        rd.update(backend_pid=r.pid, settings=server_settings(conn))
+    with open_run("observers", build=cluster.build, workload=workload, base=base,
+                  run_id=run_id, tools=("perf", "ltrace", "bpftrace", "valgrind"),
+                  scale=scale, modes=list(modes), methods=[f"{m} {v}" for m, v in specs],
+                  reps=reps, expensive_reps=expensive_reps, loadavg_before=list(la0)) as rd:
+        r = _ObserverRun(cluster, wl, scale, modes, specs, rd, progress, dbname)
+        _observe(r, rd, cluster, wl, modes, specs, load, warmup, force, max_probe_s, reps,
+                 expensive_reps, expensive_ms, seed, dbname)
+        rd.update(loadavg_after=list(loadavg()), uptime=uptime(), notes=r.notes)
+    return summarize_observers(rd.path)
+
+
+def _observe(r: _ObserverRun, rd: RunDir, cluster: Cluster, wl: Workload,
+             modes: Sequence[str], specs: Sequence[tuple[str, str]], load: bool,
+             warmup: int, force: bool, max_probe_s: float, reps: int, expensive_reps: int,
+             expensive_ms: float, seed: int, dbname: str) -> None:
+    """The observers run's body (inside its run's lifecycle): timings, then callgrind."""
+    workload, scale = wl.name, r.scale
+
+    def prepare(t: harness.Target) -> None:
+        r.attach(t)
+        assert t.conn is not None
+        rd.update(backend_pid=t.backend_pid, settings=server_settings(t.conn))
         if load:
             r.say(f"loading {workload} at scale {scale}")
-            wl.load(conn, scale)
+            wl.load(t.conn, scale)
         for mode in modes:
             if mode == "plain":  # finds the statement's pg_stat_statements entry
-                harness.timed_execute(conn, r.sql(mode), pid=r.pid, pgss=r.pgss, key=mode)
+                session.execute(t, r.sql(mode), what=mode, key=mode)
             for _ in range(max(warmup, 0)):
-                harness.timed_execute(conn, r.sql(mode), pid=r.pid)
-        predicted = r.estimate(force, max_probe_s * 1000)
-        rd.update(predicted=predicted)
-        live = [s for s in specs if s[0] != "callgrind"]
+                session.execute(t, r.sql(mode), what=mode)
+        rd.update(predicted=r.estimate(force, max_probe_s * 1000))
 
-        def reps_for(method: str, variant: str, mode: str) -> int:
-            est = r.guard.get((method, variant, mode), (None, 0.0))[1]
-            return expensive_reps if est > expensive_ms else reps
+    session = harness.Session.on_cluster(
+        cluster, options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=r.say)
+    r.session = session
+    live = [s for s in specs if s[0] != "callgrind"]
 
+    def reps_for(method: str, variant: str, mode: str) -> int:
+        est = r.guard.get((method, variant, mode), (None, 0.0))[1]
+        return expensive_reps if est > expensive_ms else reps
+
+    def cell(t: harness.Target, c: tuple[str, tuple[str, str]], rep: int, slot: int,
+             order: int) -> None:
         # every observed execution follows an unobserved one of the same query
-        cells = [(mode, spec) for mode in modes for spec in live]
-        for rep, _slot, (mode, (method, variant)) in harness.interleave(
-                cells, reps, seed, include=lambda rep, c: rep <= reps_for(*c[1], c[0])):
-            base_row = r.execute(mode, rep, A.UNOBSERVED, "", None, None)
-            row = r.execute(mode, rep, method, variant,
-                            r.observer(method, variant, mode, rep), base_row["order"])
-            r.say(f"rep {rep} {mode}: unobserved {base_row['client_ms']:.1f} ms, "
-                  f"{method} {variant} {row['client_ms']:.1f} ms (hits {row['hits']})")
+        mode, (method, variant) = c
+        base_row = r.execute(mode, rep, A.UNOBSERVED, "", None, None)
+        row = r.execute(mode, rep, method, variant,
+                        r.observer(method, variant, mode, rep), base_row["order"])
+        r.say(f"rep {rep} {mode}: unobserved {base_row['client_ms']:.1f} ms, "
+              f"{method} {variant} {row['client_ms']:.1f} ms (hits {row['hits']})")
+
+    def after(targets: list[harness.Target]) -> None:
         if ("callgrind", "single execution") in specs:
             r.say("callgrind (the postmaster is stopped meanwhile)")
-            conn.close()
+            session.disconnect(targets[0])
             d = rd.path / "callgrind"
-            session = _callgrind(cluster, {m: r.sql(m) for m in modes}, d, dbname)
-            r.connect()
-            for q in session.queries:
+            callgrind = _callgrind(cluster, {m: r.sql(m) for m in modes}, d, dbname)
+            session.connect(targets[0])
+            r.attach(targets[0])
+            for q in callgrind.queries:
                 r.rows.append({"run_id": rd.run_id, "workload": wl.name, "scale": scale,
                                "mode": q.mode, "method": "callgrind",
                                "variant": "single execution", "rep": 1, "order": r.order,
@@ -388,22 +402,21 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
                                "guard_hits": None, "guard_estimate_ms": math.nan,
                                "cpu_ms": math.nan, "runq_ms": math.nan})
                 r.order += 1
+    try:
+        cells = [(mode, spec) for mode in modes for spec in live]
+        group = harness.Group("observers", cells, seed, run=cell, warm=None,
+                              include=lambda rep, c: rep <= reps_for(*c[1], c[0]))
+        session.run(reps, [group], after=after)
+        if ("callgrind", "single execution") in specs:
             r.notes.append("callgrind: wall time of the statement in a single-user backend "
                            "under valgrind (dump times), one execution after a warm-up")
-    except BaseException as e:
-        rd.finish(status="failed", error=f"{type(e).__name__}: {e}",
-                  executions_kept=len(r.rows))
-        raise
     finally:
         timings = _timings_frame(r.rows)
         timings.to_csv(rd.file("observer_timings.csv"), index=False)
         rd.add_artifact("observer_timings.csv", "one row per execution (observer_timings)")
-        if r.conn is not None and not r.conn.closed:
-            r.conn.close()
+        rd.update(executions_kept=len(r.rows))
     timings.to_parquet(rd.file("observer_timings.parquet"), index=False)
     rd.add_artifact("observer_timings.parquet", "observer_timings table")
-    rd.finish(status="ok", loadavg_after=list(loadavg()), uptime=uptime(), notes=r.notes)
-    return summarize_observers(rd.path)
 
 
 def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:
@@ -414,8 +427,6 @@ def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:
     hit_costs.csv and slowdown.md, and returns them.  A run can so be
     summarised again later (e.g. after the guard's defaults change).
     """
-    from profkit.rundir import load_run
-    from profkit.collect.bpf import DEFAULT_COST_NS
 
     rd = load_run(run_dir)
     try:
@@ -458,7 +469,6 @@ def uptime() -> str:
     exe = shutil.which("uptime")
     if exe is None:
         return "load average: " + " ".join(f"{x:.2f}" for x in loadavg())
-    from profkit.run import run
 
     try:
         return run([exe], timeout=10, check=False).stdout.strip()

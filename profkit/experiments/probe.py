@@ -20,17 +20,20 @@ from profkit import rundir
 from profkit.analyze import predict
 from profkit.collect import bpf, clock, ltrace
 from profkit.errors import ProbeError
+from profkit.modes import MODES, explain_prefix
 from profkit.parse.ltrace import parse_ltrace_summary
 from profkit.pg.build import get_build
-from profkit.pg.workloads import MODES, explain_prefix, get_workload, workload_spec
+from profkit.pg.workloads import get_workload, workload_spec
 
 EXPLAIN = {m: explain_prefix(m, "json") for m in MODES}
 
 
 def new_run_dir(kind: str, out: str | None, **facts: Any) -> tuple[str, Path]:
     """The probe's run directory through :func:`profkit.rundir.new_run` (*out*: exactly
-    that directory, which must be new or empty)."""
-    rd = rundir.new_run(kind, path=out, **facts) if out else rundir.new_run(kind, **facts)
+    that directory, which must be new or empty), status ``running``: a caller that can
+    wrap its work in a ``with`` block uses :func:`profkit.rundir.open_run` instead, which
+    also writes the final status."""
+    rd = rundir.new_run(kind, path=out, status=rundir.RUNNING, **facts)
     return rd.run_id, rd.path
 
 
@@ -185,16 +188,17 @@ def clock_cost(*, loops: int, repeats: int, sources: Sequence[str] | None = None
 
     Returns (cost, the raw measurement with its ``attrs``, the run directory).
     """
-    run_id, d = new_run_dir("clock-cost", out, tools=("gcc",))
-    df = clock.measure_clocks(list(sources) if sources else None, loops=loops, repeats=repeats,
-                              run_id=run_id)
-    frames = [df]
-    if build_name:
-        text = clock.run_pg_test_timing(get_build(build_name).bindir, 1)
-        (d / "pg_test_timing.txt").write_text(text)
-        frames.append(clock.pg_test_timing_cost(clock.parse_pg_test_timing(text), run_id))
-    cost = clock.combine(frames)
-    write_parquet(cost, d / "clock_cost.parquet")
-    write_parquet(clock.histogram_long(cost), d / "clock_histogram.parquet")
-    (d / "clock_info.json").write_text(json.dumps(df.attrs["clock_info"], indent=1))
+    with rundir.open_run("clock-cost", path=out, tools=("gcc",)) as rd:
+        run_id, d = rd.run_id, rd.path
+        df = clock.measure_clocks(list(sources) if sources else None, loops=loops,
+                                  repeats=repeats, run_id=run_id)
+        frames = [df]
+        if build_name:
+            text = clock.run_pg_test_timing(get_build(build_name).bindir, 1)
+            (d / "pg_test_timing.txt").write_text(text)
+            frames.append(clock.pg_test_timing_cost(clock.parse_pg_test_timing(text), run_id))
+        cost = clock.combine(frames)
+        write_parquet(cost, d / "clock_cost.parquet")
+        write_parquet(clock.histogram_long(cost), d / "clock_histogram.parquet")
+        (d / "clock_info.json").write_text(json.dumps(df.attrs["clock_info"], indent=1))
     return cost, df, d

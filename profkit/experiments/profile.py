@@ -40,7 +40,7 @@ from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import SEED_QUERY_NAMES, check_args, workload_label
 from profkit.progress import say as _say
 from profkit.render.flamegraph import demo_views, render, write_svg
-from profkit.rundir import load_run, new_run, update_latest
+from profkit.rundir import load_run, open_run
 
 
 def flamegraph_dir(out: str | Path | None = None) -> Path:
@@ -461,34 +461,33 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
         span = "one query" if one_query else f"{facts.get('seconds', '?')} s"
         query = ((cap / "query.sql").read_text(errors="replace").strip()
                  if one_query and (cap / "query.sql").is_file() else None)
-        rd = new_run("perf", base=base, workload=None, mode=None,
-                     run_id=None, tools=(),
-                     imported_from=str(src.resolve()), capture=facts,
-                     tool_summary=f"perf record -F {facts.get('freq', '?')} -g -p "
-                                  f"{facts.get('pid', '?')} ({span}, scripts/pk-record.sh)",
-                     query_name=(f"query on pid {facts.get('pid', '?')} on {host}" if one_query
-                                 else f"pid {facts.get('pid', '?')} on {host}"),
-                     **({"query": query} if query is not None else {}))
-        # the machine is the one recorded on, not this one
-        rd.update(machine={"kernel": facts.get("kernel"), "uname": facts.get("uname"),
-                           "clocksource": facts.get("clocksource"),
-                           "hostname": host, "arch": facts.get("machine")},
-                  tools={"perf": facts.get("perf_version")},
-                  postgres_version=facts.get("postgres_version"),
-                  started_at=facts.get("started_at") or rd.provenance.get("started_at"))
-        for name, what in CAPTURE_FILES.items():
-            if (cap / name).is_file():
-                shutil.copyfile(cap / name, rd.file(name))
-                rd.add_artifact(name, what)
-    say(f"imported {src.name} into {rd.path}")
-    prof = fold_run(rd, check=False)
-    label = f"{host}-pid{facts.get('pid', '?')}"
-    svg = flamegraph_for(prof.counts, prof.run,
-                         flamegraph_dir(flamegraphs) / f"import-{label}-{rd.run_id}.svg",
-                         title=f"{facts.get('postgres_version') or 'PostgreSQL'}: backend "
-                               f"{facts.get('pid', '?')} on {host} (perf, imported)")
-    update_latest(rd.path)
-    rd.finish(status="complete", samples=prof.folding.samples)
+        with open_run("perf", base=base, tools=(), latest=True,
+                      imported_from=str(src.resolve()), capture=facts,
+                      tool_summary=f"perf record -F {facts.get('freq', '?')} -g -p "
+                                   f"{facts.get('pid', '?')} ({span}, scripts/pk-record.sh)",
+                      query_name=(f"query on pid {facts.get('pid', '?')} on {host}"
+                                  if one_query else f"pid {facts.get('pid', '?')} on {host}"),
+                      **({"query": query} if query is not None else {})) as rd:
+            # the machine is the one recorded on, not this one
+            rd.update(machine={"kernel": facts.get("kernel"), "uname": facts.get("uname"),
+                               "clocksource": facts.get("clocksource"),
+                               "hostname": host, "arch": facts.get("machine")},
+                      tools={"perf": facts.get("perf_version")},
+                      postgres_version=facts.get("postgres_version"),
+                      started_at=facts.get("started_at") or rd.provenance.get("started_at"))
+            for name, what in CAPTURE_FILES.items():
+                if (cap / name).is_file():
+                    shutil.copyfile(cap / name, rd.file(name))
+                    rd.add_artifact(name, what)
+            say(f"imported {src.name} into {rd.path}")
+            prof = fold_run(rd, check=False)
+            label = f"{host}-pid{facts.get('pid', '?')}"
+            svg = flamegraph_for(
+                prof.counts, prof.run,
+                flamegraph_dir(flamegraphs) / f"import-{label}-{rd.run_id}.svg",
+                title=f"{facts.get('postgres_version') or 'PostgreSQL'}: backend "
+                      f"{facts.get('pid', '?')} on {host} (perf, imported)")
+            rd.update(samples=prof.folding.samples)
     return prof, svg
 
 

@@ -21,14 +21,15 @@ run that fails keeps what it measured):
 (the ``timing_nodes`` table), ``accuracy.csv``, ``cost.csv``, ``truth.csv``,
 ``mismatches.csv``, ``verdicts.csv``, ``summary.csv`` and ``report.md``.
 
-Arms that share a preset and differ only in session settings (``explain_timing_sample_rate``
-is PGC_USERSET) share one cluster and get their own connection; a setting that needs a
-restart (``instr_clock_source`` is PGC_POSTMASTER) gets the arm its own cluster.
+The run is a hook on :class:`profkit.experiments.harness.Session` (the engine of every
+timing experiment): every arm runs on clusters of its own with its settings in their
+postgresql.conf — a session setting (``explain_timing_sample_rate``) and one that needs a
+restart (``instr_clock_source``) alike — on *backends* independent backends per arm
+(fresh clusters, the repetitions split between them).
 """
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import logging
 import math
@@ -37,35 +38,39 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from profkit import paths, rundir, tables
+from profkit import rundir, tables
 from profkit.analyze import timing_accuracy as ta
 from profkit.errors import ProfkitError
 from profkit.experiments import harness
+from profkit.modes import MODES, query_name
 from profkit.render import markdown as render_md
 from profkit.progress import ProgressFn
+from profkit.collect.clock import measure_clocks
+from profkit.patches import PATCH_GUCS, PRESETS
+from profkit.pg.build import find_build, get_build, presets
+from profkit.pg.workloads import check_scale, get_workload
+from profkit.rundir import load_run
 
 if TYPE_CHECKING:
     import psycopg
 
     from profkit.rundir import RunDir
     from profkit.pg.build import Build
-    from profkit.pg.cluster import Cluster
 
 log = logging.getLogger("profkit.experiments.timing_accuracy")
 
 
 TIMINGS_CSV = "timings.csv"
 PLANS_JSONL = "plans.jsonl"
-MODES: tuple[str, ...] = ("plain", "analyze_notiming", "analyze_timing")
 TIMINGS_COLUMNS: tuple[str, ...] = (
     *tables.SCHEMAS["timings"], "cpu_ms", "wait_ms", "explain_ms", "planning_ms", "preset",
-    "settings", "slot", "backend_pid", "t_start",
+    "settings", "slot", "backend_pid", "t_start", "backend",
 )
 
 #: Modest scales, so that one run of all arms takes minutes on 2 cores.
@@ -92,13 +97,9 @@ class TimingAccuracyError(ta.TimingAccuracyError):
 # arms
 
 
-# what pandas.read_csv reads as missing by default (lower-cased)
-_MISSING_WORDS = frozenset({"na", "n/a", "nan", "-nan", "null", "none", "<na>", "-1.#ind",
-                            "1.#qnan", "#na", "#n/a", "1.#ind", "-1.#qnan", "-na", "#n/a n/a"})
-
-
-class Arm(harness.Arm):
-    """A build preset measured under a label, with settings (``name=value``) applied."""
+#: An arm of the timing-accuracy run is the harness's arm (one model for every
+#: experiment): a build preset measured under a label, its settings in its own cluster.
+Arm = harness.Arm
 
 
 DEFAULT_ARMS: tuple[Arm, ...] = (
@@ -112,30 +113,19 @@ DEFAULT_ARMS: tuple[Arm, ...] = (
 
 
 def parse_arm(text: str | Arm) -> Arm:
-    """``"tsc_clock"``, ``"label=preset"`` or ``"label=preset:guc=value,guc=value"``.
+    """``"tsc_clock"``, ``"label=preset"`` or ``"label=preset:guc=value,guc=value"``
+    (:func:`harness.parse_arm`; :class:`TimingAccuracyError` for a bad one).
 
     >>> parse_arm("s1=sampled_timing:explain_timing_sample_rate=1")
     Arm(label='s1', preset='sampled_timing', settings=(('explain_timing_sample_rate', '1'),))
     """
-    if isinstance(text, Arm):
-        return text
-    from profkit.experiments.bench import BenchError, parse_settings
-
     try:
-        label, preset, items = harness.split_arm(str(text))
-        settings = parse_settings(items)
-    except (harness.HarnessError, BenchError) as e:
-        raise TimingAccuracyError(f"arm {e}" if isinstance(e, harness.HarnessError)
-                                  else f"arm {text!r}: {e}") from None
-    if label.lower() in _MISSING_WORDS:
-        # the run's CSV files would read back as a missing value, not as this arm
-        raise TimingAccuracyError(f"arm {text!r}: the label {label!r} reads back from CSV as "
-                                  "a missing value; choose another label")
-    return Arm(label, preset, tuple(settings.items()))
+        return harness.parse_arm(text)
+    except harness.HarnessError as e:
+        raise TimingAccuracyError(f"arm {e}") from None
 
 
 def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
-    from profkit.pg.build import presets
 
     parsed = [parse_arm(a) for a in arms]
     if not parsed:
@@ -145,7 +135,7 @@ def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
     if dups:
         raise TimingAccuracyError(f"arm label(s) {', '.join(dups)} given twice")
     known = presets()
-    bad = sorted({a.preset for a in parsed if a.preset not in known})
+    bad = sorted({a.base_preset for a in parsed if a.base_preset not in known})
     if bad:
         raise TimingAccuracyError(f"unknown build preset(s) {', '.join(bad)}; known: "
                                   f"{', '.join(sorted(known))}")
@@ -160,7 +150,6 @@ def check_arms(arms: Sequence[str | Arm], baseline: str) -> list[Arm]:
 
 
 def check_scales(scales: Mapping[str, float]) -> dict[str, float]:
-    from profkit.pg.workloads import check_scale, get_workload
 
     if not scales:
         raise TimingAccuracyError("no workloads given")
@@ -179,7 +168,6 @@ def resolve_builds(arms: Sequence[Arm], *, build_missing: bool, baseline: str,
     Without *build_missing* an arm whose build is not in the cache is skipped (and
     listed), except the baseline's: without it nothing can be compared.
     """
-    from profkit.pg.build import find_build, get_build
 
     builds: dict[str, Build] = {}
     skipped: list[Arm] = []
@@ -205,18 +193,20 @@ def resolve_builds(arms: Sequence[Arm], *, build_missing: bool, baseline: str,
 # the run
 
 
-@dataclass
-class _Target:
-    arm: Arm
-    build: Build
-    cluster: Cluster
-    conn: psycopg.Connection | None = None
-    backend_pid: int = 0
-    shown: dict[str, str] = field(default_factory=dict)
+_now = rundir.now
 
-
-def _now() -> str:
-    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+METRIC_NOTE = (
+    "cpu_ms / wait_ms: the backend's on-CPU / run-queue-wait time during "
+    "the statement (/proc/PID/schedstat deltas read by the client before "
+    "and after; ns resolution, independent of the clock under test); "
+    "server_ms: clock_timestamp() read by the backend right before and "
+    "after the statement, in one simple-protocol message (gettimeofday, "
+    "not instr_time: independent of the clock under test; includes "
+    "parse/plan/output; NOT pg_stat_statements as in `profkit bench`, "
+    "which would time with the clock under test); client_ms: wall time "
+    "around the round trip in the client (scheduling noise of the "
+    "client process included); explain_ms/planning_ms: EXPLAIN's own "
+    "Execution/Planning Time (measured by the build's clock)")
 
 
 def coarse_tick_ms() -> float | None:
@@ -236,108 +226,49 @@ def _text_json(conn: psycopg.Connection) -> None:
     conn.adapters.register_loader("json", TextLoader)
 
 
-class _Runner:
-    def __init__(self, arms: Sequence[Arm], builds: Mapping[str, Build],
-                 scales: Mapping[str, float], reps: int, warmup: int, seed: int,
-                 out: Path, run_id: str, say: ProgressFn) -> None:
-        self.arms = list(arms)
-        self.builds = builds
+class _Accuracy:
+    """What a timing-accuracy run does per cell of the :class:`harness.Session`: run a
+    mode (the backend's own clock_timestamp() around it: not the clock under test),
+    check the plain answer, keep EXPLAIN's JSON plan, write the row and the plan."""
+
+    def __init__(self, scales: Mapping[str, float], run_id: str,
+                 session: harness.Session, say: ProgressFn) -> None:
         self.scales = dict(scales)
-        self.reps = reps
-        self.warmup = warmup
-        self.seed = seed
-        self.out = out
         self.run_id = run_id
+        self.session = session
         self.say = say
-        self.targets: list[_Target] = []
-        self.clusters: dict[tuple[str, tuple[tuple[str, str], ...]], Cluster] = {}
         self.timings: rundir.RowWriter | None = None
         self.plans: rundir.RowWriter | None = None
-        self._clusters: harness.Clusters | None = None
-        self.order = 0
-        self.nice: int | None = None
 
-    # -- clusters ---------------------------------------------------------------
-    def _cluster(self, stack: contextlib.ExitStack, preset: str,
-                 server: tuple[tuple[str, str], ...]) -> Cluster:
-        from profkit.pg.workloads import get_workload
+    @property
+    def order(self) -> int:
+        return self.session.order
 
-        key = (preset, server)
-        if key not in self.clusters:
-            if self._clusters is None:
-                self._clusters = harness.Clusters(stack, self.out / "logs")
-            # "pg19/vanilla" -> "pg19-vanilla": the name is a directory and a log file name
-            name = "ta-" + preset.replace("/", "-") + (
-                "-" + "-".join(v for _, v in server) if server else "")
-            cl = self._clusters.start(self.builds[preset], name, dict(server))
-            self.clusters[key] = cl
-            with cl.connect() as conn:
-                for wl, s in self.scales.items():
-                    get_workload(wl).load(conn, s)
-            self.say(f"{name}: cluster on port {cl.port}, loaded "
-                     + ", ".join(f"{w} @ {s:g}" for w, s in self.scales.items()))
-        return self.clusters[key]
+    def prepare(self, t: harness.Target) -> None:
+        """A fresh backend: every workload loaded, EXPLAIN's json as text, the patch
+        settings in effect recorded (``SHOW``)."""
 
-    def start(self, stack: contextlib.ExitStack) -> None:
-        from profkit.patches import PATCH_GUCS, PRESETS
+        assert t.conn is not None
+        for wl, sc in self.scales.items():
+            get_workload(wl).load(t.conn, sc)
+        _text_json(t.conn)
+        gucs = [g for p in PRESETS.get(t.arm.base_preset, []) for g in PATCH_GUCS.get(p, {})]
+        for g in dict.fromkeys(gucs):
+            t.shown[g] = str(t.conn.execute(f"SHOW {g}").fetchone()[0])  # type: ignore[index]
+        self.say(f"{t.label}: cluster on port {t.cluster.port}, loaded "
+                 + ", ".join(f"{w} @ {s:g}" for w, s in self.scales.items()))
 
-        for arm in self.arms:
-            base = self._cluster(stack, arm.preset, ())
-            server: list[tuple[str, str]] = []
-            session: list[tuple[str, str]] = []
-            if arm.settings:
-                with base.connect() as c:
-                    for k, v in arm.settings:
-                        row = c.execute("SELECT context FROM pg_settings WHERE name = %s",
-                                        (k,)).fetchone()
-                        if row is None:
-                            raise TimingAccuracyError(
-                                f"arm {arm.label}: build {arm.preset} has no setting {k!r} "
-                                "(is it the right preset? patch GUCs: "
-                                f"{json.dumps(PATCH_GUCS)})")
-                        (server if row[0] in ("postmaster", "sighup", "internal")
-                         else session).append((k, v))
-            cl = self._cluster(stack, arm.preset, tuple(server)) if server else base
-            t = _Target(arm, self.builds[arm.preset], cl)
-            t.conn, t.backend_pid = harness.connect(cl, pgss=False)
-            stack.callback(self._close, t)
-            _text_json(t.conn)
-            for k, v in session:
-                t.conn.execute(f"SET {k} = '{v}'")  # names/values checked by parse_settings
-            if self.nice is not None:
-                # other work on this shared VM kept the backend off the CPU for 2/3 of its
-                # wall time (load ~9 on 2 cores): EXPLAIN's per-node wall times were noise.
-                # A high priority for our own backend (by pid) keeps it on the CPU.
-                try:
-                    harness.prioritise(t.backend_pid, self.nice)
-                except OSError as e:
-                    raise TimingAccuracyError(
-                        f"cannot set the priority of backend {t.backend_pid} to {self.nice} "
-                        f"({e}); run as root or pass nice=None (--nice none)") from None
-            gucs = [g for p in PRESETS.get(arm.preset, []) for g in PATCH_GUCS.get(p, {})]
-            for g in dict.fromkeys([*gucs, *(k for k, _ in arm.settings)]):
-                t.shown[g] = str(t.conn.execute(f"SHOW {g}").fetchone()[0])
-            self.targets.append(t)
-
-    @staticmethod
-    def _close(t: _Target) -> None:
-        harness.close(t.conn)
-        t.conn = None
-
-    # -- executions -------------------------------------------------------------
-    def execute(self, t: _Target, workload: str, mode: str) -> dict[str, Any]:
-        from profkit.pg.workloads import get_workload
+    def execute(self, t: harness.Target, workload: str, mode: str) -> dict[str, Any]:
 
         wl = get_workload(workload)
         sql = wl.query(mode, fmt="json" if mode != "plain" else None)
-        assert t.conn is not None
         try:
             # server_ms from the backend's clock_timestamp() around the statement, in
             # one message: not pg_stat_statements, which times with the clock under test
-            m = harness.timed_execute(t.conn, sql, pid=t.backend_pid, stamps=True)
-        except Exception as e:  # psycopg's errors; the caller adds where and what was kept
-            raise TimingAccuracyError(f"{mode} of {workload} failed on {t.arm.label}: {e}"
-                                      ) from e
+            m = self.session.execute(t, sql, what=f"{mode} of {workload}", stamps=True)
+        except harness.ExecFailed as e:  # the caller adds what was kept
+            raise TimingAccuracyError(f"{mode} of {workload} failed on {t.label}: {e.err}"
+                                      ) from e.err
         rows = m.rows
         res: dict[str, Any] = {"client_ms": m.client_ms, "t_start": m.t_start,
                                "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,
@@ -348,7 +279,7 @@ class _Runner:
             got = rows[0][0] if rows and rows[0] else None
             if exp is not None and got != exp:
                 raise TimingAccuracyError(
-                    f"{t.arm.label} returned {got!r} for the plain {workload} query at scale "
+                    f"{t.label} returned {got!r} for the plain {workload} query at scale "
                     f"{self.scales[workload]}, expected {exp}: the build computes wrong results")
         else:
             text = rows[0][0]
@@ -358,37 +289,34 @@ class _Runner:
             res["planning_ms"] = float(plan[0].get("Planning Time", math.nan))
         return res
 
-    def run_workload(self, workload: str) -> None:
-        pairs = [(t, m) for t in self.targets for m in MODES]
-        for _ in range(max(self.warmup, 1)):
-            for t, m in pairs:  # also checks every arm's plain result once
-                self.execute(t, workload, m)
-        for rep, slot, (t, mode) in harness.interleave(pairs, self.reps,
-                                                       f"{self.seed}-{workload}"):
-            r = self.execute(t, workload, mode)
-            self._record(t, workload, mode, rep, slot, r)
-            if slot == len(pairs) - 1:
-                self.say(f"{workload}: repetition {rep}/{self.reps} done")
+    def group(self, workload: str, seed: int, warmup: int, reps: int) -> harness.Group:
+        """The cells of one workload: its three modes on every arm."""
+        n_arms = len(self.session.arms)
 
-    def _record(self, t: _Target, workload: str, mode: str, rep: int, slot: int,
-                r: Mapping[str, Any]) -> None:
-        from profkit.pg.workloads import SEED_QUERY_NAMES
+        def cell(t: harness.Target, mode: str, rep: int, slot: int, order: int) -> None:
+            self._record(t, workload, mode, rep, slot, order, self.execute(t, workload, mode))
+            if slot == n_arms * len(MODES) - 1:
+                self.say(f"{workload}: repetition {rep}/{reps} done")
 
+        return harness.Group(workload, MODES, f"{seed}-{workload}", run=cell,
+                             warm=lambda t, m: self.execute(t, workload, m), warmup=warmup)
+
+    def _record(self, t: harness.Target, workload: str, mode: str, rep: int, slot: int,
+                order: int, r: Mapping[str, Any]) -> None:
         assert self.timings is not None and self.plans is not None
-        row = {"run_id": self.run_id, "build": t.arm.label, "workload": workload,
-               "query": SEED_QUERY_NAMES.get(mode, mode), "mode": mode, "rep": rep,
-               "order": self.order, "client_ms": r["client_ms"], "server_ms": r["server_ms"],
+        row = {"run_id": self.run_id, "build": t.label, "workload": workload,
+               "query": query_name(mode), "mode": mode, "rep": rep,
+               "order": order, "client_ms": r["client_ms"], "server_ms": r["server_ms"],
                "cpu_ms": r["cpu_ms"], "wait_ms": r["wait_ms"],
                "explain_ms": r["explain_ms"], "planning_ms": r["planning_ms"],
-               "preset": t.arm.preset,
-               "settings": ",".join(f"{k}={v}" for k, v in t.arm.settings),
-               "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"]}
+               "preset": t.arm.preset, "settings": t.arm.settings_text,
+               "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"],
+               "backend": t.block}
         self.timings.write(row)
         if r["plan"] is not None:
-            self.plans.json_line({"workload": workload, "arm": t.arm.label,
+            self.plans.json_line({"workload": workload, "arm": t.label,
                                   "preset": t.arm.preset, "mode": mode, "rep": rep,
-                                  "order": self.order, "plan": json.loads(r["plan"])})
-        self.order += 1
+                                  "order": order, "plan": json.loads(r["plan"])})
 
 
 @dataclass
@@ -432,6 +360,7 @@ def run_timing_accuracy(
     tol_pct: float = ta.DEFAULT_TOL_PCT,
     min_node_ms: float = ta.MIN_NODE_MS,
     progress: ProgressFn | None = None,
+    backends: int | str = "auto",
 ) -> TimingAccuracyResult:
     """Measure, then analyse (see the module doc).  Returns :func:`analyze_run`'s result.
 
@@ -440,10 +369,13 @@ def run_timing_accuracy(
     *build_missing* (the baseline is always built).  *clock_cost*: also measure the cost
     of one read of each clock source (profkit.collect.clock) into ``clock_cost.csv``.
     *nice*: scheduling priority given to the measured backends (by pid); ``"auto"`` =
-    −20 when running as root, else unchanged (None).
+    −20 when running as root, else unchanged (None). *backends*: independent backends
+    (each on a fresh cluster) per arm, the repetitions split between them (``"auto"``:
+    :func:`harness.auto_backends`).
+
+    Every arm runs on clusters of its own with its settings in their postgresql.conf (the
+    harness's one rule), also arms of one preset that differ only in a session setting.
     """
-    from profkit.collect.artifacts import machine_info
-    from profkit.patches import PATCH_GUCS
 
     say = progress or (lambda s: None)
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
@@ -465,97 +397,85 @@ def run_timing_accuracy(
     if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int)
                              or not -20 <= nice <= 19):
         raise TimingAccuracyError(f"nice must be an integer from -20 to 19 or None, got {nice!r}")
+    if backends == "auto":
+        backends = harness.auto_backends(reps)
+    if isinstance(backends, bool) or not isinstance(backends, int) or not 1 <= backends <= reps:
+        raise TimingAccuracyError(f"backends must be an integer from 1 to reps ({reps}) or "
+                                  f"'auto', got {backends!r}")
 
-    root = paths.profiles_dir()
-    if out_dir is None:
-        run_id = run_id or rundir.new_run_id("timing_accuracy", root=root)
-        out = root / run_id
-    else:
-        out = Path(out_dir)
-        run_id = run_id or out.name
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TimingAccuracyError(f"{out} already exists and is not empty; runs are never "
-                                  "overwritten: choose another --out")
-    tick = coarse_tick_ms()
-    rd = rundir.new_run("timing_accuracy", path=out, run_id=run_id, **{
-        "status": "running",
-        "started_at": _now(), "command_line": list(sys.argv),
-        "baseline": baseline, "reps": reps, "backend_nice": nice, "warmup": warmup,
-        "order_seed": seed,
-        "scales": sc, "modes": list(MODES),
-        "arms": [{"label": a.label, "preset": a.preset, "settings": a.settings_dict}
-                 for a in arm_list],
-        "skipped_arms": [a.label for a in skipped],
-        "builds": {p: b.provenance() for p, b in builds.items()},
-        "source": next(iter(builds.values())).source,
-        # one PostgreSQL version per build: an arm of pg19/... is not the 18.6 of "source"
-        "build_versions": {p: (b.provenance().get("source") or {}).get("version")
-                           for p, b in builds.items()},
-        "patch_gucs": PATCH_GUCS,
-        "clock_tick_ms": {"CLOCK_MONOTONIC_COARSE": tick},
-        "tick_arms": {a.label: tick for a in arm_list
-                      if a.preset == "coarse_clock" and tick is not None},
-        "machine": machine_info(), "loadavg_start": list(os.getloadavg()),
-        "verdict_thresholds": {"tol_pct": tol_pct, "min_node_ms": min_node_ms},
-        "metric_note": ("cpu_ms / wait_ms: the backend's on-CPU / run-queue-wait time during "
-                        "the statement (/proc/PID/schedstat deltas read by the client before "
-                        "and after; ns resolution, independent of the clock under test); "
-                        "server_ms: clock_timestamp() read by the backend right before and "
-                        "after the statement, in one simple-protocol message (gettimeofday, "
-                        "not instr_time: independent of the clock under test; includes "
-                        "parse/plan/output; NOT pg_stat_statements as in `profkit bench`, "
-                        "which would time with the clock under test); client_ms: wall time "
-                        "around the round trip in the client (scheduling noise of the "
-                        "client process included); explain_ms/planning_ms: EXPLAIN's own "
-                        "Execution/Planning Time (measured by the build's clock)"),
-        "files": {"timings": TIMINGS_CSV, "plans": PLANS_JSONL},
-    })
-    runner = _Runner(arm_list, builds, sc, reps, warmup, seed, out, run_id, say)
-    runner.nice = nice
-    status, error = "failed", ""
     try:
-        runner.timings = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
-        runner.plans = rd.rows(PLANS_JSONL)
-        with contextlib.ExitStack() as stack:
-            runner.start(stack)
-            rd.update(arm_settings_shown={t.arm.label: t.shown for t in runner.targets},
-                      backend_pids={t.arm.label: t.backend_pid for t in runner.targets},
-                      clusters={f"{k[0]}{'+' + str(dict(k[1])) if k[1] else ''}":
-                                {"dir": str(c.dir), "port": c.port, "postmaster_pid": c.pid}
-                                for k, c in runner.clusters.items()})
-            for wl in sc:
-                say(f"{wl}: warm-up, then {reps} interleaved repetitions of "
-                    f"{len(runner.targets)} arms × {len(MODES)} modes")
-                runner.run_workload(wl)
-        rd.update(measured_at=_now(), loadavg_end=list(os.getloadavg()))
-        if clock_cost:
-            _clock_cost(out, rd, say)
-        status = "complete"
-    except (KeyboardInterrupt, SystemExit) as e:
-        status, error = "interrupted", type(e).__name__
-        raise
+        run_id, out = rundir.place("timing_accuracy", path=out_dir, run_id=run_id)
+    except rundir.RunDirError as e:
+        raise TimingAccuracyError(str(e)) from None
+    tick = coarse_tick_ms()
+    session = harness.Session(
+        arm_list, {a.label: builds[a.preset] for a in arm_list}, name="ta",
+        log_dir=out / "logs",
+        options=harness.SessionOptions(backends=backends, nice=nice, pgss=False), say=say)
+    runner = _Accuracy(sc, run_id, session, say)
+    session.prepare = runner.prepare
+    try:
+        with rundir.open_run("timing_accuracy", path=out, run_id=run_id, latest=False, **{
+            "command_line": list(sys.argv),
+            "baseline": baseline, "reps": reps, "backend_nice": nice, "warmup": warmup,
+            "backends": backends,
+            "order_seed": seed,
+            "scales": sc, "modes": list(MODES),
+            "arms": [{"label": a.label, "preset": a.preset, "settings": a.settings_dict}
+                     for a in arm_list],
+            "skipped_arms": [a.label for a in skipped],
+            "builds": {p: b.provenance() for p, b in builds.items()},
+            "source": next(iter(builds.values())).source,
+            # one PostgreSQL version per build: an arm of pg19/... is not the 18.6 of "source"
+            "build_versions": {p: (b.provenance().get("source") or {}).get("version")
+                               for p, b in builds.items()},
+            "patch_gucs": PATCH_GUCS,
+            "clock_tick_ms": {"CLOCK_MONOTONIC_COARSE": tick},
+            "tick_arms": {a.label: tick for a in arm_list
+                          if a.preset == "coarse_clock" and tick is not None},
+            "verdict_thresholds": {"tol_pct": tol_pct, "min_node_ms": min_node_ms},
+            "metric_note": METRIC_NOTE,
+            "files": {"timings": TIMINGS_CSV, "plans": PLANS_JSONL},
+        }) as rd:
+            try:
+                runner.timings = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)
+                runner.plans = rd.rows(PLANS_JSONL)
+                def on_block(targets: list[harness.Target]) -> None:
+                    if targets[0].block == 1:
+                        rd.update(arm_settings_shown={t.label: t.shown for t in targets})
+                    rd.update(
+                        backend_pids={session.log_name(t.arm, t.block): t.backend_pid
+                                      for t in session.all_targets},
+                        clusters={session.log_name(t.arm, t.block):
+                                  {"dir": str(t.cluster.dir), "port": t.cluster.port,
+                                   "postmaster_pid": t.cluster.pid}
+                                  for t in session.all_targets})
+                    say(f"warm-up, then repetitions of {len(targets)} arms × {len(MODES)} "
+                        f"modes on {', '.join(sc)}")
+
+                try:
+                    session.run(reps, [runner.group(wl, seed, warmup, reps) for wl in sc],
+                                on_block=on_block)
+                except harness.HarnessError as e:
+                    raise TimingAccuracyError(str(e)) from None
+                rd.update(measured_at=_now())
+                if clock_cost:
+                    _clock_cost(out, rd, say)
+            finally:
+                for f in (runner.timings, runner.plans):
+                    if f is not None:
+                        f.close()
+                with contextlib.suppress(OSError):
+                    rd.update(executions=runner.order)
     except TimingAccuracyError as e:
-        error = str(e)
-        e.run_dir = out
         raise TimingAccuracyError(
             f"{e} (the {runner.order} executions measured before are kept in {out}; "
             f"`profkit timing-accuracy --report {out}` analyses them)", run_dir=out) from e
-    except BaseException as e:
-        error = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        for f in (runner.timings, runner.plans):
-            if f is not None:
-                f.close()
-        with contextlib.suppress(OSError):
-            rd.update(status=status, error=error or None, ended_at=_now(),
-                      executions=runner.order)
     return analyze_run(out, tol_pct=tol_pct, min_node_ms=min_node_ms)
 
 
 def _clock_cost(out: Path, rd: RunDir, say: ProgressFn) -> None:
     """ns per read of each clock source the arms use (context for the cost table)."""
-    from profkit.collect.clock import measure_clocks
 
     try:
         df = measure_clocks(("clock_monotonic", "clock_monotonic_coarse", "rdtsc", "rdtscp"),
@@ -699,7 +619,6 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     it was measured; "" for none): the verdicts also say how far each arm's node
     times are from it (``accuracy_vs_<reference>.csv``).
     """
-    from profkit.rundir import load_run
 
     rd = load_run(run_dir)
     out = rd.path

@@ -291,17 +291,10 @@ def resolve_run(run_dir: str | Path | None, **criteria: Any) -> Run | None:
 
 
 def new_run_dir(kind: str, root: str | Path | None = None) -> Path:
-    """A fresh ``profiles/<run id>`` directory (:func:`profkit.rundir.new_run_id`) for a
-    notebook's own collection; :func:`save_run` completes it."""
-    base = Path(root) if root is not None else paths.profiles_dir()
-    for _ in range(100):
-        d = base / rundir.new_run_id(kind, root=base)
-        try:
-            d.mkdir(parents=True)
-            return d
-        except FileExistsError:
-            continue
-    raise NotebookError(f"could not create a run directory under {base}")
+    """A fresh ``profiles/<run id>`` run (:func:`profkit.rundir.new_run`: its
+    provenance.json written at once, status ``running``, so ``load_run``/``list_runs``
+    find it) for a notebook's own collection; :func:`save_run` completes it."""
+    return rundir.new_run(kind, base=root, status=rundir.RUNNING).path
 
 
 def save_run(directory: Path, provenance: Mapping[str, Any],
@@ -314,8 +307,14 @@ def save_run(directory: Path, provenance: Mapping[str, Any],
             df.to_parquet(directory / f"{name}.parquet", index=False)
         except (ValueError, TypeError, ImportError):
             pass  # object columns (histograms) that pyarrow cannot store: csv only
-    # provenance last: its presence marks the run complete (list_runs requires it)
-    rundir.RunDir(directory.name, directory, {"run_id": directory.name, **provenance}).save()
+    # provenance last, over the one new_run_dir wrote: status complete
+    try:
+        old = rundir.load_run(directory).provenance
+    except rundir.RunDirError:
+        old = {}
+    rundir.RunDir(directory.name, directory, {**old, "run_id": directory.name, **provenance,
+                                              "status": rundir.COMPLETE,
+                                              "ended_at": rundir.now()}).save()
     return Run.load(directory)
 
 

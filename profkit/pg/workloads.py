@@ -30,34 +30,24 @@ from typing import Any
 import psycopg
 
 from profkit.errors import ProfkitError
+from profkit.modes import EXPLAIN_PREFIX, MODES, QUERY_NAMES, ModeError
+from profkit.modes import explain_prefix as _explain_prefix
 
 
 class WorkloadError(ProfkitError):
     pass
 
 
-MODES = ("plain", "analyze_notiming", "analyze_timing")
-EXPLAIN_PREFIX = {
-    "plain": "",
-    "analyze_notiming": "EXPLAIN (ANALYZE TRUE, TIMING FALSE, BUFFERS FALSE) ",
-    "analyze_timing": "EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS FALSE) ",
-    "analyze_buffers": "EXPLAIN (ANALYZE TRUE, TIMING FALSE, BUFFERS TRUE) ",
-    "analyze_timing_buffers": "EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS TRUE) ",
-}
+# the modes, their EXPLAIN prefixes and the seed's query names: profkit.modes
+SEED_QUERY_NAMES = QUERY_NAMES
 
 
 def explain_prefix(mode: str, fmt: str | None = None) -> str:
     """The statement prefix of *mode* ('' for plain), with ``FORMAT fmt`` when given."""
-    if mode not in EXPLAIN_PREFIX:
-        raise WorkloadError(f"unknown mode {mode!r}; known: {', '.join(EXPLAIN_PREFIX)}")
-    prefix = EXPLAIN_PREFIX[mode]
-    if fmt and prefix:
-        prefix = prefix.replace(")", f", FORMAT {fmt.upper()})")
-    return prefix
-
-
-# the seed's names for the triple
-SEED_QUERY_NAMES = {"plain": "Query-1", "analyze_notiming": "Query-2", "analyze_timing": "Query-3"}
+    try:
+        return _explain_prefix(mode, fmt)
+    except ModeError as e:
+        raise WorkloadError(str(e)) from None
 
 
 def _n(base: int, scale: float) -> int:

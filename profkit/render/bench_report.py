@@ -901,3 +901,68 @@ def console_report(summary: pd.DataFrame, comparisons: pd.DataFrame | None = Non
     if comparisons is not None and not comparisons.empty:
         out.append(comparisons_table(comparisons))
     return out + ordering_check(summary, comparisons)
+
+
+# --------------------------------------------------------------------------- the engine's facts
+
+
+def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
+                 aa: Any | None = None) -> list[str]:
+    """One line each, for the console and the report: different plans, executions
+    rejected to the last one, the A/A reading, the backends behind the intervals."""
+    lines: list[str] = []
+    if provenance.get("plan_differs"):
+        lines.append("PLANS DIFFER between builds (--allow-plan-differences): their times "
+                     "compare different work; every row of summary.csv says so")
+    if "note" in summary.columns:
+        for r in summary.itertuples():
+            note = str(getattr(r, "note", "") or "")
+            if note and note != "nan" and "plans differ" not in note:
+                lines.append(f"{r.build} {r.mode}: {note}")
+    if aa is not None:
+        lines.append(aa.describe())
+    k = provenance.get("backends")
+    if isinstance(k, int) and k > 1 and "between_share_pct" in summary.columns:
+        sh = pd.to_numeric(summary["between_share_pct"], errors="coerce").dropna()
+        if len(sh):
+            lines.append(f"{k} backends per build (fresh clusters): between-backend variance "
+                         f"is {sh.median():.0f} % (median; {sh.min():.0f}-{sh.max():.0f} %) "
+                         "of the overhead intervals' variance")
+    elif k == 1:
+        lines.append("one backend per build: the intervals cannot see backend-to-backend "
+                     "variance (--backends K measures it)")
+    return lines
+
+
+def engine_sections(summary: pd.DataFrame, provenance: Mapping[str, Any],
+                    aa: Any | None = None) -> str:
+    """report.md: the plans, what was not measured, the A/A check and the backends."""
+    out = ["", "## Plans, backends, A/A", ""]
+    notes = engine_notes(summary, provenance, aa)
+    out += [f"- {x}" for x in notes] or ["- nothing to note"]
+    plans = provenance.get("plans") or {}
+    if plans:
+        groups: dict[str, list[str]] = {}
+        for label, plan in plans.items():
+            groups.setdefault(str(plan), []).append(str(label))
+        out += ["", "Plans chosen (`EXPLAIN (COSTS OFF)` of the query, first backend of each "
+                "build): " + ("one plan for every build." if len(groups) == 1 else
+                              f"{len(groups)} different plans."), ""]
+        for plan, labels in groups.items():
+            out += [f"{', '.join(labels)}:", "", "```", plan, "```", ""]
+    if "between_share_pct" in summary.columns:
+        rows = [r for r in summary.itertuples()
+                if _isnum(getattr(r, "between_share_pct", None))
+                or _isnum(getattr(r, "vs_ref_between_share_pct", None))]
+        if rows:
+            out += ["", "Share of each interval's variance that lies between backends "
+                    "(hierarchical bootstrap: backends, then repetitions):", "",
+                    "| build | mode | backends | overhead: between % | vs vanilla's plain: "
+                    "between % |", "|---|---|---|---|---|"]
+            for r in rows:
+                b1 = r.between_share_pct if _isnum(r.between_share_pct) else None
+                b2 = getattr(r, "vs_ref_between_share_pct", None)
+                out.append(f"| {r.build} | {r.mode} | {r.backends} | "
+                           f"{'–' if b1 is None else f'{b1:.0f}'} | "
+                           f"{f'{b2:.0f}' if _isnum(b2) else '–'} |")
+    return "\n".join(out) + "\n"
