@@ -18,11 +18,34 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
-err_console = Console(stderr=True)
+
+class _ErrConsole:
+    """rich's Console on stderr, made on first use: importing rich costs a command line
+    that only prints its --help or --version a tenth of a second."""
+
+    _real: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        """The rich Console itself (for APIs that take one)."""
+        if self._real is None:
+            from rich.console import Console
+
+            type(self)._real = Console(stderr=True)
+        assert self._real is not None
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+#: stderr's rich Console (``err_console.print``, ``.status``, ``.rule``), made on first use.
+err_console: Any = _ErrConsole()
 
 ProgressFn = Callable[[str], None]
 
@@ -88,7 +111,7 @@ class Progress:
             self.kind = "rich"
             self._rich = RichProgress(SpinnerColumn(), TextColumn("{task.description}"),
                                       BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TimeRemainingColumn(), console=err_console,
+                                      TimeRemainingColumn(), console=err_console.console,
                                       transient=False)
             self._rich.start()
             if total is not None or description:

@@ -5,13 +5,13 @@ exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from profkit.errors import ProfkitError
 from profkit.cli.common import friendly as _friendly
@@ -19,10 +19,16 @@ from profkit.cli.common import emit_json, err_console, json_option
 from profkit.cli.common import say as _say
 
 
-out_console = Console()
-if not out_console.is_terminal:
-    # piped or in CI: the seed-style table is wider than rich's default 80 columns
-    out_console = Console(width=150)
+@functools.cache
+def _out_console() -> Any:
+    """rich's Console on stdout (imported here: the command line starts without rich)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        # piped or in CI: the seed-style table is wider than rich's default 80 columns
+        console = Console(width=150)
+    return console
 
 #: ``profkit reproduce`` defaults, measured on the 2-core VM: at scale 0.07 Query-1 takes
 #: ~0.36 s of CPU on vanilla and Query-3 ~3.9x that, so one repetition of the 6 builds x
@@ -61,15 +67,15 @@ def _print_results(files: Any) -> None:
         render_console,
     )
 
-    out_console.print(render_console(files.summary))
+    _out_console().print(render_console(files.summary))
     ref = reference_console(files.summary)
     if ref is not None:
-        out_console.print(ref)
+        _out_console().print(ref)
     if files.comparisons is not None and not files.comparisons.empty:
-        out_console.print(comparisons_table(files.comparisons))
+        _out_console().print(comparisons_table(files.comparisons))
     for line in ordering_check(files.summary, files.comparisons):
-        out_console.print(line, highlight=False)
-    out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
+        _out_console().print(line, highlight=False)
+    _out_console().print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
                       f"chart: {files.chart_png} (+ .svg)", highlight=False)
 
 
@@ -171,7 +177,7 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
                    "comparisons": files.comparisons if files.comparisons is not None else []})
         return
     _print_results(files)
-    out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
+    _out_console().print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
 
 
 @click.command("reproduce")
@@ -244,7 +250,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
 
     err_console.rule("result")
     _print_results(files)
-    out_console.print(f"run: {res.out_dir} (profiles/latest → {res.run_id})", highlight=False)
+    _out_console().print(f"run: {res.out_dir} (profiles/latest → {res.run_id})", highlight=False)
 
     t_flame = 0.0
     if not no_flamegraphs:
@@ -255,8 +261,8 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
         # Query-2 on vanilla, on step3, and the vanilla→step3 differential, in flamegraphs/
         svgs = demo_flamegraphs(progress=_say)
         t_flame = time.monotonic() - t0
-        out_console.print("flamegraphs: " + ", ".join(str(p) for p in svgs), highlight=False)
+        _out_console().print("flamegraphs: " + ", ".join(str(p) for p in svgs), highlight=False)
     total = time.monotonic() - t_all
-    out_console.print(f"wall time: builds {t_builds:.0f} s, benchmark + instruction counts "
+    _out_console().print(f"wall time: builds {t_builds:.0f} s, benchmark + instruction counts "
                       f"{t_bench:.0f} s, flamegraphs {t_flame:.0f} s; total {total:.0f} s",
                       highlight=False)

@@ -8,7 +8,7 @@ import click
 
 from profkit.cli.common import Failed, emit_json, json_option
 from profkit.cli.common import friendly as _friendly
-from profkit.pg.workloads import MODES
+from profkit.pg.modes import MODES
 
 
 

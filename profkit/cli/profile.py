@@ -10,17 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import click
-import pandas as pd
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
 from profkit.cli.common import say as _say
-from profkit.pg.workloads import EXPLAIN_PREFIX
+from profkit.pg.modes import EXPLAIN_PREFIX
 
 MODES = tuple(EXPLAIN_PREFIX)
 
 
-def _fmt_table(df: pd.DataFrame) -> str:
+def _fmt_table(df: Any) -> str:
     return df.to_string(index=False) if len(df) else "(no rows)"
 
 

@@ -25,25 +25,17 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from profkit.errors import ProfkitError
+from profkit.pg.modes import EXPLAIN_PREFIX, MODES, SEED_QUERY_NAMES  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:  # the command line reads MODES without loading libpq
+    import psycopg
 
 
 class WorkloadError(ProfkitError):
     pass
-
-
-MODES = ("plain", "analyze_notiming", "analyze_timing")
-EXPLAIN_PREFIX = {
-    "plain": "",
-    "analyze_notiming": "EXPLAIN (ANALYZE TRUE, TIMING FALSE, BUFFERS FALSE) ",
-    "analyze_timing": "EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS FALSE) ",
-    "analyze_buffers": "EXPLAIN (ANALYZE TRUE, TIMING FALSE, BUFFERS TRUE) ",
-    "analyze_timing_buffers": "EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS TRUE) ",
-}
 
 
 def explain_prefix(mode: str, fmt: str | None = None) -> str:
@@ -56,8 +48,6 @@ def explain_prefix(mode: str, fmt: str | None = None) -> str:
     return prefix
 
 
-# the seed's names for the triple
-SEED_QUERY_NAMES = {"plain": "Query-1", "analyze_notiming": "Query-2", "analyze_timing": "Query-3"}
 
 
 def _n(base: int, scale: float) -> int:
