@@ -5,8 +5,12 @@ Each run is ``python -m profkit ...`` in a fresh interpreter, from an empty fold
 ``PYTHONPATH`` pointing at the tree under test (a ``git archive`` of the ref, so its own
 modules are imported, not this tree's). Measures per run: wall time, CPU time (user +
 system of the child: less sensitive than wall time to other work on the machine), and
-how many modules the command imported (counted in a separate run: deterministic).
-The runs of the two trees are interleaved, so a change in the machine's load hits both.
+how many modules the command imported (counted in a separate run: deterministic); with
+``--callgrind``, the instructions each command executes (valgrind's callgrind, one run:
+the figure that holds on a busy machine). Both trees are byte-compiled first, as pip
+does when it installs a wheel (with PYTHONDONTWRITEBYTECODE set, an uncompiled tree
+would be compiled again on every run). The runs of the two trees are interleaved, so a
+change in the machine's load hits both.
 
 Usage::
 
@@ -69,6 +73,22 @@ def _env(tree: Path, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _compile(python: str, tree: Path) -> None:
+    subprocess.run([python, "-m", "compileall", "-q", str(tree / "profkit")], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def _instructions(argv: list[str], env: dict[str, str], cwd: Path) -> int:
+    """Instructions executed by *argv* (callgrind's total, whole process)."""
+    cp = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                         *argv], env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, text=True, timeout=600)
+    for line in cp.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.rsplit(":", 1)[1])
+    raise SystemExit(f"callgrind gave no total: {cp.stderr[-500:]}")
+
+
 def _one(python: str, tree: Path, argv: list[str], extra: dict[str, str], cwd: Path
          ) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -112,6 +132,8 @@ def main() -> int:
     ap.add_argument("--ref", default="main", help="git ref to compare with (default main)")
     ap.add_argument("--runs", type=int, default=15, help="runs per command and tree")
     ap.add_argument("--python", default=sys.executable, help="interpreter (default: this one)")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="also count instructions under valgrind (slow: ~20 s per command)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
@@ -119,6 +141,9 @@ def main() -> int:
         (t / "empty").mkdir()
         (t / "ref").mkdir()
         trees = {args.ref: _export(args.ref, t / "ref"), "this tree": ROOT}
+        for tree in trees.values():
+            _compile(args.python, tree)
+        instr: dict[tuple[str, str], int] = {}
         results: dict[tuple[str, str], Samples] = {}
         for label, argv, extra in CASES:
             for name, tree in trees.items():
@@ -127,12 +152,17 @@ def main() -> int:
                 if not where.startswith(str(tree)):
                     raise SystemExit(f"{name}: profkit was imported from {where}, not {tree}")
                 _one(args.python, tree, argv, extra, t / "empty")      # warm the page cache
+                if args.callgrind:
+                    instr[(name, label)] = _instructions(
+                        [args.python, "-m", "profkit", *argv], _env(tree, extra), t / "empty")
         for _ in range(args.runs):
             for label, argv, extra in CASES:
                 for name, tree in trees.items():
                     wall, cpu = _one(args.python, tree, argv, extra, t / "empty")
                     results[(name, label)].wall.append(wall)
                     results[(name, label)].cpu.append(cpu)
+        floor_instr = (_instructions([args.python, "-c", "pass"], dict(os.environ), t / "empty")
+                       if args.callgrind else None)
         floor = Samples()        # the interpreter alone: what no change to profkit removes
         for _ in range(args.runs):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -145,15 +175,19 @@ def main() -> int:
     print(f"python -m profkit, median of {args.runs} runs each (interleaved), from an empty "
           f"folder; load average {os.getloadavg()[0]:.1f} (times taken under load: wall "
           "includes waiting for a CPU)")
-    print(f"{'command':34s} {'tree':12s} {'wall s':>7s} {'CPU s':>7s} {'modules':>8s}  goal")
+    print(f"{'command':34s} {'tree':12s} {'wall s':>7s} {'CPU s':>7s} {'modules':>8s} "
+          f"{'instructions':>14s}  goal (< {GOAL_S:g} s wall)")
     for label, _argv, _extra in CASES:
         for name in trees:
             s = results[(name, label)]
             wall, cpu = statistics.median(s.wall), statistics.median(s.cpu)
             goal = ("met" if wall < GOAL_S else "missed") if name == "this tree" else ""
-            print(f"{label:34s} {name:12s} {wall:7.3f} {cpu:7.3f} {s.modules:8d}  {goal}")
+            n = f"{instr[(name, label)]:,}" if (name, label) in instr else "-"
+            print(f"{label:34s} {name:12s} {wall:7.3f} {cpu:7.3f} {s.modules:8d} {n:>14s}  "
+                  f"{goal}")
     print(f"{'python -c pass (the floor)':34s} {'':12s} {statistics.median(floor.wall):7.3f} "
-          f"{statistics.median(floor.cpu):7.3f}")
+          f"{statistics.median(floor.cpu):7.3f} {'':8s} "
+          f"{f'{floor_instr:,}' if floor_instr else '-':>14s}")
     return 0
 
 

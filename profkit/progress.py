@@ -13,7 +13,6 @@ Lines go to stderr, so a command's stdout stays its result.
 """
 from __future__ import annotations
 
-import html
 import sys
 import threading
 import time
@@ -206,6 +205,8 @@ class Progress:
         bar = (f"<div style='display:inline-block;width:240px;height:12px;background:#ddd;"
                f"vertical-align:middle;margin-right:8px'><div style='width:{pct:.1f}%;"
                f"height:12px;background:#4C72B0'></div></div>") if frac is not None else ""
+        import html
+
         return f"<div style='font-family:monospace'>{bar}{html.escape(self.text())}</div>"
 
     def _refresh(self, force: bool = False) -> None:

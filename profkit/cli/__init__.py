@@ -9,8 +9,6 @@ and print.
 """
 from __future__ import annotations
 
-import logging
-
 import click
 
 from profkit import __version__
@@ -25,6 +23,8 @@ def main(verbose: bool) -> None:
 
     Exit status: 0 success, 1 the work failed (the message says why and what to do),
     2 usage error, 130 interrupted. Shell completion: see the README."""
+    import logging  # here, not at the top: --help and --version never need it
+
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
 

@@ -4,8 +4,6 @@ They read files from any machine: nothing here needs PostgreSQL.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +57,12 @@ def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, al
                     output: str | None) -> None:
     """Fold `perf script` text exactly as FlameGraph's stackcollapse-perf.pl does (same
     options, same output); the profkit options change that on request. FILE may be `-`."""
+    if not (samples or vdso or functions or inline or context or file.endswith(".gz")):
+        # stackcollapse-perf.pl's own reading: the compiled core straight to bytes, as
+        # profkit-stackcollapse-perf does (no str per stack, no pandas)
+        _fold_fast(file, pid=pid, tid=tid, kernel=kernel or all_, jit=jit or all_, addrs=addrs,
+                   event_filter=event_filter, strict=strict, output=output)
+        return
     from profkit.parse.perf_script import VdsoSymbols, fold_perf_script
 
     vsyms = None
@@ -83,6 +87,34 @@ def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, al
         _emit(data, output)
     else:
         _emit_bytes(fold.folded_bytes(), output)
+
+
+def _fold_fast(file: str, *, pid: bool, tid: bool, kernel: bool, jit: bool, addrs: bool,
+               event_filter: str | None, strict: bool, output: str | None) -> None:
+    """`parse perf-script` in stackcollapse-perf.pl's default weighting: the same bytes
+    as :func:`profkit.parse.perf_script.fold_perf_script`'s ``folded_bytes()`` (tested),
+    the same notes and errors, at the drop-in command's speed."""
+    from profkit.errors import ParseError
+    from profkit.stackcollapse import ReadFailed, fold_files, folded_bytes, notes
+
+    try:
+        collapsed, stats = fold_files([file], pid=pid, tid=tid, kernel=kernel, jit=jit,
+                                      addrs=addrs, event_filter=event_filter or "",
+                                      strict=strict)
+    except ReadFailed as e:
+        if isinstance(e.cause, OSError):
+            raise ParseError(f"cannot read {e.name}: {e.cause.strerror}") from None
+        from profkit.parse.perf_script import _error
+
+        raise _error(*e.cause.args, e.what) from None
+    for line in notes(stats):
+        click.echo(line, err=True)
+    if event_filter is not None and stats["samples"] == 0 and stats["events"]:
+        # the Perl script prints nothing and exits 0 here: say why instead
+        events = ", ".join(e.decode("utf-8", "surrogateescape") for e in stats["events"])
+        raise ParseError(f"{file}: no sample of event {event_filter!r}; the file has "
+                         f"{events}: pass one of those to --event-filter")
+    _emit_bytes(folded_bytes(collapsed), output)
 
 
 def _emit_bytes(data: bytes, output: str | None) -> None:
@@ -131,6 +163,8 @@ def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
                                "cumulative_seconds": flat["cumulative_seconds"],
                                "percent_time": flat["percent_time"]})
         doc = {"file": file, "call_edges" if call_graph else "flat_profile": records(df)}
+        import json
+
         text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
     _emit(text, output)
 
@@ -228,6 +262,8 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
     provenance: dict[str, Any] = {}
     if meta_json:
         try:
+            import json
+
             loaded = json.loads(Path(meta_json).read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise _Failed(f"--meta-json {meta_json}: {e}") from None
@@ -259,6 +295,8 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
     if icicle:
         name += "-icicle"
     provenance.setdefault("samples", f"{round(sum(counts.values())):,}")
+    import datetime as _dt
+
     provenance.setdefault("rendered", _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
     svg = render(counts, diff_against=against, title=title or name, subtitle=subtitle,
                  provenance=provenance, width=width, min_width_px=minwidth,
