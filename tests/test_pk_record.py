@@ -1,4 +1,5 @@
-"""Issue 15, part 3: scripts/pk-record.sh (plain sh, dash) and ``profkit import``.
+"""The capture script pk-record.sh (plain sh, dash; package data in profkit/scripts/,
+``scripts/pk-record.sh`` links to it) and ``profkit import``.
 
 The real test records a backend of a vanilla cluster running a query, with PATH holding
 only symlinks to the programs the script's header lists (and dash), then imports the
@@ -20,7 +21,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "pk-record.sh"
+SCRIPT = ROOT / "profkit" / "scripts" / "pk-record.sh"
 NEEDED = ("perf", "tar", "gzip", "uname", "date", "sleep", "mkdir", "rm", "cp")
 
 
@@ -41,10 +42,38 @@ def _record(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.Comp
 
 
 def test_header_lists_what_the_script_checks():
+    from profkit.paths import RECORD_SCRIPT
+
+    assert RECORD_SCRIPT == SCRIPT and (ROOT / "scripts" / "pk-record.sh").resolve() == SCRIPT
     text = SCRIPT.read_text()
     assert text.startswith("#!/bin/sh\n")
     assert "#   " + " ".join(NEEDED) in text
     assert f"for tool in {' '.join(NEEDED)}; do" in text
+
+
+def test_record_script_command_writes_the_script(tmp_path):
+    """`profkit record-script` gives the packaged script: stdout, or -o FILE/DIR (0755)."""
+    def pk(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "profkit", "record-script", *args],
+                              capture_output=True, timeout=60, cwd=tmp_path)
+
+    cp = pk()
+    assert cp.returncode == 0 and cp.stdout == SCRIPT.read_bytes()
+    cp = pk("-o", "pk.sh")
+    assert cp.returncode == 0 and cp.stdout.decode().strip() == "pk.sh"
+    assert (tmp_path / "pk.sh").read_bytes() == SCRIPT.read_bytes()
+    assert (tmp_path / "pk.sh").stat().st_mode & 0o777 == 0o755
+    (tmp_path / "srv").mkdir()
+    cp = pk("-o", "srv")
+    assert cp.returncode == 0 and (tmp_path / "srv" / "pk-record.sh").stat().st_mode & 0o111
+    assert sorted(p.name for p in (tmp_path / "srv").iterdir()) == ["pk-record.sh"]
+    cp = pk("-o", str(tmp_path / "no" / "such" / "dir" / "x.sh"))
+    assert cp.returncode == 1 and b"Traceback" not in cp.stderr
+    assert cp.stderr.decode().strip().startswith("profkit: ") and b"No such file" in cp.stderr
+    # the copy runs as the original does
+    cp = subprocess.run(["dash", str(tmp_path / "pk.sh"), "abc"], capture_output=True,
+                        text=True, timeout=60)
+    assert cp.returncode == 1 and "PID must be a number" in cp.stderr
 
 
 def test_shellcheck_clean_and_dash_parses():

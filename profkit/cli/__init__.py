@@ -61,6 +61,7 @@ COMMANDS: list[click.Command] = [
     profile.gprof_cmd,
     profile.pyspy_cmd,
     profile.import_cmd,
+    profile.record_script_cmd,
     timing_accuracy.timing_accuracy_cmd,
 ]
 

@@ -216,6 +216,50 @@ def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: b
 
 
 
+# --------------------------------------------------------------------------- record-script
+
+@click.command("record-script")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the script here (mode 0755; into FILE/pk-record.sh when FILE is a "
+                   "folder) instead of standard output.")
+@_friendly
+def record_script_cmd(output: str | None) -> None:
+    """Write pk-record.sh, the capture script for a server without profkit (plain sh and
+    perf): copy it there, record a backend or one query, bring the tarball back to
+    `profkit import`. Its usage: `sh pk-record.sh --help`."""
+    import os
+    import sys
+
+    from profkit.paths import RECORD_SCRIPT
+
+    data = RECORD_SCRIPT.read_bytes()
+    if output is None:
+        out = sys.stdout.buffer
+        try:
+            out.write(data)
+            out.flush()
+        except OSError as e:
+            from profkit.cli.common import StdoutFailed
+
+            raise StdoutFailed(e) from None
+        return
+    dest = Path(output)
+    if dest.is_dir():
+        dest = dest / RECORD_SCRIPT.name
+    if not dest.parent.is_dir():
+        raise OSError(2, "No such file or directory (create the folder first)", str(dest.parent))
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.chmod(0o755)
+        tmp.replace(dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    click.echo(str(dest))
+    _say(f"copy it to the server and run it there, e.g. `sh {dest.name} --query-file q.sql "
+         f"--repeat 20 -- 'dbname=…'`; then `profkit import` the .tar.gz it writes")
+
+
 # --------------------------------------------------------------------------- import
 
 @click.command("import")
@@ -226,8 +270,9 @@ def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: b
               help="Functions printed (by self share).")
 @_friendly
 def import_cmd(tarball: str, out: str | None, flamegraphs: str | None, top_n: int) -> None:
-    """Turn a scripts/pk-record.sh capture (a .tar.gz) into a perf run: tables, folded
-    stacks, flamegraph and provenance under profiles/, like a run profkit recorded."""
+    """Turn a pk-record.sh capture (a .tar.gz; the script: `profkit record-script`) into a
+    perf run: tables, folded stacks, flamegraph and provenance under profiles/, like a run
+    profkit recorded."""
     from profkit.experiments.profile import import_capture
 
     prof, svg = import_capture(tarball, base=out, flamegraphs=flamegraphs, progress=_say)

@@ -260,9 +260,10 @@ def gprof_profile_with_prediction(
 
 # --------------------------------------------------------------------------- import
 
-#: what scripts/pk-record.sh puts in its tarball (perf.data and the script text are needed)
+#: what pk-record.sh (profkit/scripts/) puts in its tarball (perf.data and the script text
+#: are needed)
 CAPTURE_FILES = {
-    "perf.data": "perf record's data (recorded by scripts/pk-record.sh)",
+    "perf.data": "perf record's data (recorded by pk-record.sh)",
     "perf.script.txt": "perf script text (input of the folding), made where it was recorded",
     "perf-record.log": "perf record's messages",
     "buildid-list.txt": "perf buildid-list where it was recorded",
@@ -285,7 +286,7 @@ def _capture_facts(text: str) -> dict[str, str]:
 def import_capture(tarball: str | Path, *, base: str | Path | None = None,
                    flamegraphs: str | Path | None = None,
                    progress: Callable[[str], None] | None = None) -> tuple[Any, Path]:
-    """Turn a ``scripts/pk-record.sh`` tarball into a perf run under profiles/ (tables,
+    """Turn a ``pk-record.sh`` tarball into a perf run under profiles/ (tables,
     folded stacks, flamegraph, provenance) like one profkit recorded; returns
     (PerfProfile, flamegraph path)."""
     import shutil
@@ -298,7 +299,8 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
     say = progress or (lambda _m: None)
     src = Path(tarball)
     if not src.is_file():
-        raise ProfkitError(f"{src}: no such file: give the tarball scripts/pk-record.sh wrote")
+        raise ProfkitError(f"{src}: no such file: give the tarball pk-record.sh wrote "
+                           "(profkit record-script)")
     with tempfile.TemporaryDirectory(prefix="pk-import-") as tmp:
         try:
             with tarfile.open(src, "r:*") as tf:
@@ -306,7 +308,7 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
         except (tarfile.TarError, OSError, EOFError) as e:
             why = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
             raise ProfkitError(f"{src}: not a readable tarball ({why}): give the .tar.gz "
-                               "scripts/pk-record.sh wrote") from None
+                               "pk-record.sh wrote (profkit record-script)") from None
         found = [p.parent for p in Path(tmp).rglob("capture.txt")]
         if len(found) != 1:
             raise ProfkitError(f"{src}: no capture.txt inside: not a pk-record.sh capture")
@@ -314,7 +316,7 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
         for need in ("perf.script.txt", "capture.txt"):
             if not (cap / need).is_file():
                 raise ProfkitError(f"{src}: {need} missing from the capture: record again "
-                                   "with scripts/pk-record.sh")
+                                   "with pk-record.sh (profkit record-script)")
         facts = _capture_facts((cap / "capture.txt").read_text(errors="replace"))
         if not facts.get("format", "").startswith("pk-record"):
             raise ProfkitError(f"{src}: capture.txt is not pk-record.sh's (no format line)")
@@ -327,7 +329,7 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
                      run_id=None, tools=(),
                      imported_from=str(src.resolve()), capture=facts,
                      tool_summary=f"perf record -F {facts.get('freq', '?')} -g -p "
-                                  f"{facts.get('pid', '?')} ({span}, scripts/pk-record.sh)",
+                                  f"{facts.get('pid', '?')} ({span}, pk-record.sh)",
                      query_name=(f"query on pid {facts.get('pid', '?')} on {host}" if one_query
                                  else f"pid {facts.get('pid', '?')} on {host}"),
                      **({"query": query} if query is not None else {}))
