@@ -26,6 +26,19 @@ def _fmt_table(df: Any) -> str:
 # --------------------------------------------------------------------------- perf
 
 
+def _shortfall(prof: Any, *, freq_flag: str, repeat_flag: str | None) -> bool:
+    """Say (on stderr, before the tables) when *prof* has too few samples for its shares
+    to mean something, and how to get more; True when it did."""
+    from profkit.collect.perf import max_sample_rate, sample_shortfall
+
+    short = sample_shortfall(prof)
+    if short is None:
+        return False
+    click.echo("warning: " + short.message(freq_flag=freq_flag, repeat_flag=repeat_flag,
+                                           max_freq=max_sample_rate()), err=True)
+    return True
+
+
 def _echo_top(prof: Any, top_n: int) -> None:
     """The profile's top functions by self samples, shares as percentages."""
     top = prof.top(top_n)[["function", "self", "self_share", "total_share"]]
@@ -86,15 +99,20 @@ def perf_cmd(build: str | None, pid: int | None, dsn: str | None, sql: str | Non
 
     prof = perf_profile(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
                             call_graph="dwarf" if dwarf else "fp", stat=not no_stat,
-                            progress=_say)
+                            progress=_say, fix_flags=None)
     qname = prof.run.provenance.get("query_name") or mode
     svg = flamegraph_for(prof.counts, prof.run,
                          flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
                          title=f"{build}: {label} {qname} (perf)")
     click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples "
                f"({', '.join(prof.folding.events)})")
+    short = _shortfall(prof, freq_flag="--freq", repeat_flag="--reps")
     _echo_top(prof, top_n)
-    click.echo(f"instrumentation share (self): {prof.instrumentation_share:.1%}")
+    if short:
+        # one percentage is what gets quoted: not off a handful of samples
+        click.echo(f"instrumentation share (self): withheld ({prof.folding.samples} samples)")
+    else:
+        click.echo(f"instrumentation share (self): {prof.instrumentation_share:.1%}")
     if prof.stat is not None and len(prof.stat):
         st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
         click.echo("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
@@ -126,6 +144,8 @@ def _perf_attached(pid: int | None, dsn: str | None, sql: str | None, seconds: f
                                f"{prof.run.get('target.pid')} (perf)")
     click.echo(f"binary: {rep.describe()}")
     click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples")
+    _shortfall(prof, freq_flag="--freq",
+               repeat_flag="--reps" if dsn is not None else "--dsn DSN --reps N")
     _echo_top(prof, top_n)
     click.echo(f"artifacts: {prof.run.path}")
     click.echo(f"flamegraph: {svg}")
@@ -280,6 +300,15 @@ def import_cmd(tarball: str, out: str | None, flamegraphs: str | None, top_n: in
     click.echo(f"run {prof.run.run_id}: {prof.folding.samples} samples of pid "
                f"{cap.get('pid')} on {cap.get('hostname')} ({cap.get('postgres_version')}, "
                f"clocksource {cap.get('clocksource')})")
+    if cap.get("what") == "query":
+        n = int(cap.get("repeat") or 1)
+        ms = [float(t) for t in str(cap.get("query_ms") or "").split()]
+        took = f" in {sum(ms):.1f} ms (psql's timing)" if ms else ""
+        click.echo(f"query: ran {n} time{'s' if n != 1 else ''} in one session{took}, "
+                   f"recorded at {cap.get('freq')} Hz")
+    _shortfall(prof, freq_flag="-F", repeat_flag=(
+        "pk-record.sh --repeat" if cap.get("what") == "query"
+        else "pk-record.sh --query-file FILE --repeat N"))
     _echo_top(prof, top_n)
     click.echo(f"artifacts: {prof.run.path}")
     click.echo(f"flamegraph: {svg}")

@@ -181,6 +181,7 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
                                    binary=exe)
             rd.file(QUERY_OUTPUT).write_text(format_rows(res.rows))
             rd.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
+            rd.update(query_seconds=[round(s, 6) for s in res.seconds])
         else:
             say(f"recording backend {pid} for {seconds:g} s (perf, {freq} Hz)")
             record_pid(pid, lambda: time.sleep(seconds), run=rd, freq=freq,

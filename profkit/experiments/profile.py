@@ -34,8 +34,12 @@ def flamegraph_for(counts: dict[str, float], run: Any, path: Path, *, title: str
     run directory as *copy_name* (None: no copy)."""
     from profkit.render.flamegraph import render, write_svg
 
+    from profkit.collect.perf import MIN_SAMPLES
+
     facts = run.subtitle_facts() if run is not None else {}
-    facts["samples"] = f"{int(sum(counts.values())):,}"
+    total = int(sum(counts.values()))
+    facts["samples"] = f"{total:,}" + (f" (too few: shares need >= {MIN_SAMPLES})"
+                                       if total < MIN_SAMPLES else "")
     facts.update(extra or {})
     svg = render(counts, title=title, provenance=facts, diff_against=diff_against)
     out = write_svg(svg, path)
@@ -58,6 +62,7 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     ``query2-merged.svg`` (both runs, each normalised) for the defaults).
     """
     from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
+    from profkit.collect.perf import sample_shortfall
     from profkit.pg.workloads import SEED_QUERY_NAMES
 
     say = progress or _say
@@ -71,12 +76,13 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
              for b in builds]
     paths = []
     for name, prof in zip(builds, profs, strict=True):
+        short = sample_shortfall(prof)
+        share = "withheld" if short else f"{prof.instrumentation_share:.1%}"
         paths.append(flamegraph_for(
             prof.counts, prof.run, out / f"{slug}-{name}.svg",
             title=f"{name}: {workload} {qname} (perf)",
-            extra={"instrumentation": f"{prof.instrumentation_share:.1%}"}))
-        say(f"{name}: {prof.folding.samples} samples, instrumentation "
-            f"{prof.instrumentation_share:.1%}")
+            extra={"instrumentation": share}))
+        say(f"{name}: {prof.folding.samples} samples, instrumentation {share}")
     a, b = profs
     # Stacks are matched by their whole path: drop the executor's wrapper frames
     # (ExecProcNodeInstr...) inside the stacks of both builds so the plan nodes line up
@@ -146,13 +152,24 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
                      mode: str = "analyze_timing", reps: int = 1, freq: int = 999,
                      call_graph: str = "fp", stat: bool = True, perf: str = "perf",
                      warmup: bool = True, base: str | Path | None = None,
-                     progress: Callable[[str], None] | None = None) -> Any:
+                     progress: Callable[[str], None] | None = None,
+                     fix_flags: tuple[str, str] | None = ("freq=", "reps=")) -> Any:
     """Build (cached) → throwaway cluster → load *workload* → record *mode* → fold.
 
     *build*: a preset name or a :class:`~profkit.pg.build.Build`. A warm-up run of the
     query (not recorded) fills the caches first, so the profile shows the steady state.
+    A recording with fewer samples than :data:`profkit.collect.perf.MIN_SAMPLES` is said
+    through *progress*, with the fix in terms of *fix_flags* (the frequency's and the
+    repetitions' names; None: the caller says it).
     """
-    from profkit.collect.perf import fold_run, perf_path, record_query, run_query
+    from profkit.collect.perf import (
+        fold_run,
+        perf_path,
+        record_query,
+        max_sample_rate,
+        run_query,
+        sample_shortfall,
+    )
     from profkit.pg.build import Build, get_build
     from profkit.pg.cluster import Cluster
     from profkit.pg.workloads import SEED_QUERY_NAMES, check_args
@@ -173,7 +190,12 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
                                  scale=scale, query_name=qname, perf=perf, freq=freq,
                                  call_graph=call_graph, stat=stat, base=base)
     say(f"folding {rec.samples} samples")
-    return fold_run(load_run(rec.run_dir), perf=perf, binary=b.postgres)
+    prof = fold_run(load_run(rec.run_dir), perf=perf, binary=b.postgres)
+    short = sample_shortfall(prof)
+    if short is not None and fix_flags is not None:
+        say(short.message(freq_flag=fix_flags[0], repeat_flag=fix_flags[1],
+                          max_freq=max_sample_rate()))
+    return prof
 
 
 # --------------------------------------------------------------------------- gprof

@@ -341,9 +341,17 @@ def _collect_perf(s: ClusterSession, sql: str, opts: CellOptions,
                                       workload=opts.workload, scale=opts.scale,
                                       freq=opts.freq)
     prof = perf.fold_run(rec.run_dir, binary=s.build.postgres)
-    say(f"{opts.build}: {prof.folding.samples} samples, instrumentation "
-        f"{prof.instrumentation_share:.1%} of them; run directory {rec.run_dir}")
     facts = prof.run.subtitle_facts()
+    short = perf.sample_shortfall(prof)
+    if short is not None:
+        # no share off a handful of samples: say why, and how to get enough
+        fix = short.message(freq_flag="--freq", repeat_flag="--reps",
+                            max_freq=perf.max_sample_rate())
+        say(f"{opts.build}: {fix} Run directory {rec.run_dir}")
+        facts["samples"] = f"{prof.folding.samples} (too few: shares need >= {short.minimum})"
+    else:
+        say(f"{opts.build}: {prof.folding.samples} samples, instrumentation "
+            f"{prof.instrumentation_share:.1%} of them; run directory {rec.run_dir}")
     return FlameGraph(prof.counts, title=f"{opts.build}: {opts.mode}", provenance=facts)
 
 

@@ -2,14 +2,16 @@
 # pk-record.sh — record a PostgreSQL backend with perf where profkit is not installed.
 #
 #   sh pk-record.sh PID [SECONDS [FREQ]] [-o OUT.tar.gz]
-#   sh pk-record.sh --query-file FILE.sql [-F FREQ] [-o OUT.tar.gz] [-- PSQL_ARGS...]
+#   sh pk-record.sh --query-file FILE.sql [--repeat N] [-F FREQ] [-o OUT.tar.gz] [-- PSQL_ARGS...]
 #
 # The first form records backend PID for SECONDS (default 10) with frame-pointer call
 # graphs (perf record -F FREQ -g -p PID, default 999 Hz; stopped with SIGINT).
 # The second records one query: it starts psql (PSQL_ARGS: -h/-p/-U/-d, or a conninfo
 # string "host=... dbname=..."), takes SELECT pg_backend_pid() in that session, attaches
-# perf to that backend, sends FILE.sql in the same session, and stops perf as soon as psql
-# has printed the query's result (an \echo marker after it). The query's output is kept.
+# perf to that backend, sends FILE.sql in the same session (N times with --repeat N, perf
+# attached across all of them: a short query gives too few samples at any sane -F), and
+# stops perf as soon as psql has printed the last result (an \echo marker after it). The
+# last run's output is kept, and psql's \timing of each statement.
 # Either way it writes into one tarball:
 #   perf.data          the recording
 #   perf.script.txt    perf script with the fields profkit reads
@@ -20,6 +22,7 @@
 #   capture.txt        provenance: uname -a, perf version, the backend's PostgreSQL
 #                      version (/proc/PID/exe --version), clocksource, times, pid
 #   query.sql          (--query-file) the query as sent, and query-output.txt its output
+#                      (capture.txt: repeat=N, query_ms= psql's time of every statement sent)
 # Bring the tarball to a machine with profkit:  profkit import OUT.tar.gz
 #
 # Needs only a POSIX sh (dash is enough) and these programs on the PATH:
@@ -31,7 +34,7 @@ set -u
 
 usage() {
     echo "usage: pk-record.sh PID [SECONDS [FREQ]] [-o OUT.tar.gz]" >&2
-    echo "       pk-record.sh --query-file FILE.sql [-F FREQ] [-o OUT.tar.gz] [-- PSQL_ARGS...]" >&2
+    echo "       pk-record.sh --query-file FILE.sql [--repeat N] [-F FREQ] [-o OUT.tar.gz] [-- PSQL_ARGS...]" >&2
     exit 2
 }
 
@@ -45,12 +48,14 @@ pid=""
 seconds=10
 freq=999
 qfile=""
+repeat=""
 n=0
 while [ $# -gt 0 ]; do
     case "$1" in
         -o) [ $# -ge 2 ] || usage; out=$2; shift 2; continue ;;
         -F) [ $# -ge 2 ] || usage; freq=$2; shift 2; continue ;;
         --query-file) [ $# -ge 2 ] || usage; qfile=$2; shift 2; continue ;;
+        --repeat) [ $# -ge 2 ] || usage; repeat=$2; shift 2; continue ;;
         --) shift; break ;;
         -h|--help) usage ;;
         -*) usage ;;
@@ -69,8 +74,11 @@ if [ -n "$qfile" ]; then
     [ -z "$pid" ] || die "give a PID or --query-file, not both (--query-file finds the backend itself)"
     { [ -f "$qfile" ] && [ -r "$qfile" ]; } || die "query file '$qfile' not found or not readable: give a file holding one SQL statement"
     [ -s "$qfile" ] || die "query file '$qfile' is empty: put the SQL statement to record in it"
+    [ -n "$repeat" ] || repeat=1
+    case "$repeat" in ''|*[!0-9]*|0) die "--repeat N must be a whole number > 0, got '$repeat'" ;; esac
 else
     [ $# -eq 0 ] || die "psql arguments after -- need --query-file FILE.sql"
+    [ -z "$repeat" ] || die "--repeat N repeats the query of --query-file FILE.sql: give that too"
     [ -n "$pid" ] || usage
     case "$pid" in ''|*[!0-9]*) die "PID must be a number, got '$pid'" ;; esac
     case "$seconds" in ''|*[!0-9]*|0) die "SECONDS must be a whole number > 0, got '$seconds'" ;; esac
@@ -134,7 +142,7 @@ if [ -n "$qfile" ]; then
     psql -X -q -A -t -v ON_ERROR_STOP=1 "$@" <"$tmp/psql.in" >"$tmp/psql.out" 2>"$tmp/psql.err" &
     psql_pid=$!
     exec 3>"$tmp/psql.in"
-    printf '%s\n' "SELECT pg_backend_pid();" '\echo pk-record-ready' >&3
+    printf '%s\n' "SELECT pg_backend_pid();" '\timing on' '\echo pk-record-ready' >&3
     wait_for_line pk-record-ready "it connected"
     IFS= read -r pid <"$tmp/psql.out" || pid=""
     case "$pid" in ''|*[!0-9]*) die "could not read the backend pid from psql (got '$pid')" ;; esac
@@ -160,11 +168,26 @@ dir="$tmp/$name"
 # a private build-id cache, so the vDSO perf saves can be found (and ~/.debug is left alone)
 bid="$dir/buildid"
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-perf --buildid-dir "$bid" record -F "$freq" -g -p "$pid" -o "$dir/perf.data" \
-    >"$dir/perf-record.log" 2>&1 &
+# --query-file: perf starts with its events off and turns them on when told, and says when
+# it has (--control, perf >= 5.9): perf writes perf.data's header before it reads the
+# backend's memory maps and turns its events on, so a short query sent on the header alone
+# ran unrecorded. An older perf: the header, then a pause.
+ctl=""
+if [ -n "$qfile" ]; then
+    perf_help=$(perf record -h 2>&1)
+    case "$perf_help" in
+        *--control*) mkfifo "$tmp/perf.ctl" "$tmp/perf.ack" && ctl=1 ;;
+    esac
+fi
+if [ -n "$ctl" ]; then
+    perf --buildid-dir "$bid" record -F "$freq" -g -p "$pid" -o "$dir/perf.data" -D -1 \
+        --control "fifo:$tmp/perf.ctl,$tmp/perf.ack" >"$dir/perf-record.log" 2>&1 &
+else
+    perf --buildid-dir "$bid" record -F "$freq" -g -p "$pid" -o "$dir/perf.data" \
+        >"$dir/perf-record.log" 2>&1 &
+fi
 perf_pid=$!
 if [ -n "$qfile" ]; then
-    # perf writes its header once it is attached: only then send the query
     i=0
     while [ ! -s "$dir/perf.data" ]; do
         kill -0 "$perf_pid" 2>/dev/null || break
@@ -172,14 +195,33 @@ if [ -n "$qfile" ]; then
         [ $i -lt 200 ] || die "perf did not start recording within 10 s: $(cat "$dir/perf-record.log")"
         sleep 0.05
     done
+    kill -0 "$perf_pid" 2>/dev/null || die "perf record ended before it recorded: $(cat "$dir/perf-record.log")"
+    if [ -n "$ctl" ]; then
+        # perf holds both fifos open (read-write) from its start: these opens do not block
+        exec 4>"$tmp/perf.ctl" 5<"$tmp/perf.ack"
+        printf '%s\n' enable >&4
+        ack=""
+        IFS= read -r ack <&5 || ack=""
+        exec 4>&- 5<&-
+        [ "$ack" = ack ] || die "perf record did not turn its events on: $(cat "$dir/perf-record.log")"
+    else
+        sleep 0.5
+    fi
     cp "$qfile" "$dir/query.sql"
     started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     : >"$tmp/psql.out"
-    # the file line by line (the last one may lack its newline), then the end marker
-    while IFS= read -r line || [ -n "$line" ]; do
-        printf '%s\n' "$line"
-    done <"$qfile" >&3
-    printf '%s\n' ';' '\echo pk-record-done' >&3
+    # the file line by line (the last one may lack its newline), N times, each run after
+    # a marker line; then the end marker
+    i=0
+    while [ "$i" -lt "$repeat" ]; do
+        i=$((i + 1))
+        printf '%s\n' "\\echo pk-record-run $i"
+        while IFS= read -r line || [ -n "$line" ]; do
+            printf '%s\n' "$line"
+        done <"$qfile"
+        printf '%s\n' ';'
+    done >&3
+    printf '%s\n' '\echo pk-record-done' >&3
     wait_for_line pk-record-done "the query finished"
 else
     sleep "$seconds"
@@ -193,10 +235,19 @@ else
 fi
 perf_pid=""
 ended=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+query_ms=""
 if [ -n "$qfile" ]; then
+    # the last run's output (psql's "Time: 1.234 ms" lines go to capture.txt)
+    : >"$dir/query-output.txt"
     while IFS= read -r line; do
-        [ "$line" = pk-record-done ] || printf '%s\n' "$line"
-    done <"$tmp/psql.out" >"$dir/query-output.txt"
+        case "$line" in
+            "pk-record-run "*) : >"$dir/query-output.txt" ;;
+            pk-record-done) ;;
+            "Time: "*" ms"*) t=${line#Time: }; query_ms="$query_ms ${t%% *}" ;;
+            *) printf '%s\n' "$line" >>"$dir/query-output.txt" ;;
+        esac
+    done <"$tmp/psql.out"
+    query_ms=${query_ms# }
     printf '%s\n' '\q' >&3
     exec 3>&-
     wait "$psql_pid"
@@ -228,6 +279,8 @@ fi
     if [ -n "$qfile" ]; then echo "what=query"; else echo "what=seconds"; fi
     echo "comm=$comm"
     echo "seconds=$seconds"
+    echo "repeat=$repeat"
+    echo "query_ms=$query_ms"
     echo "freq=$freq"
     echo "call_graph=fp"
     echo "started_at=$started"
