@@ -267,3 +267,71 @@ def test_record_one_query_through_psql_then_import(tmp_path, vanilla_build):
     assert in_executor / sum(weight.values()) > 0.9
     svg = rd.file("flamegraph.svg").read_text()
     assert "generate_series_step_int4" in svg and "ExecAgg" in svg
+
+
+@pytest.mark.pg
+def test_a_short_query_says_too_few_samples_and_repeat_gives_a_profile(tmp_path,
+                                                                       vanilla_build):
+    """join_sum at scale 0.02 (a hash join of 20,000 rows and 20, a few ms) recorded once
+    at 999 Hz: the import says how long the query ran (psql's timing), how many samples
+    that gave and the --repeat that fixes it; recorded again with that --repeat (same
+    session, perf across all runs), the import names N and the profile has enough."""
+    import re
+
+    from profkit.collect.perf import MIN_SAMPLES
+    from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import get_workload
+    from profkit.rundir import load_run
+
+    _query_bin_dir(tmp_path)
+    wl = get_workload("join_sum")
+    q = tmp_path / "q.sql"
+    q.write_text(wl.select_sql + "\n")
+
+    def imp(tarball: Path, out: str) -> subprocess.CompletedProcess:
+        cp = subprocess.run([sys.executable, "-m", "profkit", "import", str(tarball), "--out",
+                             str(tmp_path / out), "--flamegraphs", str(tmp_path / "fg")],
+                            capture_output=True, text=True, timeout=300)
+        assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr
+        return cp
+
+    with Cluster(vanilla_build, name="pk-record-short") as cl:
+        with cl.connect() as conn:
+            wl.load(conn, 0.02)
+            conn.execute(wl.select_sql).fetchall()           # warm, as a user's server is
+        once = _record_query(tmp_path, "--query-file", str(q), "-o", str(tmp_path / "1.tgz"),
+                             "--", cl.dsn)
+        assert once.returncode == 0, once.stderr
+        cp = imp(tmp_path / "1.tgz", "p1")
+        msg = " ".join(cp.stderr.split())
+        m = re.search(r"too few samples for a profile: (\d+) \(shares need >= 100.*\): the "
+                      r"query ran ([\d.]+) ms; at 999 Hz that is about (\d+) samples of CPU "
+                      r"time, perf kept (\d+)\. To fix: run the query more times in the "
+                      r"recording: pk-record\.sh --repeat (\d+)", msg)
+        assert m, msg
+        n, ran_ms, kept, repeat = (int(m.group(1)), float(m.group(2)), int(m.group(4)),
+                                   int(m.group(5)))
+        rd = load_run(tmp_path / "p1" / "latest")
+        cap = rd.provenance["capture"]
+        assert cap["repeat"] == "1" and n == kept < MIN_SAMPLES
+        assert abs(sum(float(t) for t in cap["query_ms"].split()) - ran_ms) < 0.1
+        assert 0 < ran_ms < 100, ran_ms
+        assert "query: ran 1 time in one session" in cp.stdout
+        assert "too few" in rd.file("flamegraph.svg").read_text()
+        # the fix it gave
+        many = _record_query(tmp_path, "--query-file", str(q), "--repeat", str(repeat), "-o",
+                             str(tmp_path / "n.tgz"), "--", cl.dsn)
+        assert many.returncode == 0, many.stderr
+    cp = imp(tmp_path / "n.tgz", "pn")
+    assert "too few" not in cp.stderr, cp.stderr
+    assert f"query: ran {repeat} times in one session in " in cp.stdout
+    rd = load_run(tmp_path / "pn" / "latest")
+    cap = rd.provenance["capture"]
+    assert cap["repeat"] == str(repeat) and len(cap["query_ms"].split()) == repeat
+    fn = pd.read_parquet(rd.file("functions.parquet"))
+    assert fn["self"].sum() >= MIN_SAMPLES
+    assert {"ExecHashJoin", "ExecAgg"} & set(fn["function"]) or any(
+        "HashJoin" in f for f in fn["function"]), sorted(fn["function"])[:40]
+    # the output kept is the last run's, once: sum(i*i, i = 1..20)
+    assert rd.file("query-output.txt").read_text().split() == ["2870"]
+    assert not list(tmp_path.glob("pk-record-*")), "the script's temp dirs are removed"
