@@ -7,8 +7,9 @@ scan, append/merge append, unique, set ops, recursive union, values/function
 scans, project set, subplans, Gather, Gather Merge and Parallel Hash, an async
 Foreign Scan through postgres_fdw on a loopback server, INSERT/UPDATE with four
 triggers on one relation) on each variant's own cluster, in every
-instrumentation mode of corpus.MODES (rows only; BUFFERS; TIMING; both), and
-compares node by node with vanilla of the same major version: PostgreSQL 18
+instrumentation mode of corpus.MODES (rows only; BUFFERS; TIMING; both) and as
+plain statements under auto_explain (log_analyze, rows only), and compares
+node by node with vanilla of the same major version: PostgreSQL 18
 variants against vanilla, pg19/... variants against pg19/vanilla.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+import pandas as pd
 import pytest
 
 from profkit.patches import PRESETS, has_patch
@@ -35,6 +37,7 @@ PG19_VARIANTS = [f"pg19/{name}" for name in
                  os.environ.get("PROFKIT_TEST_PG19_VARIANTS", "step5,fast_timing").split(",")
                  if name]
 MODES = list(corpus.MODES)
+ALL_MODES = [*MODES, "auto_explain"]
 
 
 def _corpus_run(build, name: str):
@@ -44,6 +47,8 @@ def _corpus_run(build, name: str):
         corpus.load(conn)
         rows = corpus.plan_rows(conn, modes=MODES)
         times = corpus.all_times(conn)
+        # the same statements under auto_explain (log_analyze on, log_timing off: rows only)
+        rows = pd.concat([rows, corpus.auto_explain_rows(conn)], ignore_index=True)
     return rows, times
 
 
@@ -75,7 +80,7 @@ def test_corpus_covers_the_node_types(vanilla_rows):
     ):
         assert t in have, t
     # rows are real numbers, not placeholders, in every mode
-    for mode in MODES:
+    for mode in ALL_MODES:
         seq = vanilla_rows[(vanilla_rows["mode"] == mode) & (vanilla_rows["query"] == "seqscan")
                            & (vanilla_rows["node_type"] == "Seq Scan")]
         assert seq["rows"].iloc[0] == sum(1 for i in range(1, 10001) if ((i * 7919) % 1000) % 7 == 0)
@@ -85,7 +90,7 @@ def test_corpus_covers_the_node_types(vanilla_rows):
              & (vanilla_rows["node_type"] == node_type))
         return sorted(vanilla_rows.loc[m, "rows"].tolist())
 
-    for mode in MODES:
+    for mode in ALL_MODES:
         assert node_rows(mode, "hashjoin", "Hash") == [10000]
         # the two bitmaps of a = 3 (250 rows) and b = 5 (258 rows) of cbm
         assert node_rows(mode, "bitmap_and", "Bitmap Index Scan") == [250, 258]
@@ -93,13 +98,14 @@ def test_corpus_covers_the_node_types(vanilla_rows):
         assert node_rows(mode, "async_foreign", "Foreign Scan") == [1500, 2250]
     # the async Foreign Scans really are async (Async Capable in the plan)
     fs_async = vanilla_rows[(vanilla_rows["query"] == "async_foreign")
-                            & (vanilla_rows["node_type"] == "Foreign Scan")]["async_capable"]
+                            & (vanilla_rows["node_type"] == "Foreign Scan")
+                            & vanilla_rows["mode"].isin(MODES)]["async_capable"]
     assert len(fs_async) == 2 * len(MODES) and fs_async.eq(True).all(), fs_async
     # each trigger keeps its own calls: 250 inserted rows, 150 updated (every 2nd of 300),
     # the WHEN trigger on the updated rows with NEW.v % 3 = 0, one statement trigger
     trig = vanilla_rows[vanilla_rows["node_type"].str.startswith("Trigger ")]
     calls = trig.set_index(["mode", "query", "node_type"])["rows"]
-    for mode in MODES:
+    for mode in ALL_MODES:
         assert calls[(mode, "trigger_insert", "Trigger t1_before_row on ctrig")] == 250
         assert calls[(mode, "trigger_insert", "Trigger t2_after_row on ctrig")] == 250
         assert calls[(mode, "trigger_insert", "Trigger t4_after_stmt on ctrig")] == 1
@@ -107,6 +113,16 @@ def test_corpus_covers_the_node_types(vanilla_rows):
         when = sum(1 for i in range(2, 301, 2) if ((i % 10) + 1 + 1) % 3 == 0)
         assert calls[(mode, "trigger_update", "Trigger t3_after_row_when on ctrig")] == when
         assert calls[(mode, "trigger_update", "Trigger t4_after_stmt on ctrig")] == 1
+    # with the leader participating, the Gather still returns every row: the leader's and
+    # the workers' counts add up (v < 50 of cbig: 50 of every 97 ids of 200,000)
+    expect = sum(1 for i in range(1, 200001) if i % 97 < 50)
+    for mode in ALL_MODES:
+        for q in ("gather", "gather_leader"):
+            assert node_rows(mode, q, "Seq Scan") == [expect], (mode, q)
+        leader = vanilla_rows[(vanilla_rows["mode"] == mode)
+                              & (vanilla_rows["query"] == "gather_leader")
+                              & (vanilla_rows["node_type"] == "Seq Scan")]["loops"]
+        assert (leader >= 1).all(), leader
 
 
 def _variant_params(names):

@@ -6,17 +6,20 @@ mode of :data:`MODES` (rows only: the variants' fast path; BUFFERS on or TIMING
 on: the instrumentation wrapper, where the seed's step3 reported rows=0), the
 calls of every trigger (several per relation, statement and row level), and a
 non-negative time for every node under TIMING TRUE.  :func:`plan_rows` runs
-the corpus on one cluster; :func:`compare` diffs two of its results.
+the corpus on one cluster; :func:`auto_explain_rows` runs it as plain statements under
+auto_explain (``log_analyze``, rows only); :func:`compare` diffs two results.
 
 The corpus covers, besides the plan node types: Hash and Bitmap Index Scan
 (MultiExecProcNode nodes, counted outside ExecProcNode), an async Foreign Scan
 through postgres_fdw on a loopback server (:func:`load` creates the extension,
 the server and two foreign partitions), parallel workers (Gather, Gather
-Merge, Parallel Hash), and data-modifying statements with triggers, run in a
-transaction that is rolled back so every run sees the same data.
+Merge, Parallel Hash; without and with the leader participating), and
+data-modifying statements with triggers, run in a transaction that is rolled back so
+every run sees the same data.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -118,6 +121,10 @@ PARALLEL = {"max_parallel_workers_per_gather": "2", "parallel_setup_cost": "0",
             "parallel_tuple_cost": "0", "min_parallel_table_scan_size": "0",
             "parallel_leader_participation": "off"}
 
+# The same parallel plans with the leader running the plan too: its rows land in the
+# leader's own instrumentation and are summed with the workers' at the end.
+PARALLEL_LEADER = {**PARALLEL, "parallel_leader_participation": "on"}
+
 CORPUS: tuple[CorpusQuery, ...] = (
     CorpusQuery("seqscan", "SELECT count(*) FROM ca WHERE v % 7 = 0", ("Seq Scan", "Aggregate")),
     CorpusQuery("indexscan", "SELECT * FROM ca WHERE id BETWEEN 100 AND 300",
@@ -193,6 +200,13 @@ CORPUS: tuple[CorpusQuery, ...] = (
                 "SELECT count(*) FROM cbig x JOIN cbig y ON x.id = y.id WHERE x.v < 10",
                 ("Gather", "Hash Join", "Hash"),
                 {**PARALLEL, "enable_parallel_hash": "on", "enable_mergejoin": _OFF,
+                 "enable_nestloop": _OFF}),
+    CorpusQuery("gather_leader", "SELECT count(*) FROM cbig WHERE v < 50",
+                ("Gather", "Seq Scan"), PARALLEL_LEADER),
+    CorpusQuery("parallel_hash_leader",
+                "SELECT count(*) FROM cbig x JOIN cbig y ON x.id = y.id WHERE x.v < 10",
+                ("Gather", "Hash Join", "Hash"),
+                {**PARALLEL_LEADER, "enable_parallel_hash": "on", "enable_mergejoin": _OFF,
                  "enable_nestloop": _OFF}),
     CorpusQuery("bitmap_and",
                 "SELECT count(*) FROM cbm WHERE a = 3 AND b = 5",
@@ -280,6 +294,54 @@ def plan_rows(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS,
                 nodes = pd.concat([nodes, _trigger_rows(explain, q.name)], ignore_index=True)
             nodes.insert(0, "mode", mode)
             frames.append(nodes)
+    return pd.concat(frames, ignore_index=True)
+
+
+def auto_explain_rows(conn: psycopg.Connection,
+                      queries: Iterable[CorpusQuery] = CORPUS) -> pd.DataFrame:
+    """The corpus run as plain statements under auto_explain with ``log_analyze`` on and
+    ``log_timing`` off (rows only: the variants' fast path, the way a server that logs slow
+    plans runs it), every plan sent to this session as a NOTICE.  Same columns as
+    :func:`plan_rows`, mode ``auto_explain``; triggers appear as there."""
+    notices: list[str] = []
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary and "plan:" in diag.message_primary:
+            notices.append(diag.message_primary)
+
+    conn.add_notice_handler(on_notice)
+    frames = []
+    try:
+        conn.execute("LOAD 'auto_explain'")
+        for q in queries:
+            for k, v in q.settings.items():
+                conn.execute(f"SET {k} = '{v}'")
+            for k, v in (("log_min_duration", "0"), ("log_analyze", "on"),
+                         ("log_timing", "off"), ("log_buffers", "off"),
+                         ("log_triggers", "on"), ("log_format", "json"),
+                         ("log_level", "notice")):
+                conn.execute(f"SET auto_explain.{k} = '{v}'")
+            notices.clear()
+            try:
+                if q.modifies:
+                    with conn.transaction(force_rollback=True):
+                        conn.execute(q.sql)
+                else:
+                    conn.execute(q.sql).fetchall()
+            finally:
+                conn.execute("RESET ALL")
+            if len(notices) != 1:
+                raise RuntimeError(f"auto_explain logged {len(notices)} plans for {q.name}, "
+                                   "expected 1")
+            explain = [json.loads(notices[0].split("plan:", 1)[1])]
+            nodes = flatten_plan(explain)
+            nodes.insert(0, "query", q.name)
+            if q.triggers:
+                nodes = pd.concat([nodes, _trigger_rows(explain, q.name)], ignore_index=True)
+            nodes.insert(0, "mode", "auto_explain")
+            frames.append(nodes)
+    finally:
+        conn.remove_notice_handler(on_notice)
     return pd.concat(frames, ignore_index=True)
 
 
