@@ -26,16 +26,19 @@ def _fmt_table(df: Any) -> str:
 # --------------------------------------------------------------------------- perf
 
 
-def _shortfall(prof: Any, *, freq_flag: str, repeat_flag: str | None) -> bool:
+def _shortfall(prof: Any, *, freq_flag: str, repeat_flag: str | None,
+               here: bool = True) -> bool:
     """Say (on stderr, before the tables) when *prof* has too few samples for its shares
-    to mean something, and how to get more; True when it did."""
+    to mean something, and how to get more; True when it did. *here*: recorded on this
+    machine (its perf_event_max_sample_rate bounds the -F suggested)."""
     from profkit.collect.perf import max_sample_rate, sample_shortfall
 
     short = sample_shortfall(prof)
     if short is None:
         return False
     click.echo("warning: " + short.message(freq_flag=freq_flag, repeat_flag=repeat_flag,
-                                           max_freq=max_sample_rate()), err=True)
+                                           max_freq=max_sample_rate() if here else None),
+               err=True)
     return True
 
 
@@ -308,7 +311,7 @@ def import_cmd(tarball: str, out: str | None, flamegraphs: str | None, top_n: in
                    f"recorded at {cap.get('freq')} Hz")
     _shortfall(prof, freq_flag="-F", repeat_flag=(
         "pk-record.sh --repeat" if cap.get("what") == "query"
-        else "pk-record.sh --query-file FILE --repeat N"))
+        else "pk-record.sh --query-file FILE --repeat N"), here=False)
     _echo_top(prof, top_n)
     click.echo(f"artifacts: {prof.run.path}")
     click.echo(f"flamegraph: {svg}")
