@@ -312,6 +312,16 @@ def test_perf_command(tmp_path: Path) -> None:
     cp = profkit("perf", "vanilla", "--scale", str(SCALE), "--mode", "analyze_timing",
                  "--no-stat", "--out", str(tmp_path / "fg"), env=env)
     assert list((tmp_path / "fg").glob("*.svg")), cp.stdout
+    # Query-3 at this scale runs some 30 ms: too few samples, said with the fix, and no
+    # instrumentation share off them
+    m = re.search(r"too few samples for a profile: (\d+) .* the query ran [\d.]+ ms; at 999 Hz "
+                  r".* --reps (\d+)", message(cp))
+    assert m, cp.stderr
+    assert "instrumentation share (self): withheld" in cp.stdout
+    cp = profkit("perf", "vanilla", "--scale", str(SCALE), "--mode", "analyze_timing",
+                 "--no-stat", "--reps", m.group(2), "--out", str(tmp_path / "fg"), env=env)
+    assert "too few" not in cp.stderr
+    assert re.search(r"instrumentation share \(self\): \d+\.\d%", cp.stdout), cp.stdout
     assert "unknown build" in message(profkit("perf", "no-such-build", code=1))
 
 
