@@ -543,3 +543,57 @@ def test_cli_fold_takes_the_compiled_path_and_prints_the_same_bytes(tmp_path: Pa
     mods = set(cp.stderr.decode().split())
     assert "profkit._fold" in mods and "pandas" not in mods
     assert "profkit.parse.perf_script" not in mods
+
+
+def test_fast_command_line_answers_as_click_does(tmp_path: Path) -> None:
+    """`profkit parse perf-script` with stackcollapse-perf.pl's options is answered without
+    click (profkit.__main__ → profkit.stackcollapse.command_main); anything else goes to
+    click. Either way, the same exit status, stdout and stderr as the click command."""
+    q3 = tmp_path / "q3.txt"
+    q3.write_bytes(_read(FIX / "pg18-query3.perf-script.txt.gz"))
+    clock = str(FIX / "clockloop.perf-script.txt")
+    garbled = str(FIX / "garbled-frame.perf-script.txt")
+    cases: list[list[str]] = [
+        [clock], [str(q3)], ["--pid", "--tid", str(q3)], ["--all", "--addrs", str(q3)],
+        ["--kernel", "--jit", clock], ["--event-filter", "cpu-clock:ppp", clock],
+        ["--event-filter=cpu-clock:ppp", "--tid", clock], ["--event-filter", "nosuch", clock],
+        ["--strict", garbled], [garbled], ["--strict", str(FIX / "truncated-midline.perf-script.txt")],
+        [str(FIX / "empty.perf-script.txt")], [str(tmp_path / "none.txt")],
+        [clock, "-o", str(tmp_path / "out1")], ["--output=" + str(tmp_path / "out2"), clock],
+        [clock, "-o", "/nonexistent/dir/x"],
+        # not the fast path's: click answers (usage errors, --help, profkit's own options)
+        [], [clock, clock], [str(tmp_path)], ["--samples", clock], ["--nosuch", clock],
+        ["--help"], ["--event-filter"], [clock, "-o", str(tmp_path)],
+    ]
+    click_code = "import sys; from profkit.cli import main; main(prog_name='profkit')"
+    for args in cases:
+        fast = subprocess.run([sys.executable, "-m", "profkit", "parse", "perf-script", *args],
+                              capture_output=True, timeout=60, cwd=tmp_path)
+        out_fast = {p.name: p.read_bytes() for p in tmp_path.glob("out*")}
+        for p in tmp_path.glob("out*"):
+            p.unlink()
+        slow = subprocess.run([sys.executable, "-c", click_code, "parse", "perf-script", *args],
+                              capture_output=True, timeout=60, cwd=tmp_path)
+        out_slow = {p.name: p.read_bytes() for p in tmp_path.glob("out*")}
+        for p in tmp_path.glob("out*"):
+            p.unlink()
+        assert (fast.returncode, fast.stdout, fast.stderr, out_fast) == \
+            (slow.returncode, slow.stdout, slow.stderr, out_slow), args
+        assert b"Traceback" not in fast.stderr, args
+    assert fast.returncode == 2  # the last case: -o a folder is click's usage error
+    # the fast path loads neither click nor pandas
+    code = ("import atexit, sys, runpy\n"
+            "atexit.register(lambda: sys.stderr.write(' '.join(sorted(sys.modules))))\n"
+            f"sys.argv = ['profkit', 'parse', 'perf-script', {clock!r}]\n"
+            "runpy.run_module('profkit', run_name='__main__')\n")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    mods = set(cp.stderr.decode().split())
+    assert cp.returncode == 0 and "profkit._fold" in mods and "click" not in mods
+    assert "pandas" not in mods
+    # stdout that cannot be written: one line, exit 1, as click's path says it
+    for runner in ([sys.executable, "-m", "profkit"], [sys.executable, "-c", click_code]):
+        with open("/dev/full", "wb") as full:
+            cp = subprocess.run([*runner, "parse", "perf-script", clock], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+        assert cp.returncode == 1 and cp.stderr.strip() == (
+            "profkit: cannot write to standard output: No space left on device"), cp.stderr

@@ -93,34 +93,21 @@ def _fold_fast(file: str, *, pid: bool, tid: bool, kernel: bool, jit: bool, addr
                event_filter: str | None, strict: bool, output: str | None) -> None:
     """`parse perf-script` in stackcollapse-perf.pl's default weighting: the same bytes
     as :func:`profkit.parse.perf_script.fold_perf_script`'s ``folded_bytes()`` (tested),
-    the same notes and errors, at the drop-in command's speed."""
-    from profkit.errors import ParseError
-    from profkit.stackcollapse import ReadFailed, fold_files, folded_bytes, notes
+    the same notes and errors, at the drop-in command's speed
+    (:func:`profkit.stackcollapse.fold_command`)."""
+    from profkit.stackcollapse import fold_command
 
-    try:
-        collapsed, stats = fold_files([file], pid=pid, tid=tid, kernel=kernel, jit=jit,
-                                      addrs=addrs, event_filter=event_filter or "",
-                                      strict=strict)
-    except ReadFailed as e:
-        if isinstance(e.cause, OSError):
-            raise ParseError(f"cannot read {e.name}: {e.cause.strerror}") from None
-        from profkit.parse.perf_script import _error
-
-        raise _error(*e.cause.args, e.what) from None
-    for line in notes(stats):
-        click.echo(line, err=True)
-    if event_filter is not None and stats["samples"] == 0 and stats["events"]:
-        # the Perl script prints nothing and exits 0 here: say why instead
-        events = ", ".join(e.decode("utf-8", "surrogateescape") for e in stats["events"])
-        raise ParseError(f"{file}: no sample of event {event_filter!r}; the file has "
-                         f"{events}: pass one of those to --event-filter")
-    _emit_bytes(folded_bytes(collapsed), output)
+    fold_command(file, pid=pid, tid=tid, kernel=kernel, jit=jit, addrs=addrs,
+                 event_filter=event_filter, strict=strict,
+                 note=lambda m: click.echo(m, err=True),
+                 emit=lambda data: _emit_bytes(data, output))
 
 
 def _emit_bytes(data: bytes, output: str | None) -> None:
     if output:
         Path(output).write_bytes(data)
-    else:
+        return
+    try:
         sys.stdout.flush()
         out = getattr(sys.stdout, "buffer", None)
         if out is None:  # a text-only stream (tests): names of non-UTF-8 bytes escaped
@@ -128,6 +115,8 @@ def _emit_bytes(data: bytes, output: str | None) -> None:
         else:
             out.write(data)
             out.flush()
+    except OSError as e:
+        raise StdoutFailed(e) from None
 
 
 @parse_group.command("gprof")
