@@ -113,7 +113,7 @@ def test_readme_documents_exit_status_and_completion() -> None:
 
 # Every `profkit X` in the README's command blocks, and the test below that runs it.
 README_COMMANDS = {
-    "build": "test_build", "cluster start": "test_cluster_psql_load_probe",
+    "build": "test_build / test_build_check", "cluster start": "test_cluster_psql_load_probe",
     "cluster psql": "test_cluster_psql_load_probe",
     "cluster stop": "test_cluster_psql_load_probe", "load": "test_cluster_psql_load_probe",
     "regress": "test_regress_error / test_regress_one_build",
@@ -207,6 +207,25 @@ def test_clock_cost(tmp_path: Path) -> None:
 def test_build() -> None:
     assert "vanilla" in profkit("build", "--list").stdout
     assert "unknown" in message(profkit("build", "no_such_preset", code=1))
+
+
+@pytest.mark.source
+def test_build_check() -> None:
+    """--check: each build resolves, its source is there, its patches apply (to a scratch
+    copy), nothing is compiled; one that does not is a FAILED row and exit status 1."""
+    pg19 = os.environ["PROFKIT_PG19_SOURCE"]
+    cp = profkit("build", "--check", "vanilla", "pg19/step5")
+    rows = [ln.split("\t") for ln in cp.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["vanilla", "pg19/step5"]
+    assert rows[0][1].startswith("18.") and rows[0][2] == "no patches"
+    assert rows[1][1] == "19beta1" and rows[1][3] == pg19
+    assert re.fullmatch(r"3 patches apply \(step1, step4, step5; \d+ files\)", rows[1][2])
+    assert rows[1][4] in ("built (cached)", "not built yet")
+    cp = profkit("build", "--check", "coarse_clock", "--source", pg19, code=1)
+    assert cp.stdout.startswith("coarse_clock\tFAILED\t") and "no patch for PostgreSQL 19" in \
+        cp.stdout
+    assert "1 of 1 builds do not resolve or their patches do not apply: coarse_clock" in \
+        message(cp)
 
 
 def test_regress_error() -> None:
