@@ -90,7 +90,8 @@ def _check(names: tuple[str, ...], source: str | None) -> None:
             continue
         n = len(c.patches)
         applied = (f"{n} {'patch applies' if n == 1 else 'patches apply'} "
-                   f"({', '.join(_stem(p) for p in c.patches)}; {c.files} files)"
+                   f"({', '.join(_stem(p) for p in c.patches)}; {c.files} "
+                   f"{'file' if c.files == 1 else 'files'})"
                    if n else "no patches")
         click.echo(f"{c.name}\t{c.version}\t{applied}\t{c.source}\t"
                    f"{'built (cached)' if c.cached else 'not built yet'}")
