@@ -1,7 +1,8 @@
-"""Folding speed: profkit against stackcollapse-perf.pl and perf's own collapser, one run.
+"""Folding speed: profkit against stackcollapse-perf.pl and perf's own collapser.
 
 On one `perf script` capture of a PostgreSQL backend (>= 50 MB of text makes the start-up
-costs small against the work), each tool runs once, wall time including start-up:
+costs small against the work), each tool runs (1-3: median of ``--runs``, interleaved;
+4-5 once), wall time including start-up:
 
 1. ``perl stackcollapse-perf.pl TEXT``                (FlameGraph; the reference)
 2. ``profkit-stackcollapse-perf TEXT``                (profkit's drop-in command, C core)
@@ -48,6 +49,9 @@ from pathlib import Path
 QUERY3 = ("EXPLAIN (ANALYZE TRUE, TIMING TRUE, BUFFERS FALSE) SELECT count(*) FROM test1 AS a, "
           "test2 AS b, test3 AS c WHERE a.id = c.id")
 ROOT = Path(__file__).resolve().parent.parent
+#: `profkit parse perf-script` should fold at least this many times faster than the Perl
+#: script, start-up included, on a capture of >= 50 MB
+GOAL_X = 20.0
 
 
 def _record(argv_target: list[str], out: Path, seconds: float, freq: int) -> None:
@@ -154,6 +158,8 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.05, help="nested_loop scale (default run)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep files here")
     ap.add_argument("--python", action="store_true", help="also time the Python reference")
+    ap.add_argument("--runs", type=int, default=5,
+                    help="folders: median of this many runs each (default 5)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="end to end: median of this many runs per perf script variant")
     args = ap.parse_args()
@@ -170,6 +176,12 @@ def main() -> int:
         raise SystemExit(f"stackcollapse-perf.pl not found in {suite} "
                          "(set PROFKIT_FLAMEGRAPH_SUITE)")
     bindir = Path(sys.executable).parent
+    # byte-compiled, as pip leaves an installed package (an editable install under
+    # PYTHONDONTWRITEBYTECODE would compile profkit's modules again on every run)
+    import profkit
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(profkit.__file__).parent)],
+                   check=True, stdout=subprocess.DEVNULL)
     dropin = bindir / "profkit-stackcollapse-perf"
     cli = bindir / "profkit"
     with ExitStack() as stack:
@@ -199,15 +211,28 @@ def main() -> int:
 
         rows: list[tuple[str, float, float, float, bool | None]] = []
         perl_out = work / "perl.folded"
-        t_perl, c_perl, rss_perl = _run(["perl", str(perl_script), str(text)], perl_out)
-        rows.append(("stackcollapse-perf.pl", t_perl, c_perl, rss_perl, None))
-        ref = perl_out.read_bytes()
-        for label, argv in (("profkit-stackcollapse-perf", [str(dropin), str(text)]),
-                            ("profkit parse perf-script", [str(cli), "parse", "perf-script",
-                                                           str(text)])):
-            out = work / "profkit.folded"
-            t, c, rss = _run(argv, out)
-            rows.append((label, t, c, rss, out.read_bytes() == ref))
+        folders = [("stackcollapse-perf.pl", ["perl", str(perl_script), str(text)]),
+                   ("profkit-stackcollapse-perf", [str(dropin), str(text)]),
+                   ("profkit parse perf-script", [str(cli), "parse", "perf-script", str(text)])]
+        # median of --runs runs each, interleaved (a change in the machine's load hits all
+        # three), start-up included; every run's output is compared with the Perl script's
+        runs: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in folders}
+        same: dict[str, bool] = {}
+        ref = b""
+        for _ in range(args.runs):
+            for label, argv in folders:
+                out = perl_out if label == "stackcollapse-perf.pl" else work / "profkit.folded"
+                runs[label].append(_run(argv, out))
+                if label == "stackcollapse-perf.pl":
+                    ref = perl_out.read_bytes()
+                else:
+                    same[label] = same.get(label, True) and out.read_bytes() == ref
+        for label, _argv in folders:
+            t = statistics.median(r[0] for r in runs[label])
+            c = statistics.median(r[1] for r in runs[label])
+            rss = max(r[2] for r in runs[label])
+            rows.append((label, t, c, rss, same.get(label)))
+        t_perl, c_perl = rows[0][1], rows[0][2]
         if args.python:
             out = work / "python.folded"
             code = ("import sys; from profkit.parse.perf_script import fold_perf_script as f; "
@@ -236,6 +261,13 @@ def main() -> int:
                   f"{c_perl / max(c, 1e-3):7.1f} {rss:11.1f}  {note}")
         print(f"load average after: {os.getloadavg()} (wall times on a busy machine include "
               "waiting for a CPU; CPU seconds do not)")
+        print(f"(the three folders: median of {args.runs} interleaved runs each; the others "
+              "one run)")
+        cli_row = next(r for r in rows if r[0] == "profkit parse perf-script")
+        print(f"profkit parse perf-script: {t_perl / cli_row[1]:.1f}x the Perl script's speed "
+              f"(wall, start-up included; goal >= {GOAL_X:g}x: "
+              f"{'met' if t_perl / cli_row[1] >= GOAL_X else 'missed'}), "
+              f"{c_perl / max(cli_row[2], 1e-3):.1f}x in CPU seconds")
 
         if data is not None:
             dmb = data.stat().st_size / 1e6

@@ -89,3 +89,8 @@ def flamegraphs_dir() -> Path:
     """Where flamegraphs go: ``$PROFKIT_FLAMEGRAPHS``, else ``flamegraphs/`` under
     :func:`home`."""
     return _output_dir("PROFKIT_FLAMEGRAPHS", "flamegraphs")
+
+
+#: The capture script for servers without profkit (plain sh; ``profkit record-script``
+#: writes a copy of it, ``profkit import`` reads what it records). Package data.
+RECORD_SCRIPT = Path(__file__).resolve().parent / "scripts" / "pk-record.sh"

@@ -13,16 +13,38 @@ Lines go to stderr, so a command's stdout stays its result.
 """
 from __future__ import annotations
 
-import html
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
-err_console = Console(stderr=True)
+
+class _ErrConsole:
+    """rich's Console on stderr, made on first use: importing rich costs a command line
+    that only prints its --help or --version a tenth of a second."""
+
+    _real: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        """The rich Console itself (for APIs that take one)."""
+        if self._real is None:
+            from rich.console import Console
+
+            type(self)._real = Console(stderr=True)
+        assert self._real is not None
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+#: stderr's rich Console (``err_console.print``, ``.status``, ``.rule``), made on first use.
+err_console: Any = _ErrConsole()
 
 ProgressFn = Callable[[str], None]
 
@@ -88,7 +110,7 @@ class Progress:
             self.kind = "rich"
             self._rich = RichProgress(SpinnerColumn(), TextColumn("{task.description}"),
                                       BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TimeRemainingColumn(), console=err_console,
+                                      TimeRemainingColumn(), console=err_console.console,
                                       transient=False)
             self._rich.start()
             if total is not None or description:
@@ -183,6 +205,8 @@ class Progress:
         bar = (f"<div style='display:inline-block;width:240px;height:12px;background:#ddd;"
                f"vertical-align:middle;margin-right:8px'><div style='width:{pct:.1f}%;"
                f"height:12px;background:#4C72B0'></div></div>") if frac is not None else ""
+        import html
+
         return f"<div style='font-family:monospace'>{bar}{html.escape(self.text())}</div>"
 
     def _refresh(self, force: bool = False) -> None:

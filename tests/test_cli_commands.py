@@ -120,7 +120,7 @@ def test_readme_documents_exit_status_and_completion() -> None:
 # Every `profkit X` the README and docs/*.md show (in ```sh blocks and `inline code`), and
 # every command of the CLI itself (docs/cli.md lists them all): the test below that runs it.
 README_COMMANDS = {
-    "build": "test_build", "cluster start": "test_cluster_psql_load_probe",
+    "build": "test_build / test_build_check", "cluster start": "test_cluster_psql_load_probe",
     "cluster psql": "test_cluster_psql_load_probe",
     "cluster stop": "test_cluster_psql_load_probe", "load": "test_cluster_psql_load_probe",
     "regress": "test_regress_error / test_regress_one_build",
@@ -280,6 +280,25 @@ def test_build() -> None:
     assert "unknown" in message(profkit("build", "no_such_preset", code=1))
 
 
+@pytest.mark.source
+def test_build_check() -> None:
+    """--check: each build resolves, its source is there, its patches apply (to a scratch
+    copy), nothing is compiled; one that does not is a FAILED row and exit status 1."""
+    pg19 = os.environ["PROFKIT_PG19_SOURCE"]
+    cp = profkit("build", "--check", "vanilla", "pg19/step5")
+    rows = [ln.split("\t") for ln in cp.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["vanilla", "pg19/step5"]
+    assert rows[0][1].startswith("18.") and rows[0][2] == "no patches"
+    assert rows[1][1] == "19beta1" and rows[1][3] == pg19
+    assert re.fullmatch(r"3 patches apply \(step1, step4, step5; \d+ files\)", rows[1][2])
+    assert rows[1][4] in ("built (cached)", "not built yet")
+    cp = profkit("build", "--check", "coarse_clock", "--source", pg19, code=1)
+    assert cp.stdout.startswith("coarse_clock\tFAILED\t") and "no patch for PostgreSQL 19" in \
+        cp.stdout
+    assert "1 of 1 builds do not resolve or their patches do not apply: coarse_clock" in \
+        message(cp)
+
+
 def test_regress_error() -> None:
     assert "no_such_preset" in message(profkit("regress", "no_such_preset", code=1))
 
@@ -383,6 +402,16 @@ def test_perf_command(tmp_path: Path) -> None:
     cp = profkit("perf", "vanilla", "--scale", str(SCALE), "--mode", "analyze_timing",
                  "--no-stat", "--out", str(tmp_path / "fg"), env=env)
     assert list((tmp_path / "fg").glob("*.svg")), cp.stdout
+    # Query-3 at this scale runs some 30 ms: too few samples, said with the fix, and no
+    # instrumentation share off them
+    m = re.search(r"too few samples for a profile: (\d+) .* the query ran [\d.]+ ms; at 999 Hz "
+                  r".* --reps (\d+)", message(cp))
+    assert m, cp.stderr
+    assert "instrumentation share (self): withheld" in cp.stdout
+    cp = profkit("perf", "vanilla", "--scale", str(SCALE), "--mode", "analyze_timing",
+                 "--no-stat", "--reps", m.group(2), "--out", str(tmp_path / "fg"), env=env)
+    assert "too few" not in cp.stderr
+    assert re.search(r"instrumentation share \(self\): \d+\.\d%", cp.stdout), cp.stdout
     assert "unknown build" in message(profkit("perf", "no-such-build", code=1))
 
 

@@ -209,3 +209,34 @@ def test_callgrind_collector_counts_instructions(ip, capsys, vanilla_build, tmp_
     df = ip.run_cell_magic("profkit", "--workload join_sum --scale 0.002", "SELECT 1 AS one")
     assert df is not None and int(df.iloc[0, 0]) == 1
     magics.REGISTRY.stop()
+
+
+@pytest.mark.pg
+def test_perf_collector_says_too_few_samples_and_reps_fix_it(ip, capsys, vanilla_build,
+                                                              tmp_path, monkeypatch):
+    """A few-millisecond query (join_sum at 0.02: a hash join of 20,000 rows and 20)
+    gives too few samples at 999 Hz: the magic says how long the query ran, what that
+    gave, and the --reps that fixes it, and prints no instrumentation share; with that
+    --reps the profile has >= MIN_SAMPLES samples and the share is back."""
+    import re
+
+    from profkit.collect.perf import MIN_SAMPLES
+
+    monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path))
+    line = "--workload join_sum --scale 0.02 --collector perf --mode plain"
+    fg = ip.run_cell_magic("profkit", line, "-- the workload's query")
+    out = capsys.readouterr().out
+    assert fg.total < MIN_SAMPLES, out
+    assert "too few samples for a profile" in out and "instrumentation" not in out, out
+    m = re.search(r"the query ran ([\d.]+) ms; at 999 Hz that is about (\d+) samples of CPU "
+                  r"time, perf kept (\d+)\. To fix: run the query more times in the "
+                  r"recording: --reps (\d+)", out)
+    assert m, out
+    ran_ms, kept, reps = float(m.group(1)), int(m.group(3)), int(m.group(4))
+    assert 0 < ran_ms < 100 and kept == fg.total
+    assert "too few" in fg._repr_html_()               # the flamegraph's subtitle says it
+    fg2 = ip.run_cell_magic("profkit", f"{line} --reps {reps}", "-- the workload's query")
+    out2 = capsys.readouterr().out
+    assert fg2.total >= MIN_SAMPLES, out2
+    assert "too few" not in out2 and re.search(r"instrumentation \d+\.\d% of them", out2)
+    magics.REGISTRY.stop()

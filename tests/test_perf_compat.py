@@ -469,3 +469,131 @@ def test_cli_event_filter_that_matches_nothing_is_an_error() -> None:
     assert "no sample of event 'nosuch'" in r.output and "cpu-clock:ppp" in r.output
     r = CliRunner().invoke(main, ["parse", "perf-script", "--event-filter", "cpu-clock:ppp", src])
     assert r.exit_code == 0 and r.output.endswith("read_clock 17017017\n"), r.output[-200:]
+
+
+# ------------------------------------- `profkit parse perf-script`: the compiled path
+
+CLI_OPTION_SETS: list[tuple[str, ...]] = [
+    (), ("--strict",), ("--pid", "--tid"), ("--all", "--addrs"), ("--kernel",), ("--jit",),
+    ("--event-filter", "cpu-clock:ppp"), ("--event-filter", "cpu-clock:ppp", "--tid"),
+]
+
+
+def _cli_inputs(tmp_path: Path) -> list[Path]:
+    out = []
+    for p in sorted(FIX.glob("*.perf-script.txt*")):
+        if p.suffix == ".gz":      # the fast path reads plain text (.gz takes the other one)
+            q = tmp_path / p.name.removesuffix(".gz")
+            q.write_bytes(_read(p))
+            p = q
+        out.append(p)
+    if SUITE is not None:
+        out += sorted((SUITE / "test").glob("*.txt"))
+    return out
+
+
+def test_cli_fold_takes_the_compiled_path_and_prints_the_same_bytes(tmp_path: Path) -> None:
+    """`profkit parse perf-script FILE` in stackcollapse-perf.pl's weighting goes through
+    profkit.stackcollapse (no str per stack, no pandas), and prints byte for byte what
+    fold_perf_script(...).folded_bytes() gives, with the same notes and errors."""
+    from click.testing import CliRunner
+
+    from profkit.cli import main
+
+    flags = {"--strict": "strict", "--pid": "pid", "--tid": "tid", "--all": "all",
+             "--addrs": "addrs", "--kernel": "kernel", "--jit": "jit"}
+    runner = CliRunner()
+    checked = 0
+    for path in _cli_inputs(tmp_path):
+        for opts in CLI_OPTION_SETS:
+            kw: dict[str, object] = {flags[o]: True for o in opts if o in flags}
+            if "--event-filter" in opts:
+                kw["event_filter"] = opts[opts.index("--event-filter") + 1]
+            warnings: list[str] = []
+            try:
+                ref = fold_perf_script(path, implementation="c", warn=warnings.append, **kw)
+                expected: tuple[int, bytes] = (0, ref.folded_bytes())
+                if "event_filter" in kw and ref.samples == 0 and ref.events:
+                    expected = (1, b"")
+            except ParseError as e:
+                expected, warnings = (1, b""), [f"profkit: {e}"]
+            r = runner.invoke(main, ["parse", "perf-script", *opts, str(path)])
+            assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+            assert (r.exit_code, r.stdout_bytes if r.exit_code == 0 else b"") == expected, \
+                (path.name, opts)
+            if expected[0] == 0:
+                assert r.stderr.splitlines() == warnings, (path.name, opts)
+            elif warnings and warnings[0].startswith("profkit: "):
+                assert r.stderr.strip() == warnings[0], (path.name, opts)
+            checked += 1
+    assert checked >= 13 * len(CLI_OPTION_SETS)
+    # -o FILE and stdin (`-`) too
+    src = FIX / "clockloop.perf-script.txt"
+    r = runner.invoke(main, ["parse", "perf-script", str(src), "-o", str(tmp_path / "o")])
+    assert r.exit_code == 0 and (tmp_path / "o").read_bytes() == _ours(src, "c")
+    r = runner.invoke(main, ["parse", "perf-script", "-"], input=src.read_bytes())
+    assert r.exit_code == 0 and r.stdout_bytes == _ours(src, "c")
+    # the command itself, as a user runs it: the compiled core, pandas never imported
+    code = ("import atexit, sys, runpy\n"
+            "atexit.register(lambda: sys.stderr.write(' '.join(sorted(sys.modules))))\n"
+            f"sys.argv = ['profkit', 'parse', 'perf-script', {str(src)!r}]\n"
+            "runpy.run_module('profkit', run_name='__main__')\n")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert cp.returncode == 0 and cp.stdout == _ours(src, "c")
+    mods = set(cp.stderr.decode().split())
+    assert "profkit._fold" in mods and "pandas" not in mods
+    assert "profkit.parse.perf_script" not in mods
+
+
+def test_fast_command_line_answers_as_click_does(tmp_path: Path) -> None:
+    """`profkit parse perf-script` with stackcollapse-perf.pl's options is answered without
+    click (profkit.__main__ → profkit.stackcollapse.command_main); anything else goes to
+    click. Either way, the same exit status, stdout and stderr as the click command."""
+    q3 = tmp_path / "q3.txt"
+    q3.write_bytes(_read(FIX / "pg18-query3.perf-script.txt.gz"))
+    clock = str(FIX / "clockloop.perf-script.txt")
+    garbled = str(FIX / "garbled-frame.perf-script.txt")
+    cases: list[list[str]] = [
+        [clock], [str(q3)], ["--pid", "--tid", str(q3)], ["--all", "--addrs", str(q3)],
+        ["--kernel", "--jit", clock], ["--event-filter", "cpu-clock:ppp", clock],
+        ["--event-filter=cpu-clock:ppp", "--tid", clock], ["--event-filter", "nosuch", clock],
+        ["--strict", garbled], [garbled], ["--strict", str(FIX / "truncated-midline.perf-script.txt")],
+        [str(FIX / "empty.perf-script.txt")], [str(tmp_path / "none.txt")],
+        [clock, "-o", str(tmp_path / "out1")], ["--output=" + str(tmp_path / "out2"), clock],
+        [clock, "-o", "/nonexistent/dir/x"],
+        # not the fast path's: click answers (usage errors, --help, profkit's own options)
+        [], [clock, clock], [str(tmp_path)], ["--samples", clock], ["--nosuch", clock],
+        ["--help"], ["--event-filter"], [clock, "-o", str(tmp_path)],
+    ]
+    click_code = "import sys; from profkit.cli import main; main(prog_name='profkit')"
+    for args in cases:
+        fast = subprocess.run([sys.executable, "-m", "profkit", "parse", "perf-script", *args],
+                              capture_output=True, timeout=60, cwd=tmp_path)
+        out_fast = {p.name: p.read_bytes() for p in tmp_path.glob("out*")}
+        for p in tmp_path.glob("out*"):
+            p.unlink()
+        slow = subprocess.run([sys.executable, "-c", click_code, "parse", "perf-script", *args],
+                              capture_output=True, timeout=60, cwd=tmp_path)
+        out_slow = {p.name: p.read_bytes() for p in tmp_path.glob("out*")}
+        for p in tmp_path.glob("out*"):
+            p.unlink()
+        assert (fast.returncode, fast.stdout, fast.stderr, out_fast) == \
+            (slow.returncode, slow.stdout, slow.stderr, out_slow), args
+        assert b"Traceback" not in fast.stderr, args
+    assert fast.returncode == 2  # the last case: -o a folder is click's usage error
+    # the fast path loads neither click nor pandas
+    code = ("import atexit, sys, runpy\n"
+            "atexit.register(lambda: sys.stderr.write(' '.join(sorted(sys.modules))))\n"
+            f"sys.argv = ['profkit', 'parse', 'perf-script', {clock!r}]\n"
+            "runpy.run_module('profkit', run_name='__main__')\n")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    mods = set(cp.stderr.decode().split())
+    assert cp.returncode == 0 and "profkit._fold" in mods and "click" not in mods
+    assert "pandas" not in mods
+    # stdout that cannot be written: one line, exit 1, as click's path says it
+    for runner in ([sys.executable, "-m", "profkit"], [sys.executable, "-c", click_code]):
+        with open("/dev/full", "wb") as full:
+            cp = subprocess.run([*runner, "parse", "perf-script", clock], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+        assert cp.returncode == 1 and cp.stderr.strip() == (
+            "profkit: cannot write to standard output: No space left on device"), cp.stderr

@@ -1,4 +1,5 @@
-"""Issue 15, part 3: scripts/pk-record.sh (plain sh, dash) and ``profkit import``.
+"""The capture script pk-record.sh (plain sh, dash; package data in profkit/scripts/,
+``scripts/pk-record.sh`` links to it) and ``profkit import``.
 
 The real test records a backend of a vanilla cluster running a query, with PATH holding
 only symlinks to the programs the script's header lists (and dash), then imports the
@@ -20,7 +21,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "pk-record.sh"
+SCRIPT = ROOT / "profkit" / "scripts" / "pk-record.sh"
 NEEDED = ("perf", "tar", "gzip", "uname", "date", "sleep", "mkdir", "rm", "cp")
 
 
@@ -41,10 +42,38 @@ def _record(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.Comp
 
 
 def test_header_lists_what_the_script_checks():
+    from profkit.paths import RECORD_SCRIPT
+
+    assert RECORD_SCRIPT == SCRIPT and (ROOT / "scripts" / "pk-record.sh").resolve() == SCRIPT
     text = SCRIPT.read_text()
     assert text.startswith("#!/bin/sh\n")
     assert "#   " + " ".join(NEEDED) in text
     assert f"for tool in {' '.join(NEEDED)}; do" in text
+
+
+def test_record_script_command_writes_the_script(tmp_path):
+    """`profkit record-script` gives the packaged script: stdout, or -o FILE/DIR (0755)."""
+    def pk(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "profkit", "record-script", *args],
+                              capture_output=True, timeout=60, cwd=tmp_path)
+
+    cp = pk()
+    assert cp.returncode == 0 and cp.stdout == SCRIPT.read_bytes()
+    cp = pk("-o", "pk.sh")
+    assert cp.returncode == 0 and cp.stdout.decode().strip() == "pk.sh"
+    assert (tmp_path / "pk.sh").read_bytes() == SCRIPT.read_bytes()
+    assert (tmp_path / "pk.sh").stat().st_mode & 0o777 == 0o755
+    (tmp_path / "srv").mkdir()
+    cp = pk("-o", "srv")
+    assert cp.returncode == 0 and (tmp_path / "srv" / "pk-record.sh").stat().st_mode & 0o111
+    assert sorted(p.name for p in (tmp_path / "srv").iterdir()) == ["pk-record.sh"]
+    cp = pk("-o", str(tmp_path / "no" / "such" / "dir" / "x.sh"))
+    assert cp.returncode == 1 and b"Traceback" not in cp.stderr
+    assert cp.stderr.decode().strip().startswith("profkit: ") and b"No such file" in cp.stderr
+    # the copy runs as the original does
+    cp = subprocess.run(["dash", str(tmp_path / "pk.sh"), "abc"], capture_output=True,
+                        text=True, timeout=60)
+    assert cp.returncode == 1 and "PID must be a number" in cp.stderr
 
 
 def test_shellcheck_clean_and_dash_parses():
@@ -238,3 +267,71 @@ def test_record_one_query_through_psql_then_import(tmp_path, vanilla_build):
     assert in_executor / sum(weight.values()) > 0.9
     svg = rd.file("flamegraph.svg").read_text()
     assert "generate_series_step_int4" in svg and "ExecAgg" in svg
+
+
+@pytest.mark.pg
+def test_a_short_query_says_too_few_samples_and_repeat_gives_a_profile(tmp_path,
+                                                                       vanilla_build):
+    """join_sum at scale 0.02 (a hash join of 20,000 rows and 20, a few ms) recorded once
+    at 999 Hz: the import says how long the query ran (psql's timing), how many samples
+    that gave and the --repeat that fixes it; recorded again with that --repeat (same
+    session, perf across all runs), the import names N and the profile has enough."""
+    import re
+
+    from profkit.collect.perf import MIN_SAMPLES
+    from profkit.pg.cluster import Cluster
+    from profkit.pg.workloads import get_workload
+    from profkit.rundir import load_run
+
+    _query_bin_dir(tmp_path)
+    wl = get_workload("join_sum")
+    q = tmp_path / "q.sql"
+    q.write_text(wl.select_sql + "\n")
+
+    def imp(tarball: Path, out: str) -> subprocess.CompletedProcess:
+        cp = subprocess.run([sys.executable, "-m", "profkit", "import", str(tarball), "--out",
+                             str(tmp_path / out), "--flamegraphs", str(tmp_path / "fg")],
+                            capture_output=True, text=True, timeout=300)
+        assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr
+        return cp
+
+    with Cluster(vanilla_build, name="pk-record-short") as cl:
+        with cl.connect() as conn:
+            wl.load(conn, 0.02)
+            conn.execute(wl.select_sql).fetchall()           # warm, as a user's server is
+        once = _record_query(tmp_path, "--query-file", str(q), "-o", str(tmp_path / "1.tgz"),
+                             "--", cl.dsn)
+        assert once.returncode == 0, once.stderr
+        cp = imp(tmp_path / "1.tgz", "p1")
+        msg = " ".join(cp.stderr.split())
+        m = re.search(r"too few samples for a profile: (\d+) \(shares need >= 100.*\): the "
+                      r"query ran ([\d.]+) ms; at 999 Hz that is about (\d+) samples of CPU "
+                      r"time, perf kept (\d+)\. To fix: run the query more times in the "
+                      r"recording: pk-record\.sh --repeat (\d+)", msg)
+        assert m, msg
+        n, ran_ms, kept, repeat = (int(m.group(1)), float(m.group(2)), int(m.group(4)),
+                                   int(m.group(5)))
+        rd = load_run(tmp_path / "p1" / "latest")
+        cap = rd.provenance["capture"]
+        assert cap["repeat"] == "1" and n == kept < MIN_SAMPLES
+        assert abs(sum(float(t) for t in cap["query_ms"].split()) - ran_ms) < 0.1
+        assert 0 < ran_ms < 100, ran_ms
+        assert "query: ran 1 time in one session" in cp.stdout
+        assert "too few" in rd.file("flamegraph.svg").read_text()
+        # the fix it gave
+        many = _record_query(tmp_path, "--query-file", str(q), "--repeat", str(repeat), "-o",
+                             str(tmp_path / "n.tgz"), "--", cl.dsn)
+        assert many.returncode == 0, many.stderr
+    cp = imp(tmp_path / "n.tgz", "pn")
+    assert "too few" not in cp.stderr, cp.stderr
+    assert f"query: ran {repeat} times in one session in " in cp.stdout
+    rd = load_run(tmp_path / "pn" / "latest")
+    cap = rd.provenance["capture"]
+    assert cap["repeat"] == str(repeat) and len(cap["query_ms"].split()) == repeat
+    fn = pd.read_parquet(rd.file("functions.parquet"))
+    assert fn["self"].sum() >= MIN_SAMPLES
+    assert {"ExecHashJoin", "ExecAgg"} & set(fn["function"]) or any(
+        "HashJoin" in f for f in fn["function"]), sorted(fn["function"])[:40]
+    # the output kept is the last run's, once: sum(i*i, i = 1..20)
+    assert rd.file("query-output.txt").read_text().split() == ["2870"]
+    assert not list(tmp_path.glob("pk-record-*")), "the script's temp dirs are removed"

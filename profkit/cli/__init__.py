@@ -11,8 +11,6 @@ named after it and imports its experiment inside the command function, so ``prof
 """
 from __future__ import annotations
 
-import logging
-
 import click
 
 from profkit import __version__
@@ -27,6 +25,8 @@ def main(verbose: bool) -> None:
 
     Exit status: 0 success, 1 the work failed (the message says why and what to do),
     2 usage error, 130 interrupted. Shell completion: see the README."""
+    import logging  # here, not at the top: --help and --version never need it
+
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
 
@@ -67,6 +67,7 @@ COMMANDS: list[click.Command] = [
     profile.gprof_cmd,
     profile.pyspy_cmd,
     profile.import_cmd,
+    profile.record_script_cmd,
     timing_accuracy.timing_accuracy_cmd,
 ]
 

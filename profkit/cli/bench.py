@@ -5,12 +5,12 @@ exit status 2; Ctrl-C stops everything profkit started (exit 130).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from profkit.errors import ProfkitError
 from profkit.cli.common import friendly as _friendly
@@ -18,10 +18,16 @@ from profkit.cli.common import emit_json, err_console, json_option
 from profkit.cli.common import say as _say
 
 
-out_console = Console()
-if not out_console.is_terminal:
-    # piped or in CI: the seed-style table is wider than rich's default 80 columns
-    out_console = Console(width=150)
+@functools.cache
+def _out_console() -> Any:
+    """rich's Console on stdout (imported here: the command line starts without rich)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        # piped or in CI: the seed-style table is wider than rich's default 80 columns
+        console = Console(width=150)
+    return console
 
 #: ``profkit reproduce`` defaults.  The instruction counts (callgrind, deterministic) carry
 #: the ordering of the builds; CPU time on this kind of 2-core VM moves by more than the
@@ -52,10 +58,10 @@ def _print_results(files: Any) -> None:
     from profkit.render.bench_report import console_report
 
     for part in console_report(files.summary, files.comparisons):
-        out_console.print(part, highlight=False)
+        _out_console().print(part, highlight=False)
     for line in getattr(files, "notes", ()):
-        out_console.print(line, highlight=False)
-    out_console.print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
+        _out_console().print(line, highlight=False)
+    _out_console().print(f"report: {files.report_md}\nsummary: {files.summary_csv}\n"
                       f"chart: {files.chart_png} (+ .svg)", highlight=False)
 
 
@@ -181,7 +187,7 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
                    "comparisons": files.comparisons if files.comparisons is not None else []})
         return
     _print_results(files)
-    out_console.print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
+    _out_console().print(f"run: {res.out_dir} (latest → {res.run_id})", highlight=False)
 
 
 @click.command("reproduce")
@@ -226,7 +232,7 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
         _warn_instructions(res.provenance)
         err_console.rule("result")
         _print_results(files)
-        out_console.print(f"run: {res.out_dir} (profiles/latest → {res.run_id})",
+        _out_console().print(f"run: {res.out_dir} (profiles/latest → {res.run_id})",
                           highlight=False)
 
     done = reproduce(add_builds(builds, REPRO_PG19_BUILDS) if pg19 else builds, scale=scale, reps=reps,
@@ -234,9 +240,9 @@ def reproduce_cmd(builds: str, scale: float, reps: int, warmup: int, instr_scale
                      flamegraphs=not no_flamegraphs, order_seed=order_seed, out=out,
                      stage=err_console.rule, progress=_say, on_result=shown)
     if done.flamegraphs:
-        out_console.print("flamegraphs: " + ", ".join(str(p) for p in done.flamegraphs),
+        _out_console().print("flamegraphs: " + ", ".join(str(p) for p in done.flamegraphs),
                           highlight=False)
     t = done.seconds
-    out_console.print(f"wall time: builds {t['builds']:.0f} s, benchmark + instruction counts "
+    _out_console().print(f"wall time: builds {t['builds']:.0f} s, benchmark + instruction counts "
                       f"{t['benchmark']:.0f} s, flamegraphs {t['flamegraphs']:.0f} s; total "
                       f"{t['total']:.0f} s", highlight=False)

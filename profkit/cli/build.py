@@ -21,9 +21,13 @@ from profkit.cli.common import Failed, err_console, friendly, say
               help="Extra ./configure option for NAME (repeatable).")
 @click.option("--cflags", default="", help="Extra CFLAGS for NAME, after the base's.")
 @click.option("--list", "list_", is_flag=True, help="List presets and cached builds.")
+@click.option("--check", "--dry-run", "check", is_flag=True,
+              help="Compile nothing: resolve each build (all presets when none is named), get "
+                   "its source, and apply its patches to a scratch copy; report each.")
 @friendly
 def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, ...],
-          base: str, configure_opts: tuple[str, ...], cflags: str, list_: bool) -> None:
+          base: str, configure_opts: tuple[str, ...], cflags: str, list_: bool,
+          check: bool) -> None:
     """Build PostgreSQL variants (cached; an unchanged build is never rebuilt).
 
     A preset prefixed pg19/ (pg19/vanilla, pg19/step5) is built from PostgreSQL 19:
@@ -31,7 +35,9 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
     else debian:postgresql-19 (Debian's experimental suite).  The prefix works wherever a
     build is named (bench --builds, cluster start, regress).
 
-    NAME --patch FILE [--patch FILE ...]: a named build of your own patches on --base."""
+    NAME --patch FILE [--patch FILE ...]: a named build of your own patches on --base.
+
+    --check: a dry run that shows each build resolves and its patches apply."""
     from profkit.pg.build import custom_specs, define_build, get_build, list_builds
     from profkit.pg.build import presets as all_presets
 
@@ -39,6 +45,11 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
     if custom and len(presets) != 1:
         raise Failed("--patch/--configure/--cflags make one named build: "
                      "profkit build NAME --patch FILE [--patch FILE ...]")
+    if check:
+        if custom or list_:
+            raise Failed("--check takes build names only (define a named build first)")
+        _check(presets or tuple(all_presets()), source)
+        return
     if list_ or not presets:
         mine = custom_specs()
         for name, spec in all_presets().items():
@@ -61,3 +72,35 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
         with err_console.status(f"building {p}"):
             b = get_build(p, source=source, progress=say)
         click.echo(f"{b.name}\t{b.version}\t{b.prefix}")
+
+
+def _check(names: tuple[str, ...], source: str | None) -> None:
+    """One line per build on stdout (NAME, version, what applies); one error at the end."""
+    from profkit.errors import ProfkitError
+    from profkit.pg.build import check_build
+
+    failed: list[str] = []
+    for name in names:
+        try:
+            with err_console.status(f"checking {name}"):
+                c = check_build(name, source=source)
+        except ProfkitError as e:
+            failed.append(name)
+            click.echo(f"{name}\tFAILED\t{e}")
+            continue
+        n = len(c.patches)
+        applied = (f"{n} {'patch applies' if n == 1 else 'patches apply'} "
+                   f"({', '.join(_stem(p) for p in c.patches)}; {c.files} "
+                   f"{'file' if c.files == 1 else 'files'})"
+                   if n else "no patches")
+        click.echo(f"{c.name}\t{c.version}\t{applied}\t{c.source}\t"
+                   f"{'built (cached)' if c.cached else 'not built yet'}")
+    if failed:
+        raise ProfkitError(f"{len(failed)} of {len(names)} builds do not resolve or their patches "
+                           f"do not apply: {', '.join(failed)} (each one's reason is above)")
+
+
+def _stem(path: str) -> str:
+    from pathlib import Path
+
+    return Path(path).stem

@@ -6,6 +6,8 @@ stacks (:mod:`profkit.experiments.profile`), and prints a short summary.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from profkit.cli.common import Failed as _Failed
@@ -129,6 +131,50 @@ def pyspy_cmd(pid: int | None, duration: float, rate: int, native: bool, idle: b
         raise _Failed("give either --pid PID or a command after --")
     click.echo(pyspy_run(pid=pid, command=command, duration=duration, rate=rate,
                          native=native, idle=idle, label=label, top=top_n, out=out).console())
+
+
+# --------------------------------------------------------------------------- record-script
+
+@click.command("record-script")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the script here (mode 0755; into FILE/pk-record.sh when FILE is a "
+                   "folder) instead of standard output.")
+@_friendly
+def record_script_cmd(output: str | None) -> None:
+    """Write pk-record.sh, the capture script for a server without profkit (plain sh and
+    perf): copy it there, record a backend or one query, bring the tarball back to
+    `profkit import`. Its usage: `sh pk-record.sh --help`."""
+    import os
+    import sys
+
+    from profkit.paths import RECORD_SCRIPT
+
+    data = RECORD_SCRIPT.read_bytes()
+    if output is None:
+        out = sys.stdout.buffer
+        try:
+            out.write(data)
+            out.flush()
+        except OSError as e:
+            from profkit.cli.common import StdoutFailed
+
+            raise StdoutFailed(e) from None
+        return
+    dest = Path(output)
+    if dest.is_dir():
+        dest = dest / RECORD_SCRIPT.name
+    if not dest.parent.is_dir():
+        raise OSError(2, "No such file or directory (create the folder first)", str(dest.parent))
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.chmod(0o755)
+        tmp.replace(dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    click.echo(str(dest))
+    _say(f"copy it to the server and run it there, e.g. `sh {dest.name} --query-file q.sql "
+         f"--repeat 20 -- 'dbname=…'`; then `profkit import` the .tar.gz it writes")
 
 
 # --------------------------------------------------------------------------- import

@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import gzip
 import logging
+import math
 import os
 import re
 import shutil
@@ -486,6 +487,122 @@ class PerfProfile:
         """The *n* functions with the most self samples."""
         cols = ["function", "module", "self", "self_share", "total", "total_share"]
         return self.functions[cols].head(n).reset_index(drop=True)
+
+
+#: The fewest samples a profile's shares mean something with. A function holding a share p
+#: of the time shows up in a profile of n samples with a binomial standard error of
+#: sqrt(p(1-p)/n): for a 5 % function that is ±2.2 points at n = 100 (its share reads
+#: 1-9 % at 95 %), ±6.9 points at 10, and at 2 samples every share is 0, 50 or 100 %.
+#: Below this, profkit says how many samples the recording gave and how to get more, and
+#: withholds its one-number summary (the instrumentation share): a single percentage is
+#: what gets quoted, and off 2 samples it is noise. Tables keep their sample counts.
+MIN_SAMPLES = 100
+
+
+@dataclass(frozen=True)
+class SampleShortfall:
+    """A recording with fewer than :data:`MIN_SAMPLES` samples, and what it ran."""
+
+    samples: int
+    freq: int | None                # perf record -F
+    seconds: float | None           # how long the recorded work ran (all repetitions)
+    reps: int = 1                   # repetitions of the query (1: once, or not a query)
+    query: bool = True              # a query ran while recording (else: a backend for seconds)
+    minimum: int = MIN_SAMPLES
+
+    def per_rep(self) -> float:
+        """Samples one repetition gave (the expected count from the frequency when perf
+        kept none)."""
+        if self.samples > 0:
+            return self.samples / max(self.reps, 1)
+        if self.freq and self.seconds:
+            return max(self.freq * self.seconds / max(self.reps, 1), 0.01)
+        return 0.01
+
+    def repeat_needed(self) -> int:
+        """Repetitions that give the minimum, with a 25 % margin."""
+        return max(2, math.ceil(1.25 * self.minimum / self.per_rep()))
+
+    def message(self, *, freq_flag: str = "--freq", repeat_flag: str | None = "--reps",
+                max_freq: int | None = None) -> str:
+        """What happened and what to do, in the words of the front door that recorded it
+        (*freq_flag*, *repeat_flag*: its options; *max_freq*: the highest -F worth
+        suggesting, default 10x the one used)."""
+        n = self.samples
+        head = (f"too few samples for a profile: {n} (shares need >= {self.minimum}: a "
+                f"5 % function's share is then known to about ±2 points)")
+        hz = f"{self.freq:g} Hz" if self.freq else "the frequency used"
+        if self.query and self.seconds is not None:
+            times = f" ({self.reps} runs)" if self.reps > 1 else ""
+            ran = (f"the query ran {_fmt_s(self.seconds)}{times}; at {hz} that is about "
+                   f"{(self.freq or 0) * self.seconds:.0f} samples of CPU time, perf kept {n}")
+        elif self.seconds is not None:
+            ran = (f"the backend was recorded for {_fmt_s(self.seconds)} and was on a CPU for "
+                   f"about {_fmt_s(n / self.freq) if self.freq else '?'} of it ({n} samples at "
+                   f"{hz})")
+        else:
+            ran = f"{n} samples at {hz}"
+        fixes = []
+        if self.query and repeat_flag:
+            fixes.append(f"run the query more times in the recording: {repeat_flag} "
+                         f"{self.repeat_needed()}")
+        if not self.query:
+            fixes.append("record while the backend is busy, or for longer (or record a query, "
+                         f"repeated: {repeat_flag or 'N times'})")
+        aside = ""
+        if self.freq:
+            want = math.ceil(self.freq * 1.25 * self.minimum / max(n, 1))
+            cap = max_freq or self.freq * 10
+            if want <= cap:
+                fixes.append(f"raise the frequency: {freq_flag} {want}")
+            else:
+                aside = f" (a higher {freq_flag} alone would need {freq_flag} {want}, over {cap})"
+        return f"{head}: {ran}. To fix: {'; or '.join(fixes)}{aside}."
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def max_sample_rate() -> int | None:
+    """This kernel's ceiling on perf's frequency (kernel.perf_event_max_sample_rate)."""
+    try:
+        return int(Path("/proc/sys/kernel/perf_event_max_sample_rate").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sample_shortfall(prof: PerfProfile) -> SampleShortfall | None:
+    """None when *prof* has at least :data:`MIN_SAMPLES` samples; else what it ran, read
+    from its run's provenance (a profkit recording, or a pk-record.sh capture imported)."""
+    n = int(prof.folding.samples)
+    if n >= MIN_SAMPLES:
+        return None
+    prov = prof.run.provenance
+    cap = prov.get("capture") or {}
+    freq = prof.run.get("perf.freq") or cap.get("freq")
+    reps = prov.get("reps") or cap.get("repeat") or 1
+    seconds: float | None = None
+    query = True
+    if prov.get("query_seconds"):
+        seconds = float(sum(prov["query_seconds"]))
+    elif cap.get("query_ms"):
+        seconds = sum(float(t) for t in str(cap["query_ms"]).split()) / 1000
+    elif cap:
+        query = cap.get("what") == "query"
+        try:
+            seconds = float(cap["seconds"]) if cap.get("seconds") else None
+        except ValueError:
+            seconds = None
+    else:
+        query = bool(prov.get("query"))
+        seconds = prov.get("recording_seconds")
+    try:
+        return SampleShortfall(samples=n, freq=int(freq) if freq else None,
+                               seconds=float(seconds) if seconds is not None else None,
+                               reps=int(reps), query=query)
+    except (TypeError, ValueError):
+        return SampleShortfall(samples=n, freq=None, seconds=None, query=query)
 
 
 def _build_id(path: str | os.PathLike[str]) -> str | None:

@@ -39,7 +39,13 @@ from profkit.collect.perf import (
 )
 from profkit.errors import ProbeError, ProfkitError
 from profkit.experiments.probe import EXPLAIN, _baseline, _sql_failed, check_query, probe_nodes
-from profkit.experiments.profile import ProfileRun, flamegraph_dir, flamegraph_for, top_functions
+from profkit.experiments.profile import (
+    ProfileRun,
+    flamegraph_dir,
+    flamegraph_for,
+    shortfall_lines,
+    top_functions,
+)
 from profkit.pg.cluster import connect_dsn, redact_dsn
 from profkit.pg.workloads import EXPLAIN_PREFIX, get_workload, workload_spec
 from profkit.rundir import load_run, open_run
@@ -173,6 +179,7 @@ def perf_attached(*, pid: int | None = None, dsn: str | None = None, sql: str | 
                                        stat=stat, binary=exe)
                 rd.file(QUERY_OUTPUT).write_text(format_rows(res.rows))
                 rd.add_artifact(QUERY_OUTPUT, "the query's output (last repetition)")
+                rd.update(query_seconds=[round(x, 6) for x in res.seconds])
             else:
                 say(f"recording backend {pid} for {seconds:g} s (perf, {freq} Hz)")
                 record_pid(pid, lambda: time.sleep(seconds), run=rd, freq=freq,
@@ -211,7 +218,9 @@ def perf_attached_run(*, pid: int | None = None, dsn: str | None = None,
                          title=f"{rep.version or 'PostgreSQL'}: backend "
                                f"{prof.run.get('target.pid')} (perf)")
     return ProfileRun(prof, svg, [f"binary: {rep.describe()}",
-                                  f"run {prof.run.run_id}: {prof.folding.samples} samples"],
+                                  f"run {prof.run.run_id}: {prof.folding.samples} samples",
+                                  *shortfall_lines(prof, "--freq", "--reps" if dsn is not None
+                                                   else "--dsn DSN --reps N")],
                       [(f"top {top} functions by self samples:", top_functions(prof, top))])
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from profkit import rundir
+from profkit.collect.perf import max_sample_rate, sample_shortfall
 from profkit.errors import ProfkitError
 from profkit.experiments import probe, profile
 from profkit.pg.build import Build, get_build, resolve_spec
@@ -238,11 +239,19 @@ def _run_perf(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellRe
         prof = profile.perf_on_cluster(s.cluster, conn, sql, binary=s.build.postgres,
                                        reps=req.reps, mode=req.mode, workload=req.workload,
                                        scale=req.scale, freq=req.freq)
-    fg = FlameGraph(prof.counts, title=f"{req.build}: {req.mode}",
-                    provenance=prof.run.subtitle_facts())
-    return CellResult(fg, f"{req.build}: {prof.folding.samples} samples, instrumentation "
-                          f"{prof.instrumentation_share:.1%} of them; run directory "
-                          f"{prof.run.path}", run_dir=prof.run.path)
+    facts = prof.run.subtitle_facts()
+    short = sample_shortfall(prof)
+    if short is not None:
+        # no share off a handful of samples: say why, and how to get enough
+        fix = short.message(freq_flag="--freq", repeat_flag="--reps",
+                            max_freq=max_sample_rate())
+        note = f"{req.build}: {fix} Run directory {prof.run.path}"
+        facts["samples"] = f"{prof.folding.samples} (too few: shares need >= {short.minimum})"
+    else:
+        note = (f"{req.build}: {prof.folding.samples} samples, instrumentation "
+                f"{prof.instrumentation_share:.1%} of them; run directory {prof.run.path}")
+    fg = FlameGraph(prof.counts, title=f"{req.build}: {req.mode}", provenance=facts)
+    return CellResult(fg, note, run_dir=prof.run.path)
 
 
 def _run_ltrace(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellResult:

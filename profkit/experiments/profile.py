@@ -31,7 +31,16 @@ from profkit.collect.gprof import (
     parse_run,
     profiling_build_name,
 )
-from profkit.collect.perf import PerfProfile, fold_run, perf_path, record_query, run_query
+from profkit.collect.perf import (
+    MIN_SAMPLES,
+    PerfProfile,
+    fold_run,
+    max_sample_rate,
+    perf_path,
+    record_query,
+    run_query,
+    sample_shortfall,
+)
 from profkit.errors import ProfkitError
 from profkit.parse.callgrind import instr_counts_from_session, parse_callgrind_file
 from profkit.paths import flamegraphs_dir
@@ -57,7 +66,9 @@ def flamegraph_for(counts: dict[str, float], run: Any, path: Path, *, title: str
     """Render *counts* with the run's provenance in the subtitle; a copy goes into the
     run directory as *copy_name* (None: no copy)."""
     facts = run.subtitle_facts() if run is not None else {}
-    facts["samples"] = f"{int(sum(counts.values())):,}"
+    total = int(sum(counts.values()))
+    facts["samples"] = f"{total:,}" + (f" (too few: shares need >= {MIN_SAMPLES})"
+                                       if total < MIN_SAMPLES else "")
     facts.update(extra or {})
     svg = render(counts, title=title, provenance=facts, diff_against=diff_against)
     out = write_svg(svg, path)
@@ -90,12 +101,13 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
              for b in builds]
     paths = []
     for name, prof in zip(builds, profs, strict=True):
+        short = sample_shortfall(prof)
+        share = "withheld" if short else f"{prof.instrumentation_share:.1%}"
         paths.append(flamegraph_for(
             prof.counts, prof.run, out / f"{slug}-{name}.svg",
             title=f"{name}: {workload} {qname} (perf)",
-            extra={"instrumentation": f"{prof.instrumentation_share:.1%}"}))
-        say(f"{name}: {prof.folding.samples} samples, instrumentation "
-            f"{prof.instrumentation_share:.1%}")
+            extra={"instrumentation": share}))
+        say(f"{name}: {prof.folding.samples} samples, instrumentation {share}")
     a, b = profs
     # Stacks are matched by their whole path: drop the executor's wrapper frames
     # (ExecProcNodeInstr...) inside the stacks of both builds so the plan nodes line up
@@ -211,15 +223,36 @@ def perf_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 
     svg = flamegraph_for(prof.counts, prof.run,
                          flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
                          title=f"{build}: {label} {qname} (perf)")
-    tail = [f"instrumentation share (self): {prof.instrumentation_share:.1%}"]
+    tail = [_share_line(prof)]
     if prof.stat is not None and len(prof.stat):
         st = prof.stat[prof.stat["supported"]][["event", "value", "unit"]]
         tail.append("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
                                               for r in st.itertuples()))
     return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {prof.folding.samples} samples "
-                                  f"({', '.join(prof.folding.events)})"],
+                                  f"({', '.join(prof.folding.events)})",
+                                  *shortfall_lines(prof, "--freq", "--reps")],
                       [(f"top {top} functions by self samples:", top_functions(prof, top))],
                       tail)
+
+
+def shortfall_lines(prof: Any, freq_flag: str, repeat_flag: str | None,
+                    here: bool = True) -> list[str]:
+    """A warning line when *prof* has too few samples for its shares to mean something
+    (:data:`profkit.collect.perf.MIN_SAMPLES`), with how long the query ran, the samples
+    that gave at the frequency used and the flags that get more; else nothing. *here*:
+    recorded on this machine (its perf_event_max_sample_rate bounds the -F suggested)."""
+    short = sample_shortfall(prof)
+    if short is None:
+        return []
+    return ["warning: " + short.message(freq_flag=freq_flag, repeat_flag=repeat_flag,
+                                        max_freq=max_sample_rate() if here else None)]
+
+
+def _share_line(prof: Any) -> str:
+    # one percentage is what gets quoted: not off a handful of samples
+    if sample_shortfall(prof) is not None:
+        return f"instrumentation share (self): withheld ({prof.folding.samples} samples)"
+    return f"instrumentation share (self): {prof.instrumentation_share:.1%}"
 
 
 # --------------------------------------------------------------------------- perf
@@ -228,11 +261,15 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
                      mode: str = "analyze_timing", reps: int = 1, freq: int = 999,
                      call_graph: str = "fp", stat: bool = True, perf: str = "perf",
                      warmup: bool = True, base: str | Path | None = None,
-                     progress: Callable[[str], None] | None = None) -> Any:
+                     progress: Callable[[str], None] | None = None,
+                     fix_flags: tuple[str, str] | None = ("freq=", "reps=")) -> Any:
     """Build (cached) → throwaway cluster → load *workload* → record *mode* → fold.
 
     *build*: a preset name or a :class:`~profkit.pg.build.Build`. A warm-up run of the
     query (not recorded) fills the caches first, so the profile shows the steady state.
+    A recording with fewer samples than :data:`profkit.collect.perf.MIN_SAMPLES` is said
+    through *progress*, with the fix in terms of *fix_flags* (the frequency's and the
+    repetitions' names; None: the caller says it).
     """
     wl = check_args(workload, scale=scale, reps=reps, mode=mode)
     say = progress or (lambda _m: None)
@@ -247,12 +284,13 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
         return perf_on_cluster(cl, conn, sql, binary=b.postgres, warmup=warmup, reps=reps,
                                workload=workload, mode=mode, scale=scale, query_name=qname,
                                perf=perf, freq=freq, call_graph=call_graph, stat=stat,
-                               base=base, progress=say)
+                               base=base, progress=say, fix_flags=fix_flags)
 
 
 def perf_on_cluster(cluster: Cluster, conn: Any, sql: str, *, binary: str | Path,
                     warmup: bool = True, perf: str = "perf",
                     progress: Callable[[str], None] | None = None,
+                    fix_flags: tuple[str, str] | None = None,
                     **record: Any) -> PerfProfile:
     """Record *sql* on *conn*'s backend of *cluster* with perf, then fold it: the step
     :func:`perf_profile` and a notebook's perf cell share. A warm-up run of the query
@@ -263,7 +301,12 @@ def perf_on_cluster(cluster: Cluster, conn: Any, sql: str, *, binary: str | Path
         run_query(conn, sql, 1)
     rec, _res = record_query(cluster, conn, sql, perf=perf, **record)
     say(f"folding {rec.samples} samples")
-    return fold_run(load_run(rec.run_dir), perf=perf, binary=binary)
+    prof = fold_run(load_run(rec.run_dir), perf=perf, binary=binary)
+    short = sample_shortfall(prof)
+    if short is not None and fix_flags is not None:
+        say(short.message(freq_flag=fix_flags[0], repeat_flag=fix_flags[1],
+                          max_freq=max_sample_rate()))
+    return prof
 
 
 def query_name(workload: str | None, mode: str) -> str:
@@ -405,9 +448,10 @@ def pyspy_run(*, pid: int | None = None, command: Sequence[str] = (),
 
 # --------------------------------------------------------------------------- import
 
-#: what scripts/pk-record.sh puts in its tarball (perf.data and the script text are needed)
+#: what pk-record.sh (profkit/scripts/) puts in its tarball (perf.data and the script text
+#: are needed)
 CAPTURE_FILES = {
-    "perf.data": "perf record's data (recorded by scripts/pk-record.sh)",
+    "perf.data": "perf record's data (recorded by pk-record.sh)",
     "perf.script.txt": "perf script text (input of the folding), made where it was recorded",
     "perf-record.log": "perf record's messages",
     "buildid-list.txt": "perf buildid-list where it was recorded",
@@ -430,13 +474,14 @@ def _capture_facts(text: str) -> dict[str, str]:
 def import_capture(tarball: str | Path, *, base: str | Path | None = None,
                    flamegraphs: str | Path | None = None,
                    progress: Callable[[str], None] | None = None) -> tuple[Any, Path]:
-    """Turn a ``scripts/pk-record.sh`` tarball into a perf run under profiles/ (tables,
+    """Turn a ``pk-record.sh`` tarball into a perf run under profiles/ (tables,
     folded stacks, flamegraph, provenance) like one profkit recorded; returns
     (PerfProfile, flamegraph path)."""
     say = progress or (lambda _m: None)
     src = Path(tarball)
     if not src.is_file():
-        raise ProfkitError(f"{src}: no such file: give the tarball scripts/pk-record.sh wrote")
+        raise ProfkitError(f"{src}: no such file: give the tarball pk-record.sh wrote "
+                           "(profkit record-script)")
     with tempfile.TemporaryDirectory(prefix="pk-import-") as tmp:
         try:
             with tarfile.open(src, "r:*") as tf:
@@ -444,7 +489,7 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
         except (tarfile.TarError, OSError, EOFError) as e:
             why = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
             raise ProfkitError(f"{src}: not a readable tarball ({why}): give the .tar.gz "
-                               "scripts/pk-record.sh wrote") from None
+                               "pk-record.sh wrote (profkit record-script)") from None
         found = [p.parent for p in Path(tmp).rglob("capture.txt")]
         if len(found) != 1:
             raise ProfkitError(f"{src}: no capture.txt inside: not a pk-record.sh capture")
@@ -452,7 +497,7 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
         for need in ("perf.script.txt", "capture.txt"):
             if not (cap / need).is_file():
                 raise ProfkitError(f"{src}: {need} missing from the capture: record again "
-                                   "with scripts/pk-record.sh")
+                                   "with pk-record.sh (profkit record-script)")
         facts = _capture_facts((cap / "capture.txt").read_text(errors="replace"))
         if not facts.get("format", "").startswith("pk-record"):
             raise ProfkitError(f"{src}: capture.txt is not pk-record.sh's (no format line)")
@@ -464,7 +509,7 @@ def import_capture(tarball: str | Path, *, base: str | Path | None = None,
         with open_run("perf", base=base, tools=(), latest=True,
                       imported_from=str(src.resolve()), capture=facts,
                       tool_summary=f"perf record -F {facts.get('freq', '?')} -g -p "
-                                   f"{facts.get('pid', '?')} ({span}, scripts/pk-record.sh)",
+                                   f"{facts.get('pid', '?')} ({span}, pk-record.sh)",
                       query_name=(f"query on pid {facts.get('pid', '?')} on {host}"
                                   if one_query else f"pid {facts.get('pid', '?')} on {host}"),
                       **({"query": query} if query is not None else {})) as rd:
@@ -498,8 +543,18 @@ def import_run(tarball: str | Path, *, base: str | Path | None = None,
     functions."""
     prof, svg = import_capture(tarball, base=base, flamegraphs=flamegraphs, progress=progress)
     cap = prof.run.provenance.get("capture", {})
-    return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {prof.folding.samples} samples of "
-                                  f"pid {cap.get('pid')} on {cap.get('hostname')} "
-                                  f"({cap.get('postgres_version')}, clocksource "
-                                  f"{cap.get('clocksource')})"],
+    head = [f"run {prof.run.run_id}: {prof.folding.samples} samples of "
+            f"pid {cap.get('pid')} on {cap.get('hostname')} "
+            f"({cap.get('postgres_version')}, clocksource {cap.get('clocksource')})"]
+    one_query = cap.get("what") == "query"
+    if one_query:
+        n = int(cap.get("repeat") or 1)
+        ms = [float(t) for t in str(cap.get("query_ms") or "").split()]
+        took = f" in {sum(ms):.1f} ms (psql's timing)" if ms else ""
+        head.append(f"query: ran {n} time{'s' if n != 1 else ''} in one session{took}, "
+                    f"recorded at {cap.get('freq')} Hz")
+    # recorded on another machine: its perf_event_max_sample_rate is not this one's
+    head += shortfall_lines(prof, "-F", "pk-record.sh --repeat" if one_query
+                            else "pk-record.sh --query-file FILE --repeat N", here=False)
+    return ProfileRun(prof, svg, head,
                       [(f"top {top} functions by self samples:", top_functions(prof, top))])

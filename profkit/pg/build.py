@@ -771,3 +771,49 @@ def list_builds(*, defined_only: bool = False) -> list[Build]:
             if not defined_only or b.name in names or base in names:
                 out.append(b)
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# a dry run: resolve a build and apply its patches, without compiling
+
+
+@dataclass(frozen=True)
+class PatchCheck:
+    """What :func:`check_build` found: the build resolves, its source is known, and its
+    patches apply to that source in order."""
+
+    name: str
+    version: str          # the source's PostgreSQL version (19beta1, 18.6)
+    source: str           # the source spec (tarball:/..., debian:postgresql-18)
+    patches: tuple[str, ...]   # patch files applied, in order
+    files: int            # source files the patches change
+    cached: bool          # a finished build of exactly this is in the cache
+
+
+def check_build(name_or_spec: str | BuildSpec, *, source: str | None = None) -> PatchCheck:
+    """Resolve *name_or_spec* as :func:`get_build` would (preset, ``pg<major>/`` prefix,
+    named build; its source, fetched and unpacked into the cache if it is not there yet)
+    and apply its patches, in order, to a scratch copy of the files they touch: what a
+    build does before it compiles. Raises :class:`PatchError` naming the patch and the
+    rejected hunks, or :class:`BuildError` for an unknown build or a source of another
+    major version. Never compiles; the source tree is not modified."""
+    import tempfile
+
+    from profkit.patches import target_files
+
+    spec = resolve_spec(name_or_spec)
+    src = resolve_source(spec, source)
+    files = [patch_path(p, src.major) for p in spec.patches]
+    touched = sorted({f for pf in files for f in target_files(pf.read_text(errors="replace"))})
+    with tempfile.TemporaryDirectory(prefix="profkit-check-") as tmp:
+        tree = Path(tmp) / "src"
+        tree.mkdir()
+        for rel in touched:
+            if (Path(src.path) / rel).is_file():
+                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(src.path) / rel, tree / rel)
+        _apply_patches(tree, files, Path(tmp) / "patch.log", src)
+    key = cache_key(spec, src, files, compiler_identity())
+    cached = (paths.sub("builds") / f"{_safe_name(spec.name)}-{key[:12]}" / "COMPLETE").exists()
+    return PatchCheck(name=spec.name, version=src.version, source=src.spec,
+                      patches=tuple(str(f) for f in files), files=len(touched), cached=cached)

@@ -25,14 +25,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from profkit.errors import ProfkitError
 from profkit.modes import EXPLAIN_PREFIX, MODES, QUERY_NAMES, ModeError
 from profkit.modes import explain_prefix as _explain_prefix
 
+
+if TYPE_CHECKING:  # the command line reads the workloads without loading libpq
+    import psycopg
 
 class WorkloadError(ProfkitError):
     pass
