@@ -35,6 +35,7 @@ WORKLOAD = "join_sum"          # a hash join: every node's calls are exactly pre
 MODE = "analyze_notiming"
 PERF_REPS = 20                 # repetitions under perf (enough samples at small scales)
 GPROF = True                   # use <build>+gprof builds when cached
+GPROF_BUILDS = None            # the builds whose -pg twin is used (None: all of BUILDS)
 RUN_DIR = None                 # unused here: every figure is collected (seconds at this scale)
 
 # %%
@@ -94,7 +95,8 @@ if GPROF:
     from profkit.collect import gprof
     from profkit.experiments.profile import gprof_profile
 
-    wanted = {name: gprof.profiling_build_name(name) for name in choice.builds}
+    wanted = {name: gprof.profiling_build_name(name) for name in choice.builds
+              if GPROF_BUILDS is None or name in GPROF_BUILDS}
     gchoice = nb.available_builds(list(wanted.values()), build_missing=())
     print(gchoice.report())
     for name, gname in wanted.items():

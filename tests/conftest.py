@@ -26,21 +26,91 @@ def needed_builds(items) -> list[str]:
     any test that (transitively) uses the ``vanilla_build`` fixture."""
     names: set[str] = set()
     for item in items:
-        for m in item.iter_markers("builds"):
-            names.update(m.args)
-        for fixture, build in FIXTURE_BUILDS.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                names.add(build)
+        names |= _item_builds(item)
     unknown = names - set(BUILD_ORDER)
     if unknown:
         raise pytest.UsageError(f"tests ask for builds not in conftest.BUILD_ORDER: {sorted(unknown)}")
     return [n for n in BUILD_ORDER if n in names]
 
 
+def _item_builds(item) -> set[str]:
+    names: set[str] = set()
+    for m in item.iter_markers("builds"):
+        names.update(m.args)
+    for fixture, build in FIXTURE_BUILDS.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            names.add(build)
+    return names
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests that need only the first builds run first, so they overlap the later
+    builds (see pytest_collection_finish).  Whole modules move, never single tests, so a
+    module's fixtures are set up once; pytest's own order is kept inside each group."""
+    if os.environ.get("PROFKIT_TEST_BUILDS_FIRST") == "1":
+        return
+    rank = {n: i for i, n in enumerate(BUILD_ORDER)}
+    module_rank: dict[str, int] = {}
+    for item in items:
+        key = item.nodeid.split("::", 1)[0]
+        r = max((rank.get(n, 0) for n in _item_builds(item)), default=-1)
+        module_rank[key] = max(module_rank.get(key, -1), r)
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (module_rank[it.nodeid.split("::", 1)[0]], order[id(it)]))
+
+
+class _BackgroundBuilds:
+    """The builds after the first, made one at a time by a `profkit build` child while
+    the tests that need only the first run.  A test waits for its own builds."""
+
+    def __init__(self, names: list[str], log: Path) -> None:
+        import subprocess
+        import sys
+
+        self.names = names
+        self.log = log
+        self._f = open(log, "w")  # noqa: SIM115 - closed in stop()
+        # nice: the tests running meanwhile keep the CPU they ask for; the build takes the rest
+        self.proc = subprocess.Popen(
+            ["nice", "-n", "10", sys.executable, "-m", "profkit", "build", *names],
+            stdout=self._f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait_for(self, name: str, say) -> None:
+        from profkit.pg.build import find_build
+
+        if name not in self.names or find_build(name) is not None:
+            return
+        t0 = time.monotonic()
+        say(f"waiting for build {name} (background: {self.log})")
+        while find_build(name) is None and self.proc.poll() is None:
+            time.sleep(2)
+        if find_build(name) is None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"build {name!r} failed in the background (log: {self.log}):\n{tail}",
+                        pytrace=False)
+        say(f"build {name} ready after {time.monotonic() - t0:.0f} s of waiting")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self._f.close()
+
+
+_BACKGROUND: _BackgroundBuilds | None = None
+
+
 def pytest_collection_finish(session):
-    """Build what the selected tests need before the first test runs, in dependency
-    order, with progress on the terminal: a test never skips because a build is missing,
-    and a cold cache shows what it is doing instead of a silent half hour."""
+    """Build what the selected tests need, in dependency order, with progress on the
+    terminal: a test never skips because a build is missing, and a cold cache shows what
+    it is doing instead of a silent half hour.  The first build is made before any test;
+    the others are made in the background while the tests that need only the first run
+    (PROFKIT_TEST_BUILDS_FIRST=1 makes them all first, as before)."""
+    global _BACKGROUND
     if session.config.option.collectonly:
         return
     names = needed_builds(session.items)
@@ -59,7 +129,9 @@ def pytest_collection_finish(session):
         f"{len(missing)} to build{': ' + ', '.join(missing) if missing else ''}")
     from profkit.errors import ProfkitError
 
-    for i, n in enumerate(names, 1):
+    first_only = os.environ.get("PROFKIT_TEST_BUILDS_FIRST") != "1"
+    now = names[:1] if first_only else names
+    for i, n in enumerate(now, 1):
         t0 = time.monotonic()
         try:
             get_build(n, progress=say)
@@ -68,6 +140,27 @@ def pytest_collection_finish(session):
                         returncode=1)
         if n in missing:
             say(f"[{i}/{len(names)}] {n} ready in {time.monotonic() - t0:.0f} s")
+    later = [n for n in names[len(now):] if n in missing]
+    if later:
+        from profkit import paths
+
+        log = paths.sub("logs") / f"test-builds-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        say(f"building in the background, one at a time: {', '.join(later)} (log: {log})")
+        _BACKGROUND = _BackgroundBuilds(later, log)
+        session.config._profkit_say = say
+
+
+def pytest_runtest_setup(item):
+    if _BACKGROUND is None:
+        return
+    say = getattr(item.config, "_profkit_say", print)
+    for n in sorted(_item_builds(item), key=lambda n: BUILD_ORDER.index(n) if n in BUILD_ORDER else 0):
+        _BACKGROUND.wait_for(n, say)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _BACKGROUND is not None:
+        _BACKGROUND.stop()
 
 
 def pytest_configure(config):
@@ -82,6 +175,13 @@ def pytest_configure(config):
     # experimental suite is listed but not served here, see its README)
     if PG19_TARBALL.is_file():
         os.environ.setdefault("PROFKIT_PG19_SOURCE", f"tarball:{PG19_TARBALL}")
+    # Named builds the tests define (test-pk15-double-clock, unique names) live in their
+    # own specs folder, never among the user's (`profkit build --list`); their compiled
+    # trees stay cached, so a rerun does not rebuild them.
+    if "PROFKIT_SPECS" not in os.environ:
+        from profkit import paths
+
+        os.environ["PROFKIT_SPECS"] = str(paths.cache_dir() / "test-specs")
 
 
 PG19_TARBALL = (Path(__file__).resolve().parent.parent.parent / "shared" / "pg-sources"

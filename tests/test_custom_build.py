@@ -169,6 +169,15 @@ def test_custom_build_benched_against_vanilla(tmp_path, vanilla_build):
     assert q3.loc[name, "median_ms"] > q3.loc["vanilla", "median_ms"], summary.to_string()
     report = (run / "report.md").read_text()
     assert f"`{name}`" in report and "instrstop-double-clock" in report
+    # the user's own `profkit build --list` (no PROFKIT_SPECS) shows no build a test defined
+    import os
+
+    user_env = {k: v for k, v in os.environ.items() if k != "PROFKIT_SPECS"}
+    cp = subprocess.run([sys.executable, "-m", "profkit", "build", "--list"], capture_output=True,
+                        text=True, timeout=120, env=user_env)
+    assert cp.returncode == 0, cp.stderr
+    assert "test-pk15" not in cp.stdout, cp.stdout
+    assert "cached build" in cp.stdout and "of names not defined here" in cp.stdout, cp.stdout
 
 
 def test_a_named_base_is_copied_not_referenced(tmp_path, unique_name):

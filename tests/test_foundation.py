@@ -51,6 +51,35 @@ def test_build_is_cached_and_has_provenance(vanilla_build):
     # debug info for probes; frame pointers for perf
     out = run(["readelf", "-S", again.postgres]).stdout
     assert ".debug_info" in out
+    # only what profkit runs is built and installed (pg.build.BUILD_DIRS)
+    bins = {p.name for p in again.bindir.iterdir()}
+    assert {"postgres", "initdb", "pg_ctl", "psql", "pg_config", "pg_test_timing"} <= bins, bins
+    assert not bins & {"pg_dump", "pgbench", "ecpg", "pg_basebackup", "pg_upgrade"}, bins
+    assert any(again.prefix.glob("lib/**/plpgsql.so")) and any(again.prefix.glob("lib/**/dict_snowball.so"))
+    assert any(again.prefix.glob("share/**/timezonesets/Default"))
+    # 1,167 objects here (PostgreSQL 18.6), against 1,398 for the full `make` of the same tree
+    assert again.timings["objects"] < 1250, again.timings
+
+
+def test_cache_key_ignores_a_patch_header(tmp_path):
+    """Rewording a patch's header keeps its builds; changing a hunk does not."""
+    from profkit.pg.build import BuildSpec, cache_key, patch_body
+    from profkit.pg.source import Source
+
+    hunk = ("diff --git a/src/x.c b/src/x.c\n--- a/src/x.c\n+++ b/src/x.c\n@@ -1 +1 @@\n"
+            "-int x;\n+int y;\n")
+    a, b, c = tmp_path / "a.patch", tmp_path / "b.patch", tmp_path / "c.patch"
+    a.write_text("Header one.\n--- numbers: +1.0 %\n\n" + hunk)
+    b.write_text("Another header, other figures.\n" + hunk)
+    c.write_text("Header one.\n--- numbers: +1.0 %\n\n" + hunk.replace("int y", "int z"))
+    assert patch_body(a.read_bytes()) == patch_body(b.read_bytes()) == hunk.encode()
+    src = Source("tarball", "tarball:x", "18.6", "x", "id", "/nonexistent")
+    spec = BuildSpec("t", patches=("a",))
+    key = {p.name: cache_key(spec, src, [p], "gcc") for p in (a, b, c)}
+    assert key["a.patch"] == key["b.patch"] != key["c.patch"]
+    # a plain `diff -u` (no "diff " line) starts at its ---/+++ pair
+    plain = "Notes\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n"
+    assert patch_body(plain.encode()).startswith(b"--- a/f\n+++ b/f")
 
 
 def test_query_triple_row_count(nested_loop_conn):
@@ -202,7 +231,8 @@ def test_one_file_patch_rebuilds_incrementally(vanilla_build):
         # every new build tree; a header change would miss hundreds
         cc = b.timings["ccache"]
         assert cc["cache_miss"] <= 15, b.timings
-        assert cc["direct_cache_hit"] + cc["preprocessed_cache_hit"] >= 1200, b.timings
+        assert cc["direct_cache_hit"] + cc["preprocessed_cache_hit"] >= b.timings["objects"] - 30, \
+            b.timings
         cold = vanilla_build.timings.get("make_s", 0)
         print(f"one-file patch: make {b.timings['make_s']:.0f} s (vanilla cold/first make "
               f"{cold:.0f} s)")

@@ -45,8 +45,13 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
             tag = "  (yours)" if name in mine or name.removesuffix("+gprof") in mine else ""
             click.echo(f"{name:24s} {spec.description}{tag}")
         click.echo("\ncached builds:")
-        for b in list_builds():
+        shown = list_builds(defined_only=True)
+        for b in shown:
             click.echo(f"  {b.name:22s} {b.version:8s} {b.key[:12]} {b.dir}")
+        others = len(list_builds()) - len(shown)
+        if others:
+            click.echo(f"  (and {others} cached build{'s' if others > 1 else ''} of names not "
+                       f"defined here: earlier definitions or another $PROFKIT_SPECS)")
         return
     if custom:
         spec = define_build(presets[0], patch_files, base=base, configure_opts=configure_opts,

@@ -34,7 +34,7 @@ from profkit.errors import BuildError, CommandFailed, PatchError
 from profkit.pg.source import Source, default_source_for_major, get_source
 from profkit.run import run, which
 
-RECIPE_VERSION = "2"
+RECIPE_VERSION = "3"
 # Every build is configured with the same (never used) prefix and installed
 # with DESTDIR: PostgreSQL's installs are relocatable (paths are computed from
 # the binary's location), and a constant prefix keeps pg_config_paths.h — and
@@ -51,6 +51,33 @@ BASE_CONFIGURE = ("--enable-depend",)
 # postgres_fdw: the same-answers corpus runs an async Foreign Scan on a loopback server.
 # (CONTRIB is part of every build's cache key: changing it rebuilds every variant.)
 CONTRIB = ("pg_stat_statements", "auto_explain", "postgres_fdw")
+
+# What a build makes and installs: the server and what a cluster needs, nothing else.
+# PostgreSQL's full `make` also builds ecpg, pg_dump, pgbench, pg_basebackup, pg_upgrade,
+# the replication plugins and the regression programs, which profkit never runs; skipping
+# them cuts a cold build's objects by about a third (see build.json "objects").  Order
+# matters only for speed: each directory's Makefile makes its own prerequisites
+# (submake-libpq, submake-libpgport...), and each `make -C DIR` runs at MAKELEVEL 0, so
+# the generated headers are made first.  `profkit regress` makes the rest on demand.
+#   timezone: initdb and the server read share/timezone and share/timezonesets
+#   conversion_procs, snowball, plpgsql: initdb creates their functions (C functions are
+#     loaded when created), so their libraries must be installed
+#   pg_config: profkit reads the build's configuration; pg_test_timing: `clock-cost`
+BUILD_DIRS = (
+    "src/timezone",
+    "src/backend",
+    "src/backend/utils/mb/conversion_procs",
+    "src/backend/snowball",
+    "src/pl/plpgsql",
+    "src/interfaces/libpq",
+    "src/bin/initdb",
+    "src/bin/pg_ctl",
+    "src/bin/psql",
+    "src/bin/pg_config",
+    "src/bin/pg_test_timing",
+)
+# installed as well, nothing to compile: the server's headers (pg_config --includedir-server)
+INSTALL_ONLY_DIRS = ("src/include",)
 
 Progress = Callable[[str], None]
 
@@ -116,6 +143,14 @@ _CUSTOM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
 
 
 def specs_dir() -> Path:
+    """Where named builds are defined: ``$PROFKIT_SPECS``, else ``<cache>/specs``.  The
+    test suite points it elsewhere, so the builds its tests define never show up among a
+    user's own (their compiled trees are still cached under ``<cache>/builds``)."""
+    env = os.environ.get("PROFKIT_SPECS")
+    if env:
+        d = Path(env)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
     return paths.sub("specs")
 
 
@@ -442,8 +477,21 @@ def cache_key(spec: BuildSpec, source: Source, patch_files: Sequence[Path], comp
     ):
         h.update(part.encode() + b"\0")
     for pf in patch_files:
-        h.update(pf.read_bytes() + b"\0")
+        h.update(patch_body(pf.read_bytes()) + b"\0")
     return h.hexdigest()
+
+
+def patch_body(data: bytes) -> bytes:
+    """A patch file without its header: from the first ``diff `` line, else the first
+    ``--- ``/``+++ `` pair.  patch(1) ignores the text above it, so rewording a header
+    must not invalidate every build of the variant; any change to a hunk does."""
+    lines = data.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith(b"diff ") or (
+            line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")
+        ):
+            return b"".join(lines[i:])
+    return data
 
 
 def ccache_env() -> dict[str, str]:
@@ -493,7 +541,15 @@ def get_build(
         if (d / "COMPLETE").exists():
             say(f"{spec.name}: cached ({d.name})")
             return Build.from_dir(d)
-        return _do_build(spec, src, files, compiler, key, d, say, jobs or os.cpu_count() or 2)
+        # One compile at a time per cache: each already uses every core (make -jN), and
+        # two at once only make both finish later (and thrash memory on a small VM).
+        with open(root / ".compile.lock", "w") as compile_lock:
+            try:
+                fcntl.flock(compile_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say(f"{spec.name}: waiting for another build in {root} to finish")
+                fcntl.flock(compile_lock, fcntl.LOCK_EX)
+            return _do_build(spec, src, files, compiler, key, d, say, jobs or os.cpu_count() or 2)
 
 
 def _is_users_patch(pf: Path) -> bool:
@@ -632,18 +688,21 @@ def _do_build(
         step = "make"
         say(f"{spec.name}: make -j{jobs} (log: {log_path})")
         t0 = time.monotonic()
-        in_tree(["make", f"-j{jobs}", "-s"], 3 * 3600, "make")
-        for c in CONTRIB:
-            in_tree(["make", f"-j{jobs}", "-s", "-C", f"contrib/{c}"], 1800, f"make contrib/{c}")
+        # The generated headers first: a directory's `all` lists them beside its objects,
+        # so under -jN its first objects would compile before the headers exist (the
+        # full make orders them through its recursion targets, `make -C DIR` does not).
+        in_tree(["make", "-s", "-C", "src/backend", "generated-headers"], 1800, "make generated-headers")
+        for sub in (*BUILD_DIRS, *(f"contrib/{c}" for c in CONTRIB)):
+            in_tree(["make", f"-j{jobs}", "-s", "-C", sub], 3 * 3600, f"make -C {sub}")
         timings["make_s"] = time.monotonic() - t0
+        timings["objects"] = sum(1 for _ in (d / "build").rglob("*.o"))
 
         step = "install"
         say(f"{spec.name}: make install")
         t0 = time.monotonic()
         env["DESTDIR"] = str(d / "install")
-        in_tree(["make", "-s", "install"], 1800, "make install")
-        for c in CONTRIB:
-            in_tree(["make", "-s", "-C", f"contrib/{c}", "install"], 600, "make install contrib")
+        for sub in (*BUILD_DIRS, *INSTALL_ONLY_DIRS, *(f"contrib/{c}" for c in CONTRIB)):
+            in_tree(["make", "-s", "-C", sub, "install"], 1800, f"make -C {sub} install")
         timings["install_s"] = time.monotonic() - t0
 
         step = "pg_config"
@@ -713,9 +772,16 @@ def read_pg_config(pg_config: Path) -> dict[str, str]:
     return out
 
 
-def list_builds() -> list[Build]:
+def list_builds(*, defined_only: bool = False) -> list[Build]:
+    """The cached builds; with *defined_only*, those whose name is a preset or one of the
+    named builds defined here (not builds of names defined elsewhere, such as the test
+    suite's)."""
+    names = set(presets()) if defined_only else set()
     out = []
     for d in sorted(paths.sub("builds").iterdir()):
         if (d / "COMPLETE").exists() and (d / "build.json").exists():
-            out.append(Build.from_dir(d))
+            b = Build.from_dir(d)
+            base = b.name.split("/", 1)[-1]
+            if not defined_only or b.name in names or base in names:
+                out.append(b)
     return out

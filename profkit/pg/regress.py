@@ -2,8 +2,10 @@
 
 ``make check`` makes a temporary install inside the build tree and starts its
 own server there, so as root the build tree is handed to the unprivileged OS
-user first (postgres refuses root).  Nothing is recompiled: the tree is the
-cached, complete build.
+user first (postgres refuses root).  A cached build holds only what profkit runs,
+so the rest of the tree (regression programs, the other client programs that the
+temporary install needs) is made first, as root with the build's ccache; the code
+already compiled is not compiled again.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profkit.errors import CommandFailed, ProfkitError
-from profkit.pg.build import Build
+from profkit.pg.build import Build, ccache_env
 from profkit.pg.cluster import ensure_os_user
 from profkit.run import run
 
@@ -45,6 +47,16 @@ def regress(build: Build, *, timeout: float = 3600) -> RegressResult:
     tree = build.build_tree
     if not (tree / "GNUmakefile").exists():
         raise ProfkitError(f"build {build.name} has no build tree at {tree}; rebuild it")
+    # A build makes only what profkit runs (build.BUILD_DIRS); make check's temporary
+    # install needs the whole tree: make the rest first, with the build's ccache.
+    make_log = build.dir / "regress-make.log"
+    try:
+        run(["make", f"-j{os.cpu_count() or 2}", "-s"], cwd=tree, timeout=3 * 3600,
+            stdout_path=make_log, merge_stderr=True,
+            env={**ccache_env(), "LC_ALL": "C"}, what=f"make ({build.name}, for make check)")
+    except CommandFailed as e:
+        raise ProfkitError(f"making the rest of {build.name}'s tree for make check failed "
+                           f"(log: {make_log}):\n{e.output_tail}") from None
     if os.geteuid() == 0:
         _chown_tree(tree, user.uid, user.gid)
     log = build.dir / "regress.log"

@@ -1,0 +1,127 @@
+"""Time `make demo` and `make test` as a new user meets them: a fresh clone, an empty
+build cache and an empty ccache, then `make test` again on a second fresh clone (warm).
+
+    python benchmarks/fresh_machine.py [--root /var/tmp/fresh] [--skip-demo] [--skip-warm]
+                                       [--pytest-args "..."]
+
+Prints the wall time of each phase, and per build (from each build's build.json): copy +
+patch, configure, make, install, ccache hits and misses and the objects compiled.  The
+system packages are whatever the machine has (`make` runs scripts/setup-system.sh, which
+is quick when they are there): this measures profkit's part of a fresh machine, not apt's.
+Goals: cold `make demo` <= 15 min; cold `make test` after it <= 30 min; warm <= 10 min.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS_S = {"cold make demo": 15 * 60, "cold make test": 30 * 60, "warm make test": 10 * 60}
+
+
+def clone(dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
+
+
+def timed_make(target: str, cwd: Path, env: dict[str, str], log: Path,
+               extra: list[str] | None = None) -> tuple[float, int]:
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        cp = subprocess.run(["make", target, *(extra or [])], cwd=cwd, env=env, stdout=f,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return time.monotonic() - t0, cp.returncode
+
+
+def builds_table(cache: Path) -> list[dict]:
+    rows = []
+    for bj in sorted((cache / "builds").glob("*/build.json"), key=lambda p: p.stat().st_mtime):
+        d = json.loads(bj.read_text())
+        t = d.get("timings", {})
+        cc = t.get("ccache", {})
+        rows.append({
+            "build": d["name"], "prepare_s": t.get("prepare_s", 0), "configure_s": t.get("configure_s", 0),
+            "make_s": t.get("make_s", 0), "install_s": t.get("install_s", 0),
+            "objects": t.get("objects", ""),
+            "hits": cc.get("direct_cache_hit", 0) + cc.get("preprocessed_cache_hit", 0),
+            "misses": cc.get("cache_miss", 0),
+        })
+    return rows
+
+
+def pytest_summary(log: Path) -> str:
+    text = log.read_text(errors="replace")
+    m = re.findall(r"^=+ (.*(?:passed|failed).*) =+$", text, flags=re.M)
+    return m[-1] if m else "(no pytest summary line)"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=Path("/var/tmp/profkit-fresh"))
+    ap.add_argument("--skip-demo", action="store_true")
+    ap.add_argument("--skip-warm", action="store_true")
+    ap.add_argument("--pytest-args", default="")
+    args = ap.parse_args()
+    root: Path = args.root
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    cache, ccache = root / "cache", root / "ccache"
+    cache.mkdir()
+    ccache.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PROFKIT_", "MAKE", "VIRTUAL_ENV")) and k not in ("MFLAGS",)}
+    env.update(PROFKIT_CACHE=str(cache), CCACHE_DIR=str(ccache))
+    results: list[tuple[str, float, int]] = []
+
+    a = root / "clone-a"
+    clone(a)
+    if not args.skip_demo:
+        s, rc = timed_make("demo", a, env, root / "demo.log")
+        results.append(("cold make demo", s, rc))
+        print(f"cold make demo: {s:.0f} s (exit {rc}); log {root / 'demo.log'}", flush=True)
+        demo_builds = {r["build"] for r in builds_table(cache)}
+    else:
+        demo_builds = set()
+    extra = [f"PYTEST_ARGS={args.pytest_args}"] if args.pytest_args else []
+    s, rc = timed_make("test", a, env, root / "test-cold.log", extra)
+    results.append(("cold make test", s, rc))
+    print(f"cold make test: {s:.0f} s (exit {rc}): {pytest_summary(root / 'test-cold.log')}", flush=True)
+    if not args.skip_warm:
+        b = root / "clone-b"
+        clone(b)
+        s, rc = timed_make("test", b, env, root / "test-warm.log", extra)
+        results.append(("warm make test", s, rc))
+        print(f"warm make test: {s:.0f} s (exit {rc}): {pytest_summary(root / 'test-warm.log')}",
+              flush=True)
+
+    print("\n| phase | wall | goal | met | exit |\n|---|---|---|---|---|")
+    for name, s, rc in results:
+        goal = GOALS_S[name]
+        print(f"| {name} | {s / 60:.1f} min ({s:.0f} s) | {goal / 60:.0f} min | "
+              f"{'yes' if s <= goal and rc == 0 else 'no'} | {rc} |")
+    print("\n| build | made by | copy+patch s | configure s | make s | install s | objects | "
+          "ccache hits | misses |\n|---|---|---|---|---|---|---|---|---|")
+    for r in builds_table(cache):
+        by = "demo" if r["build"] in demo_builds else "test"
+        print(f"| {r['build']} | {by} | {r['prepare_s']:.0f} | {r['configure_s']:.0f} | "
+              f"{r['make_s']:.0f} | {r['install_s']:.0f} | {r['objects']} | {r['hits']} | "
+              f"{r['misses']} |")
+    for log in ("test-cold.log", "test-warm.log"):
+        p = root / log
+        if p.exists():
+            skipped = re.findall(r"(\d+) skipped", pytest_summary(p))
+            print(f"{log}: {pytest_summary(p)}; skipped: {skipped[0] if skipped else 0}")
+    return 0 if all(rc == 0 for _, _, rc in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
