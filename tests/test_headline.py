@@ -116,8 +116,8 @@ def _headline():
     if "pk_headline" not in sys.modules:  # one module: the tests share its counts
         spec = importlib.util.spec_from_file_location("pk_headline", path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
         spec.loader.exec_module(mod)
-        sys.modules["pk_headline"] = mod
     return sys.modules["pk_headline"]
 
 
