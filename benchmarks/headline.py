@@ -151,6 +151,17 @@ def measure(build: str, workload: str, scale: float, modes: Sequence[str] = MODE
                  session.valgrind_version, secs)
 
 
+def expected_key(build: str) -> str:
+    """The cache key (12 hex digits) *build* has with today's source, patches and compiler,
+    computed without building."""
+    from profkit.pg import build as B
+
+    spec = B.resolve_spec(build)
+    src = B.resolve_source(spec)
+    files = [B.patch_path(p, src.major) for p in spec.patches]
+    return B.cache_key(spec, src, files, B.compiler_identity(spec.cc))[:12]
+
+
 _MEASURED: dict[tuple[str, str, float, tuple[str, ...]], Count] = {}
 
 
@@ -318,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--jobs", type=int, default=1,
                     help="callgrind sessions at once (builds are made one at a time)")
+    ap.add_argument("--reuse-vanilla", action="store_true",
+                    help="keep vanilla's committed cells instead of counting it again (the "
+                         "counts are deterministic; its build must still be the same key)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--check", action="store_true",
                     help="measure nothing: print the committed matrix and its verdicts")
@@ -346,6 +360,14 @@ def main(argv: list[str] | None = None) -> int:
             variants = VARIANTS[major] if wanted is None else \
                 [v for v in VARIANTS[major] if v in wanted or v == "vanilla"]
             jobs += [(comp, major, v) for v in variants]
+    if args.reuse_vanilla and old is not None:
+        # only where the committed cells were counted on the build this source and
+        # compiler make now (same cache key)
+        have = {(str(r.compiler), str(r.pg_major)) for r in old.itertuples()
+                if r.build == "vanilla"
+                and r.build_key == expected_key(build_name("vanilla", str(r.pg_major),
+                                                           str(r.compiler)))}
+        jobs = [j for j in jobs if not (j[2] == "vanilla" and (j[0], j[1]) in have)]
     if wanted:
         unknown = [w for w in wanted if not any(w in VARIANTS[m] for m in majors)]
         if unknown:
