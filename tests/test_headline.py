@@ -1,9 +1,10 @@
-"""The headline claim outside notebooks, through `make demo`'s own code path.
+"""The headline: `make demo`'s own code path, and the committed matrix held by value.
 
 `profkit reproduce` runs end to end at a tiny scale in a subprocess whose
-environment carries make's variables (as under `make demo`), and callgrind's
-instruction counts (deterministic, unlike time on this VM) must show the seed's
-result: Query-2's instruction overhead falls vanilla > step1 > step2 > step3.
+environment carries make's variables (as under `make demo`) and writes the demo's files.
+Then step4/step5 of both majors are counted again with callgrind (deterministic, unlike
+time on this VM) on the three seed workloads and must agree with the committed headline
+matrix (benchmarks/results/headline.csv) within 0.05 %: a regression fails here.
 """
 from __future__ import annotations
 
@@ -74,26 +75,83 @@ def test_reproduce_writes_the_demo_files(reproduced):
     assert "wall time: builds" in cp.stdout + cp.stderr
 
 
-def test_query2_instruction_overhead_falls_step_by_step(reproduced):
+def test_reproduce_counts_rows_against_vanilla_of_its_major(reproduced):
+    """The demo's table sets every row against vanilla's plain Query-1; its figures are
+    checked against the committed matrix by the tests below (same code as the matrix,
+    at the matrix's scale), not here: the demo counts at a smaller scale."""
     base, _cp = reproduced
-    q2 = {r["build"]: float(r["instr_overhead_pct"]) for r in _summary(base)
-          if r["mode"] == "analyze_notiming"}
-    assert q2["vanilla"] > q2["step1"] > q2["step2"] > q2["step3"] > 0, q2
-    # the seed's shape, loosely: step3 cuts vanilla's row-counting overhead by well over half
-    assert q2["step3"] < q2["vanilla"] / 2, q2
-    # step4 and step5 (issue 13) count rows for fewer instructions than step3 ...
-    assert q2["step5"] < q2["step3"] and q2["step4"] < q2["step3"], q2
-    # ... and every row carries its figures against vanilla's plain Query-1
     for r in _summary(base):
         assert r["ref_build"] == "vanilla" and r["pg_version"].startswith("18"), r
         assert r["plain_instr"] and float(r["plain_instr"]) > 0, r
     vs = {(r["build"], r["mode"]): float(r["vs_ref_instr_pct"]) for r in _summary(base)}
-    assert vs[("vanilla", "plain")] == 0.0
-    assert vs[("step5", "analyze_notiming")] < vs[("step3", "analyze_notiming")], vs
-    q3 = {r["build"]: float(r["instr_overhead_pct"]) for r in _summary(base)
-          if r["mode"] == "analyze_timing"}
-    # TIMING TRUE costs more instructions than TIMING FALSE on every build
-    assert all(q3[b] > q2[b] for b in STEPS), (q2, q3)
+    plain = {r["build"]: float(r["plain_instr"]) for r in _summary(base)}
+    for b in STEPS:  # each build's plain row is its plain count against vanilla's
+        assert vs[(b, "plain")] == pytest.approx(
+            (plain[b] - plain["vanilla"]) / plain["vanilla"] * 100, abs=5e-3), (b, vs)
+
+
+# ---------------------------------------------------------------------------------------
+# The headline, asserted: instruction counts are deterministic, so each cell of the
+# committed matrix (benchmarks/results/headline.csv, GCC) is measured again with the code
+# that wrote it and must agree within TOLERANCE_PCT.
+#
+# Why 0.05 %: the same binary counted on fresh clusters (vanilla 18.6, GCC; three or four
+# runs per cell) agreed within 28-3,956 instructions (at most 0.0025 %, TIMING TRUE on
+# join_sum; at most 0.00075 % elsewhere: EXPLAIN's text carries numbers whose digits vary,
+# and the clusters' paths and pids differ), 20 times below the tolerance.  One instruction
+# more per row of the hottest node is 0.16-0.23 % of the plain query at the matrix's
+# scales (nested_loop 0.02: 800,000 Nested Loop rows in 355 M; join_sum 0.2: 200,000
+# outer rows in 125 M; count_star 0.02: 200,000 rows in 88 M): a per-row regression of
+# the kind the row-counting patches guard against fails.
+
+TOLERANCE_PCT = 0.05
+HELD = {"18": ("vanilla", "step4", "step5"), "19": ("vanilla", "step4", "step5")}
+HELD_MODES = ("plain", "analyze_notiming", "analyze_buffers")
+
+
+def _headline():
+    import importlib.util  # noqa: I001
+
+    path = ROOT / "benchmarks" / "headline.py"
+    if "pk_headline" not in sys.modules:  # one module: the tests share its counts
+        spec = importlib.util.spec_from_file_location("pk_headline", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
+        spec.loader.exec_module(mod)
+    return sys.modules["pk_headline"]
+
+
+@pytest.mark.builds("pg19/vanilla", "pg19/step4", "pg19/step5")
+@pytest.mark.parametrize("major", ["18", "19"])
+@pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
+def test_row_counting_holds_the_committed_headline(major, workload):
+    mod = _headline()
+    committed = mod.read_results()
+    scale = mod.SCALES[workload]
+    off = []
+    counts = {}
+    for variant in HELD[major]:
+        c = mod.measure_once(mod.build_name(variant, major, "gcc"), workload, scale, HELD_MODES)
+        counts[variant] = c.instructions
+        for mode, n in c.instructions.items():
+            row = mod.lookup(committed, compiler="gcc", major=major, build=variant,
+                             workload=workload, mode=mode)
+            assert float(row["scale"]) == scale
+            want = int(row["instructions"])
+            dev = (n - want) / want * 100
+            if abs(dev) > TOLERANCE_PCT:
+                off.append(f"pg{major} {variant} {workload} {mode}: {n:,} instructions, "
+                           f"committed {want:,} ({dev:+.3f} %)")
+    assert not off, ("instruction counts moved from the committed matrix (a regression, or "
+                     "rerun benchmarks/headline.py and commit its results):\n" + "\n".join(off))
+    # the verdicts follow from the counts just made, not only from the file
+    v1 = counts["vanilla"]["plain"]
+    for variant in ("step4", "step5"):
+        for mode in ("plain", "analyze_notiming"):
+            pct = (counts[variant][mode] - v1) / v1 * 100
+            row = mod.lookup(committed, compiler="gcc", major=major, build=variant,
+                             workload=workload, mode=mode)
+            assert (pct <= mod.GOALS[mode]) == (row["verdict"] == "met"), (variant, mode, pct)
 
 
 @pytest.mark.builds(*PG19)

@@ -33,7 +33,9 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
     A preset prefixed pg19/ (pg19/vanilla, pg19/step5) is built from PostgreSQL 19:
     $PROFKIT_PG19_SOURCE if set (e.g. tarball:../shared/pg-sources/postgresql-19beta1.tar.bz2),
     else debian:postgresql-19 (Debian's experimental suite).  The prefix works wherever a
-    build is named (bench --builds, cluster start, regress).
+    build is named (bench --builds, cluster start, regress).  So do the suffixes @clang
+    (compiled with clang: step5@clang) and @layoutN (the same code linked in another
+    function order, lld's --shuffle-sections with seed N: vanilla@layout2).
 
     NAME --patch FILE [--patch FILE ...]: a named build of your own patches on --base.
 

@@ -26,7 +26,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from profkit import paths, patches
@@ -93,6 +93,12 @@ class BuildSpec:
     #: the source this build is made from (``git:/path``…); None: the command's --source
     #: or the default (Debian's postgresql-18)
     source: str | None = None
+    #: the C compiler, run through ccache: "gcc" (default) or "clang" (name suffix @clang)
+    cc: str = "gcc"
+    #: code layout: 0 = the linker's own function order; N > 0 = the same code with every
+    #: function in its own section (-ffunction-sections) placed in an order shuffled by
+    #: lld with seed N (name suffix @layoutN)
+    layout: int = 0
 
 
 def _patch_presets() -> dict[str, tuple[tuple[str, ...], str]]:
@@ -128,6 +134,8 @@ def _base_presets() -> dict[str, BuildSpec]:
                 ldflags=out[name].ldflags,
                 description=out[name].description + " + --enable-profiling",
                 source=out[name].source,
+                cc=out[name].cc,
+                layout=out[name].layout,
             )
     return out
 
@@ -164,7 +172,8 @@ def custom_specs() -> dict[str, BuildSpec]:
                 d["name"], patches=tuple(d.get("patches", ())),
                 configure_opts=tuple(d.get("configure_opts", ())),
                 cflags=d.get("cflags", BASE_CFLAGS), ldflags=d.get("ldflags", BASE_LDFLAGS),
-                description=d.get("description", ""), source=d.get("source"))
+                description=d.get("description", ""), source=d.get("source"),
+                cc=d.get("cc", "gcc"), layout=int(d.get("layout", 0)))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a damaged spec file is not a build; `profkit build NAME` rewrites it
     return out
@@ -260,6 +269,91 @@ def _looks_like_a_diff(p: Path) -> bool:
             and any(ln.startswith("@@ ") for ln in lines))
 
 
+# "step5@clang", "vanilla@layout2", "pg19/step5@clang@layout3": a build with modifiers
+COMPILERS = ("gcc", "clang")
+_MODIFIER = re.compile(r"^(gcc|clang|layout([1-9]\d{0,5}))$")
+# -ffunction-sections puts every function in a section of its own, which lld places in
+# an order shuffled with the seed: the same code, another layout (Mytkowicz et al. 2009)
+LAYOUT_CFLAGS = "-ffunction-sections"
+
+
+def layout_ldflags(seed: int) -> str:
+    return f"-fuse-ld=lld -Wl,--shuffle-sections=.text*={seed}"
+
+
+def split_modifiers(name: str) -> tuple[str, str | None, int | None]:
+    """'step5@clang@layout2' -> ('step5', 'clang', 2); 'step5' -> ('step5', None, None).
+    An unknown modifier is a BuildError naming the known ones."""
+    base, *mods = name.split("@")
+    cc: str | None = None
+    layout: int | None = None
+    for m in mods:
+        mm = _MODIFIER.match(m)
+        if not mm:
+            raise BuildError(f"build {name!r}: unknown modifier @{m}; known: @gcc, @clang, "
+                             "@layoutN (N = 1 ... 999999: the code layout's seed)", step="spec")
+        if mm.group(2):
+            if layout is not None:
+                raise BuildError(f"build {name!r}: two @layout modifiers", step="spec")
+            layout = int(mm.group(2))
+        else:
+            if cc is not None:
+                raise BuildError(f"build {name!r}: two compiler modifiers", step="spec")
+            cc = m
+    return base, cc, layout
+
+
+def with_modifiers(spec: BuildSpec, cc: str | None, layout: int | None) -> BuildSpec:
+    """*spec* compiled by *cc* and/or linked in code layout *layout*; its name carries the
+    modifiers (``step5@clang@layout2``), its flags, compiler and layout go into the cache
+    key and the build's provenance."""
+    if cc is None and layout is None:
+        return spec
+    cc = cc or spec.cc
+    layout = layout if layout is not None else spec.layout
+    suffix = ("" if cc == "gcc" else f"@{cc}") + (f"@layout{layout}" if layout else "")
+    base_name = spec.name.split("@")[0]
+    cflags, ldflags = spec.cflags, spec.ldflags
+    if layout and not spec.layout:
+        cflags = f"{cflags} {LAYOUT_CFLAGS}"
+        ldflags = f"{ldflags} {layout_ldflags(layout)}"
+    elif layout and spec.layout and layout != spec.layout:
+        ldflags = ldflags.replace(layout_ldflags(spec.layout), layout_ldflags(layout))
+    descr = spec.description + (f" (compiled with {cc})" if cc != "gcc" else "") + \
+        (f" (code layout {layout}: functions shuffled by lld)" if layout else "")
+    return replace(spec, name=base_name + suffix, cflags=cflags, ldflags=ldflags,
+                   description=descr, cc=cc, layout=layout)
+
+
+class Presets(dict):
+    """The listed presets; ``name in presets()`` and ``presets()[name]`` also accept a
+    listed name with modifiers (``vanilla@layout2``, ``pg19/step5@clang``), which
+    iteration does not list (there is one per seed)."""
+
+    def _modified(self, key: object) -> BuildSpec | None:
+        if not isinstance(key, str) or "@" not in key:
+            return None
+        try:
+            base, cc, layout = split_modifiers(key)
+        except BuildError:
+            return None
+        if not dict.__contains__(self, base):
+            return None
+        return with_modifiers(dict.__getitem__(self, base), cc, layout)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self._modified(key) is not None
+
+    def __missing__(self, key: str) -> BuildSpec:
+        spec = self._modified(key)
+        if spec is None:
+            raise KeyError(key)
+        return spec
+
+    def get(self, key, default=None):  # type: ignore[override]
+        return self[key] if key in self else default
+
+
 # "pg19/step3": the preset step3 built from PostgreSQL 19's source (see split_major)
 _MAJOR_PREFIX = re.compile(r"^pg(\d+)/(.+)$")
 
@@ -273,17 +367,18 @@ def split_major(name: str) -> tuple[str | None, str]:
 def _major_spec(major: str, spec: BuildSpec) -> BuildSpec:
     return BuildSpec(f"pg{major}/{spec.name}", patches=spec.patches,
                      configure_opts=spec.configure_opts, cflags=spec.cflags, ldflags=spec.ldflags,
-                     description=f"PostgreSQL {major}: {spec.description}")
+                     description=f"PostgreSQL {major}: {spec.description}", cc=spec.cc,
+                     layout=spec.layout)
 
 
-def presets() -> dict[str, BuildSpec]:
+def presets() -> Presets:
     """Every build preset: the base ones (built from the default source, or from the
     ``source=`` given) and ``pg<major>/<preset>`` for every major version the patch library
     has a folder for besides the default one (18), limited to the presets whose patches all
     exist for that version: the preset built from that major's default source
     (:func:`profkit.pg.source.default_source_for_major`).  ``pg18/<preset>`` is accepted
     too (:func:`resolve_spec`) but not listed."""
-    out = _base_presets()
+    out = Presets(_base_presets())
     for major in patches.versions():
         if major == patches.DEFAULT_MAJOR:
             continue
@@ -297,8 +392,11 @@ def resolve_spec(name_or_spec: str | BuildSpec) -> BuildSpec:
     if isinstance(name_or_spec, BuildSpec):
         return name_or_spec
     p = presets()
-    if name_or_spec in p:
+    if dict.__contains__(p, name_or_spec):
         return p[name_or_spec]
+    if "@" in name_or_spec:  # step5@clang, pg18/vanilla@layout2: modifiers on a build
+        base_name, cc, layout = split_modifiers(name_or_spec)
+        return with_modifiers(resolve_spec(base_name), cc, layout)
     major, base = split_major(name_or_spec)
     if major is not None and base in p:
         missing = [x for x in p[base].patches if not patches.has_patch(x, major)]
@@ -315,6 +413,7 @@ def resolve_source(name_or_spec: str | BuildSpec, source: str | None = None) -> 
     preset's ``pg<major>/`` prefix, else profkit's default (``$PROFKIT_SOURCE``, Debian's
     postgresql-18).  A ``pg<major>/`` preset with a source of another major is an error."""
     name = name_or_spec.name if isinstance(name_or_spec, BuildSpec) else name_or_spec
+    name = name.split("@")[0]  # the modifiers do not choose the source
     # a named build made with --source keeps it (the command's --source still wins)
     own = name_or_spec.source if isinstance(name_or_spec, BuildSpec) else None
     major, _ = split_major(name)
@@ -406,6 +505,8 @@ class Build:
             "cflags": self.spec.get("cflags"),
             "ldflags": self.spec.get("ldflags"),
             "compiler": self.compiler,
+            "cc": self.spec.get("cc", "gcc"),
+            "layout": self.spec.get("layout", 0),
             "pg_config": self.pg_config,
             "built_at": self.built_at,
             "postgres": str(self.postgres),
@@ -447,8 +548,9 @@ class Build:
         return f"<Build {self.name} PostgreSQL {self.version} key={self.key[:12]} at {self.dir}>"
 
 
-def compiler_identity() -> str:
-    cp = run([which("gcc"), "--version"], timeout=30)
+def compiler_identity(cc: str = "gcc") -> str:
+    """The first line of ``CC --version`` (part of the cache key and the provenance)."""
+    cp = run([which(cc), "--version"], timeout=30)
     return cp.stdout.splitlines()[0].strip()
 
 
@@ -464,6 +566,11 @@ def cache_key(spec: BuildSpec, source: Source, patch_files: Sequence[Path], comp
         ",".join(CONTRIB),
     ):
         h.update(part.encode() + b"\0")
+    # a non-default compiler or layout (the default builds keep the keys they had)
+    if spec.cc != "gcc":
+        h.update(f"cc={spec.cc}".encode() + b"\0")
+    if spec.layout:
+        h.update(f"layout={spec.layout}".encode() + b"\0")
     for pf in patch_files:
         h.update(patch_body(pf.read_bytes()) + b"\0")
     return h.hexdigest()
@@ -500,7 +607,7 @@ def find_build(name_or_spec: str | BuildSpec, source: str | None = None) -> Buil
     spec = resolve_spec(name_or_spec)
     src = resolve_source(spec, source)
     files = [patch_path(p, src.major) for p in spec.patches]
-    key = cache_key(spec, src, files, compiler_identity())
+    key = cache_key(spec, src, files, compiler_identity(spec.cc))
     d = paths.sub("builds") / f"{_safe_name(spec.name)}-{key[:12]}"
     if (d / "COMPLETE").exists():
         return Build.from_dir(d)
@@ -519,7 +626,7 @@ def get_build(
     say = progress or (lambda s: None)
     src = resolve_source(spec, source)
     files = [patch_path(p, src.major) for p in spec.patches]
-    compiler = compiler_identity()
+    compiler = compiler_identity(spec.cc)
     key = cache_key(spec, src, files, compiler)
     root = paths.sub("builds")
     d = root / f"{_safe_name(spec.name)}-{key[:12]}"
@@ -615,7 +722,8 @@ def _do_build(
     say: Progress,
     jobs: int,
 ) -> Build:
-    for tool in ("make", "patch", "ccache", "bison", "flex"):
+    for tool in ("make", "patch", "ccache", "bison", "flex", spec.cc,
+                 *(("ld.lld",) if spec.layout else ())):
         which(tool)
     if d.exists():
         shutil.rmtree(d)  # no COMPLETE marker: never trusted
@@ -624,7 +732,7 @@ def _do_build(
     step = "copy source"
     env = {
         **ccache_env(),
-        "CC": "ccache gcc",
+        "CC": f"ccache {spec.cc}",
         "LC_ALL": "C",
         "CCACHE_STATSLOG": str(d / "ccache-stats.log"),
     }
@@ -656,7 +764,7 @@ def _do_build(
             *spec.configure_opts,
             f"CFLAGS={spec.cflags}",
             f"LDFLAGS={spec.ldflags}",
-            "CC=ccache gcc",
+            f"CC=ccache {spec.cc}",
         ]
         # autoconf's cache, shared by builds with the same options and compiler
         # (a private copy per build so concurrent builds don't race on it)
@@ -762,13 +870,13 @@ def list_builds(*, defined_only: bool = False) -> list[Build]:
     """The cached builds; with *defined_only*, those whose name is a preset or one of the
     named builds defined here (not builds of names defined elsewhere, such as the test
     suite's)."""
-    names = set(presets()) if defined_only else set()
+    known = presets() if defined_only else None
     out = []
     for d in sorted(paths.sub("builds").iterdir()):
         if (d / "COMPLETE").exists() and (d / "build.json").exists():
             b = Build.from_dir(d)
             base = b.name.split("/", 1)[-1]
-            if not defined_only or b.name in names or base in names:
+            if known is None or b.name in known or base in known:
                 out.append(b)
     return out
 

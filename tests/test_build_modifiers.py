@@ -1,0 +1,73 @@
+"""Build names with modifiers: ``@clang`` (the compiler) and ``@layoutN`` (a code layout).
+
+No build here: names resolve, flags and cache keys differ where they must and only there.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profkit.errors import BuildError
+from profkit.pg import build as B
+from profkit.pg.source import Source
+
+
+def _src() -> Source:
+    return Source(kind="tarball", spec="tarball:/x", version="18.6", detail="test",
+                  identity="abc", path="/nonexistent")
+
+
+def test_modifiers_resolve_on_any_preset():
+    s = B.resolve_spec("step5@clang")
+    assert (s.name, s.cc, s.layout) == ("step5@clang", "clang", 0)
+    assert s.patches == B.resolve_spec("step5").patches
+    assert s.cflags == B.BASE_CFLAGS and s.ldflags == B.BASE_LDFLAGS
+    v = B.resolve_spec("vanilla@layout2")
+    assert (v.name, v.cc, v.layout) == ("vanilla@layout2", "gcc", 2)
+    assert v.cflags == f"{B.BASE_CFLAGS} -ffunction-sections"
+    assert v.ldflags == f"{B.BASE_LDFLAGS} -fuse-ld=lld -Wl,--shuffle-sections=.text*=2"
+    both = B.resolve_spec("pg19/step5@clang@layout3")
+    assert (both.name, both.cc, both.layout) == ("pg19/step5@clang@layout3", "clang", 3)
+    assert both.description.startswith("PostgreSQL 19")
+    # a +gprof twin takes modifiers too, and keeps its configure option
+    g = B.resolve_spec("step3+gprof@clang")
+    assert "--enable-profiling" in g.configure_opts and g.cc == "clang"
+    # @gcc is the default compiler: the same spec as without it
+    assert B.resolve_spec("step5@gcc") == B.resolve_spec("step5")
+
+
+def test_modified_names_are_known_wherever_presets_are_checked():
+    known = B.presets()
+    for name in ("vanilla@layout7", "pg19/step5@clang", "tsc_clock@clang@layout1"):
+        assert name in known and known[name].name == name
+    assert "vanilla@layout0" not in known and "nope@clang" not in known
+    assert "vanilla@icc" not in known
+    # iteration lists the presets only (one modified name per seed would be endless)
+    assert not any("@" in n for n in known)
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ("vanilla@icc", "unknown modifier @icc"),
+    ("vanilla@layout", "unknown modifier @layout"),
+    ("vanilla@clang@gcc", "two compiler modifiers"),
+    ("vanilla@layout1@layout2", "two @layout modifiers"),
+    ("nope@clang", "unknown build 'nope'"),
+])
+def test_bad_modifiers_are_one_clear_error(bad, msg):
+    with pytest.raises(BuildError, match=msg):
+        B.resolve_spec(bad)
+
+
+def test_cache_key_carries_compiler_and_layout_only_when_set(tmp_path):
+    src = _src()
+    pf = tmp_path / "x.patch"
+    pf.write_text("header\ndiff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+    files: list[Path] = []
+    gcc = "gcc (Debian 12.2.0-14) 12.2.0"
+    k_default = B.cache_key(B.resolve_spec("vanilla"), src, files, gcc)
+    assert B.cache_key(B.resolve_spec("vanilla@gcc"), src, files, gcc) == k_default
+    k_clang = B.cache_key(B.resolve_spec("vanilla@clang"), src, files, gcc)
+    k_l1 = B.cache_key(B.resolve_spec("vanilla@layout1"), src, files, gcc)
+    k_l2 = B.cache_key(B.resolve_spec("vanilla@layout2"), src, files, gcc)
+    assert len({k_default, k_clang, k_l1, k_l2}) == 4
