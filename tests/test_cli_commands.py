@@ -135,6 +135,7 @@ README_COMMANDS = {
     "py-spy": "test_py_spy",
     "import": "test_import_error (success: tests/test_pk_record.py)",
     "export": "test_export_command",
+    "record-script": "test_record_script_command",
 }
 
 
@@ -454,3 +455,16 @@ def test_regress_one_build() -> None:
     cp = profkit("regress", "vanilla", timeout=3600)
     m = re.search(r"^vanilla\s+ok\s+tests=\s*(\d+)\s+failed=\s*0\b", cp.stdout, flags=re.M)
     assert m and int(m.group(1)) > 200, cp.stdout  # 231 tests in PostgreSQL 18's make check
+
+
+def test_record_script_command(tmp_path: Path) -> None:
+    """`profkit record-script -o FILE` writes the packaged capture script (0755, a POSIX
+    sh script); a folder that does not exist is one line."""
+    cp = profkit("record-script", "-o", str(tmp_path / "pk-record.sh"))
+    out = tmp_path / "pk-record.sh"
+    assert out.read_text().startswith("#!/bin/sh") and "perf record" in out.read_text()
+    assert out.stat().st_mode & 0o777 == 0o755
+    assert str(out) in cp.stdout
+    bad = profkit("record-script", "-o", str(tmp_path / "no" / "such" / "x.sh"), code=1)
+    assert "no such file or directory" in message(bad).lower()
+

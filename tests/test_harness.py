@@ -41,7 +41,9 @@ def test_experiments_time_only_through_the_harness():
         hits = names & {"perf_counter", "perf_counter_ns", "schedstat"}
         if hits:
             users[p.name] = sorted(hits)
-    assert users == {"harness.py": ["perf_counter_ns", "schedstat"]}
+    # cell.py: a notebook cell's "none" collector shows the client time of the cell's own
+    # query next to its rows (a display, never a benchmark figure)
+    assert users == {"harness.py": ["perf_counter_ns", "schedstat"], "cell.py": ["perf_counter"]}
     tree = ast.parse((exp / "harness.py").read_text())
     timing_fns = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
                   and any(isinstance(n, ast.Attribute) and n.attr == "perf_counter_ns"

@@ -105,11 +105,12 @@ def test_experiments_do_not_import_front_doors():
 #: modules, and the vocabulary (modes, EXPLAIN prefixes, workload names and their checks;
 #: in pg/workloads until it has a base module of its own).
 FRONT_DOOR_BASE = {"profkit", "profkit.errors", "profkit.paths", "profkit.tables",
-                   "profkit.progress", "profkit.run", "profkit.pg.workloads"}
+                   "profkit.progress", "profkit.run", "profkit.modes", "profkit.pg.workloads"}
 
 #: Front-door imports outside that rule, each with its reason.
 FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
     "profkit.cli.parse": {
+        "profkit.stackcollapse": "`parse perf-script` folds through the compiled drop-in's path",
         "profkit.parse.perf_script": "the parse commands' job is parsing files",
         "profkit.parse.gprof": "the parse commands' job is parsing files",
     },
@@ -183,7 +184,8 @@ def test_front_door_exceptions_are_still_needed():
 #: - cli/: every command module imports its experiment inside the command function, so
 #:   `profkit --version` and `--help` start fast (no pandas, psycopg, matplotlib);
 #: - profkit/__init__.py: the IPython extension hooks (IPython is optional);
-#:   stackcollapse.py: the `profkit-stackcollapse-perf` script starts fast;
+#:   __main__.py and stackcollapse.py: `profkit --version`/`--help` and the
+#:   `profkit-stackcollapse-perf` script start fast (nothing imported before it is used);
 #: - parse/: the folding path stays free of pandas (parse/folded's tables, parse's
 #:   load_stacks), for the stackcollapse script's start-up time;
 #: - collect/: bpf's handle on profkit.run (its `run` name is taken by the function),
@@ -191,7 +193,7 @@ def test_front_door_exceptions_are_still_needed():
 #: - experiments/: the engine modules being reshaped (bench, timing_accuracy, observers,
 #:   correction, harness); every other experiments module imports at the top.
 #: The ceilings are today's counts: lower one when you move an import to the top.
-FUNCTION_IMPORT_CEILING = {"(top)": 6, "cli": 49, "collect": 3, "experiments": 43, "parse": 3}
+FUNCTION_IMPORT_CEILING = {"(top)": 10, "cli": 54, "collect": 3, "experiments": 43, "parse": 3}
 
 
 def _function_imports() -> dict[str, int]:

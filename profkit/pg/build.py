@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -905,14 +906,10 @@ def check_build(name_or_spec: str | BuildSpec, *, source: str | None = None) -> 
     build does before it compiles. Raises :class:`PatchError` naming the patch and the
     rejected hunks, or :class:`BuildError` for an unknown build or a source of another
     major version. Never compiles; the source tree is not modified."""
-    import tempfile
-
-    from profkit.patches import target_files
-
     spec = resolve_spec(name_or_spec)
     src = resolve_source(spec, source)
     files = [patch_path(p, src.major) for p in spec.patches]
-    touched = sorted({f for pf in files for f in target_files(pf.read_text(errors="replace"))})
+    touched = sorted({f for pf in files for f in patches.target_files(pf.read_text(errors="replace"))})
     with tempfile.TemporaryDirectory(prefix="profkit-check-") as tmp:
         tree = Path(tmp) / "src"
         tree.mkdir()
