@@ -55,7 +55,7 @@ GOAL_X = 20.0
 
 
 def _record(argv_target: list[str], out: Path, seconds: float, freq: int) -> None:
-    from profkit.run import Background, which
+    from profkit.processes import Background, which
 
     perf = which("perf")
     bg = Background([perf, "record", "-F", str(freq), "-g", "-o", str(out), *argv_target],
@@ -166,7 +166,7 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT))
     from profkit.collect.perf import SCRIPT_ARGS
-    from profkit.run import which
+    from profkit.processes import which
 
     perf = which("perf")
     suite = Path(os.environ.get("PROFKIT_FLAMEGRAPH_SUITE",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import ProfkitError
-from profkit.run import run
+from profkit.processes import run
 
 CLOCKSOURCE_DIR = Path("/sys/devices/system/clocksource/clocksource0")
 

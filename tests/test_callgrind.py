@@ -12,7 +12,7 @@ from profkit.collect import callgrind as cgc
 from profkit.collect import perf_stat
 from profkit.errors import ClusterError, ParseError, ProbeError
 from profkit.parse import callgrind as cgp
-from profkit.run import run
+from profkit.processes import run
 
 FIX = Path(__file__).parent / "fixtures" / "callgrind"
 COLS = ["function", "module", "calls", "self", "total"]

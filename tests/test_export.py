@@ -366,7 +366,7 @@ class _Chromium:
     def __init__(self, profile: Path) -> None:
         import websocket
 
-        from profkit.run import Background
+        from profkit.processes import Background
 
         exe = shutil.which("chromium") or "/usr/bin/chromium"
         if not os.path.exists(exe):

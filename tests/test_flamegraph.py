@@ -279,7 +279,7 @@ class Browser:
     def __init__(self, profile_dir: Path, size: tuple[int, int] = (1200, 1000)) -> None:
         import websocket
 
-        from profkit.run import Background
+        from profkit.processes import Background
 
         self.bg = Background(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

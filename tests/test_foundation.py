@@ -19,7 +19,7 @@ from profkit.pg.build import BuildSpec, get_build, resolve_spec
 from profkit.pg.cluster import Cluster
 from profkit.pg.source import SourceError, get_source
 from profkit.pg.workloads import WorkloadError, get_workload
-from profkit.run import run, which
+from profkit.processes import run, which
 
 FIXTURES = Path(__file__).parent / "fixtures"
 pytestmark = pytest.mark.pg

@@ -10,7 +10,7 @@ from pathlib import Path
 import profkit
 
 PKG = Path(profkit.__file__).parent
-BASE = {"profkit.errors", "profkit.paths", "profkit.run", "profkit.tables"}
+BASE = {"profkit.errors", "profkit.paths", "profkit.processes", "profkit.tables"}
 
 
 def _module(path: Path) -> str:
@@ -105,7 +105,7 @@ def test_experiments_do_not_import_front_doors():
 #: modules, and the vocabulary (modes, EXPLAIN prefixes, workload names and their checks;
 #: in pg/workloads until it has a base module of its own).
 FRONT_DOOR_BASE = {"profkit", "profkit.errors", "profkit.paths", "profkit.tables",
-                   "profkit.progress", "profkit.run", "profkit.modes", "profkit.pg.workloads"}
+                   "profkit.progress", "profkit.processes", "profkit.modes", "profkit.pg.workloads"}
 
 #: Front-door imports outside that rule, each with its reason.
 FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
@@ -188,7 +188,7 @@ def test_front_door_exceptions_are_still_needed():
 #:   `profkit-stackcollapse-perf` script start fast (nothing imported before it is used);
 #: - parse/: the folding path stays free of pandas (parse/folded's tables, parse's
 #:   load_stacks), for the stackcollapse script's start-up time;
-#: - collect/: bpf's handle on profkit.run (its `run` name is taken by the function),
+#: - collect/: bpf's handle on profkit.processes (its `run` name is taken by the function),
 #:   artifacts' clock facts (the machine facts are moving to a base module);
 #: - experiments/: the engine modules being reshaped (bench, timing_accuracy, observers,
 #:   correction, harness); every other experiments module imports at the top.

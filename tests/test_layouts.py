@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.run import run
+from profkit.processes import run
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUTS = ("vanilla@layout1", "vanilla@layout2")

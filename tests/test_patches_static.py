@@ -115,7 +115,7 @@ def test_patch_dry_run_applies_to_fresh_copy(tmp_path):
     tree = tmp_path / "pg"
     shutil.copytree(src / "src" / "backend" / "executor", tree / "src/backend/executor")
     shutil.copytree(src / "src" / "include", tree / "src/include")
-    from profkit.run import run
+    from profkit.processes import run
 
     for name in ["step1", "step2", "step3"]:
         argv = ["patch", "-p1", "--batch", "--forward", "-d", str(tree),

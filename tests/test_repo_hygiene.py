@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from profkit import run as runmod
+from profkit import processes as runmod
 
 ROOT = Path(__file__).resolve().parent.parent
 JUNK = re.compile(r"(^|/)(gmon\.out|perf\.data(\.old)?|core(\.[0-9]+)?|callgrind\.out\.[0-9]+)$")

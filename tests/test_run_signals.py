@@ -13,7 +13,7 @@ import pytest
 
 SCRIPT = """
 import sys
-from profkit.run import run
+from profkit.processes import run
 # a leader with a grandchild in its group, like make -j2 with its compilers
 run(["sh", "-c", "sleep 300 & echo $! > {pidfile}; wait"], timeout=600)
 """

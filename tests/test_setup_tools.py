@@ -43,7 +43,7 @@ BROUGHT_BY = {
 NOT_COMMANDS = {"ltrace-not-a-tool"}
 # Another name of the same program, tried when the first is absent (Ubuntu's chromium).
 ALTERNATIVE_OF = {"chromium-browser": "chromium"}
-# The functions that start a program from an argv list (profkit.run's and subprocess's).
+# The functions that start a program from an argv list (profkit.processes's and subprocess's).
 RUNNERS = {"run", "Popen", "check_output", "check_call", "call", "_run", "in_tree", "Background",
            "spawn", "run_bg", "start"}
 

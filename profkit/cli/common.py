@@ -133,7 +133,7 @@ def friendly(f: F) -> F:
         except ProfkitError as e:
             raise Failure(str(e)) from None
         except KeyboardInterrupt:
-            from profkit.run import stop_all
+            from profkit.processes import stop_all
 
             stop_all()
             click.echo("profkit: interrupted; everything profkit started was stopped", err=True)

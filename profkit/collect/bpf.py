@@ -57,7 +57,7 @@ from profkit import tables
 from profkit.collect import dwarf, kheaders
 from profkit.collect.kheaders import BccUnavailable
 from profkit.errors import ProbeError, ProfkitError
-from profkit.run import Background, run, which
+from profkit.processes import Background, run, which
 
 # Functions in the backend binary.  Candidates per logical name, first found wins:
 # gcc splits ExecShutdownNode_walker into a NULL-check wrapper and a ".part.0"
@@ -543,10 +543,10 @@ def sigterm_raises() -> Iterator[None]:
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum} while probing")
 
-    # profkit.run installs its stop-everything SIGTERM handler when the first
+    # profkit.processes installs its stop-everything SIGTERM handler when the first
     # background process starts; install it now so that we restore it (and not
     # the default) when the probe ends.
-    from profkit import run as _run
+    from profkit import processes as _run
 
     install = getattr(_run, "_install_handlers", None)
     if install is not None:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profkit.errors import ClusterError, CommandFailed, ProbeError
-from profkit.run import OSUser, format_argv, run, which
+from profkit.processes import OSUser, format_argv, run, which
 
 if TYPE_CHECKING:  # the cluster module needs psycopg; only its type is used here
     from profkit.pg.cluster import Cluster

@@ -35,7 +35,7 @@ from profkit import tables
 from profkit.collect import ctools
 from profkit.errors import ParseError, ProbeError, ToolNotFound
 from profkit.machine import parse_cpuinfo
-from profkit.run import run
+from profkit.processes import run
 
 HELPER_SRC = Path(__file__).with_name("clock_bench.c")
 CLOCKSOURCE_DIR = Path("/sys/devices/system/clocksource/clocksource0")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from profkit import paths
 from profkit.errors import ToolNotFound
-from profkit.run import run, which
+from profkit.processes import run, which
 
 
 def helper_path(src: Path) -> Path:

@@ -46,8 +46,8 @@ from profkit.rundir import RunDir, load_run, new_run
 from profkit.collect.perf import QueryResult, format_rows, pid_alive, run_query
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.gprof import GprofProfile, parse_gprof
-from profkit.run import format_argv, install_hint, which
-from profkit.run import run as run_argv
+from profkit.processes import format_argv, install_hint, which
+from profkit.processes import run as run_argv
 
 if TYPE_CHECKING:
     import psycopg

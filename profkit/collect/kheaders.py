@@ -38,7 +38,7 @@ from types import ModuleType
 
 from profkit import paths
 from profkit.errors import ProbeError, ProfkitError
-from profkit.run import run, which
+from profkit.processes import run, which
 
 BCC_DIRS = (
     Path("/usr/lib/python3/dist-packages/bcc"),

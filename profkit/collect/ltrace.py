@@ -41,7 +41,7 @@ from typing import Any
 
 from profkit.collect.bpf import PartialProbe, backend_info, sigterm_raises
 from profkit.errors import ProbeError
-from profkit.run import Background, format_argv, which
+from profkit.processes import Background, format_argv, which
 from profkit.parse._io import read_text
 
 QueryRunner = Callable[[], Any]

@@ -7,7 +7,7 @@ What :func:`record_query` does, for one backend (the pid behind a connection):
 2. starts ``perf record -F FREQ -g -p PID -o perf.data`` (frame-pointer call graphs: the
    builds use ``-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer``;
    ``call_graph="dwarf"`` records ``--call-graph dwarf`` instead, ~8 MB/s) and, where
-   asked, ``perf stat -x, -p PID`` beside it, both through :class:`profkit.run.Background`;
+   asked, ``perf stat -x, -p PID`` beside it, both through :class:`profkit.processes.Background`;
 3. waits until perf is attached — perf prints nothing reliable when it is, so we poll
    ``/proc/<perf pid>/fd`` for its ``anon_inode:[perf_event]`` descriptors and then give
    it a moment to map its ring buffers — so the first rows of the query are sampled;
@@ -73,8 +73,8 @@ from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.folded import instrumentation_share, read_folded, write_folded
 from profkit.parse.perf_stat import parse_perf_stat
 from profkit.parse.perf_script import PerfFolding, VdsoSymbols, dump_vdso, fold_perf_script
-from profkit.run import Background, format_argv, install_hint, which
-from profkit.run import run as run_argv
+from profkit.processes import Background, format_argv, install_hint, which
+from profkit.processes import run as run_argv
 
 if TYPE_CHECKING:
     import psycopg

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from profkit.errors import ProbeError, ProfkitError
 from profkit.parse.perf_stat import parse_perf_stat
-from profkit.run import Background, run, which
+from profkit.processes import Background, run, which
 
 
 def _read(path: str | os.PathLike[str]) -> str:

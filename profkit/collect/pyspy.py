@@ -39,8 +39,8 @@ from profkit.rundir import RunDir, load_run, new_run
 from profkit.collect.perf import pid_alive
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.folded import functions_table, read_folded, stacks_table
-from profkit.run import Background, format_argv, install_hint, which
-from profkit.run import run as run_argv
+from profkit.processes import Background, format_argv, install_hint, which
+from profkit.processes import run as run_argv
 
 T = TypeVar("T")
 

@@ -49,7 +49,7 @@ from profkit.experiments.profile import (
 from profkit.pg.cluster import connect_dsn, redact_dsn
 from profkit.pg.workloads import EXPLAIN_PREFIX, get_workload, workload_spec
 from profkit.rundir import load_run, open_run
-from profkit.run import run
+from profkit.processes import run
 
 
 class AttachError(ProfkitError):

@@ -58,7 +58,7 @@ from profkit.pg.workloads import Workload, get_workload
 from profkit.collect import bpf, callgrind as cg, ltrace as lt, perf
 from profkit.collect.bpf import DEFAULT_COST_NS
 from profkit.parse.ltrace import parse_ltrace_summary
-from profkit.run import run
+from profkit.processes import run
 from profkit.rundir import load_run
 
 if TYPE_CHECKING:

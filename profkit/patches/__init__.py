@@ -24,7 +24,7 @@ from pathlib import Path
 
 from profkit.errors import PatchError
 from profkit.pg.source import major_version, upstream_version
-from profkit.run import run
+from profkit.processes import run
 
 PATCH_ROOT = Path(__file__).resolve().parent
 DEFAULT_MAJOR = "18"

@@ -33,7 +33,7 @@ from pathlib import Path
 from profkit import paths, patches
 from profkit.errors import BuildError, CommandFailed, PatchError
 from profkit.pg.source import Source, default_source_for_major, get_source
-from profkit.run import run, which
+from profkit.processes import run, which
 
 RECIPE_VERSION = "3"
 # Every build is configured with the same (never used) prefix and installed

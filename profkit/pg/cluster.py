@@ -29,7 +29,7 @@ import psycopg
 from profkit import paths
 from profkit.errors import ClusterError
 from profkit.pg.build import Build
-from profkit.run import Background, OSUser, run
+from profkit.processes import Background, OSUser, run
 
 OS_USER = os.environ.get("PROFKIT_OS_USER", "profkit")
 DB_USER = "profkit"

@@ -19,7 +19,7 @@ from pathlib import Path
 from profkit.errors import CommandFailed, ProfkitError
 from profkit.pg.build import Build, ccache_env
 from profkit.pg.cluster import ensure_os_user
-from profkit.run import run
+from profkit.processes import run
 
 
 @dataclass(frozen=True)

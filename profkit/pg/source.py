@@ -38,7 +38,7 @@ from pathlib import Path
 
 from profkit import paths
 from profkit.errors import CommandFailed, ProfkitError
-from profkit.run import run
+from profkit.processes import run
 
 DEFAULT_SOURCE = "debian:postgresql-18"
 # Debian carries a PostgreSQL major version in sid once it is released, and the

@@ -10,7 +10,7 @@ than a ``runuser`` parent), and (d) stop tracers with SIGINT and escalate.
 background thread per command; for these four needs subprocess is the more
 direct tool, so every call goes through :func:`run` and :class:`Background`.
 
-Every command line is logged (logger ``profkit.run``); a missing program turns
+Every command line is logged (logger ``profkit.processes``); a missing program turns
 into :class:`ToolNotFound` saying which package installs it.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from profkit.errors import CommandFailed, ToolNotFound
 
-log = logging.getLogger("profkit.run")
+log = logging.getLogger("profkit.processes")
 
 # tool -> (Debian package, Ubuntu package)
 INSTALL_HINTS: dict[str, tuple[str, str]] = {
