@@ -237,6 +237,28 @@ def read_results(folder: Path = RESULTS) -> pd.DataFrame:
     return df
 
 
+#: Cells of the matrix ``make test`` holds that no committed run has counted yet, as
+#: (compiler, major, build).  The tests check this list against the committed file both
+#: ways (a counted cell must leave it, a cell may not vanish into it), and the live
+#: checks (a variant's counts against vanilla's) still run for these builds.  A run of
+#: this script that counts them empties it.
+NOT_YET_COUNTED: frozenset[tuple[str, str, str]] = frozenset({
+    ("gcc", "19", "vanilla"), ("gcc", "19", "step4"), ("gcc", "19", "step5"),
+    ("gcc", "19", "fast_timing"),
+    ("gcc", "18", "coarse_clock"), ("gcc", "18", "tsc_clock"), ("gcc", "18", "sampled_timing"),
+    ("gcc", "18", "fast_timing"),
+})
+
+
+def committed(df: pd.DataFrame, *, compiler: str, major: str, build: str, workload: str,
+              mode: str) -> pd.Series | None:
+    """:func:`lookup`, or None for a cell of :data:`NOT_YET_COUNTED` (KeyError for any
+    other missing cell)."""
+    if (compiler, str(major), build) in NOT_YET_COUNTED:
+        return None
+    return lookup(df, compiler=compiler, major=major, build=build, workload=workload, mode=mode)
+
+
 def lookup(df: pd.DataFrame, *, compiler: str, major: str, build: str, workload: str,
            mode: str) -> pd.Series:
     """The one committed row of a cell (KeyError naming it when absent)."""

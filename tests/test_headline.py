@@ -134,8 +134,10 @@ def test_row_counting_holds_the_committed_headline(major, workload):
         c = mod.measure_once(mod.build_name(variant, major, "gcc"), workload, scale, HELD_MODES)
         counts[variant] = c.instructions
         for mode, n in c.instructions.items():
-            row = mod.lookup(committed, compiler="gcc", major=major, build=variant,
-                             workload=workload, mode=mode)
+            row = mod.committed(committed, compiler="gcc", major=major, build=variant,
+                                workload=workload, mode=mode)
+            if row is None:  # headline.NOT_YET_COUNTED: the live checks below still run
+                continue
             assert float(row["scale"]) == scale
             want = int(row["instructions"])
             dev = (n - want) / want * 100
@@ -149,9 +151,10 @@ def test_row_counting_holds_the_committed_headline(major, workload):
     for variant in ("step4", "step5"):
         for mode in ("plain", "analyze_notiming"):
             pct = (counts[variant][mode] - v1) / v1 * 100
-            row = mod.lookup(committed, compiler="gcc", major=major, build=variant,
-                             workload=workload, mode=mode)
-            assert (pct <= mod.GOALS[mode]) == (row["verdict"] == "met"), (variant, mode, pct)
+            row = mod.committed(committed, compiler="gcc", major=major, build=variant,
+                                workload=workload, mode=mode)
+            if row is not None:
+                assert (pct <= mod.GOALS[mode]) == (row["verdict"] == "met"), (variant, mode, pct)
 
 
 @pytest.mark.builds(*PG19)

@@ -113,15 +113,27 @@ def test_committed_matrix_is_what_its_numbers_say():
 
 
 def test_the_matrix_covers_gcc_on_both_majors():
+    """Every cell make test holds is committed, except the ones headline.py lists as not
+    counted yet; and nothing it lists is in the file already (the list only shrinks)."""
     mod = _headline()
     df = mod.read_results()
     gcc = df[df["compiler"] == "gcc"]
-    for major in ("18", "19"):
-        for variant in ("vanilla", "step4", "step5"):
+    held = {"18": ("vanilla", "step4", "step5", "coarse_clock", "tsc_clock", "sampled_timing",
+                   "fast_timing"),
+            "19": ("vanilla", "step4", "step5", "fast_timing")}
+    missing = set()
+    for major, variants in held.items():
+        for variant in variants:
             for w in mod.WORKLOADS:
                 for m in mod.MODES:
-                    mod.lookup(gcc, compiler="gcc", major=major, build=variant, workload=w,
-                               mode=m)
+                    try:
+                        mod.lookup(gcc, compiler="gcc", major=major, build=variant, workload=w,
+                                   mode=m)
+                    except KeyError:
+                        missing.add(("gcc", major, variant))
+    assert missing == set(mod.NOT_YET_COUNTED), (
+        f"not committed and not listed: {sorted(missing - set(mod.NOT_YET_COUNTED))}; "
+        f"listed but committed (strike them): {sorted(set(mod.NOT_YET_COUNTED) - missing)}")
 
 
 @pytest.mark.parametrize("text,ok", [

@@ -54,8 +54,10 @@ def test_timing_variants_count_rows_like_vanilla(major, workload):
         assert abs(q2 - v2) / v2 < 5e-4, (b, "Query-2", q2, v2)
     for b, per_mode in counts.items():
         for mode, n in per_mode.items():
-            row = mod.lookup(committed, compiler="gcc", major=major, build=b,
-                             workload=workload, mode=mode)
+            row = mod.committed(committed, compiler="gcc", major=major, build=b,
+                                workload=workload, mode=mode)
+            if row is None:  # headline.NOT_YET_COUNTED: the checks against vanilla above ran
+                continue
             want = int(row["instructions"])
             assert abs(n - want) / want * 100 <= TOLERANCE_PCT, \
                 (f"pg{major} {b} {workload} {mode}: {n:,} instructions, committed {want:,}: "
