@@ -72,6 +72,8 @@ def perf_cmd(build: str | None, pid: int | None, dsn: str | None, sql: str | Non
         run = perf_run(build, workload_spec(workload, query), scale=scale, mode=mode,
                        reps=reps, freq=freq, call_graph=call_graph, stat=not no_stat,
                        top=top_n, out=out, progress=_say)
+    for w in run.warnings:
+        click.echo(w, err=True)
     click.echo(run.console())
 
 
@@ -187,9 +189,12 @@ def record_script_cmd(output: str | None) -> None:
               help="Functions printed (by self share).")
 @_friendly
 def import_cmd(tarball: str, out: str | None, flamegraphs: str | None, top_n: int) -> None:
-    """Turn a scripts/pk-record.sh capture (a .tar.gz) into a perf run: tables, folded
-    stacks, flamegraph and provenance under profiles/, like a run profkit recorded."""
+    """Turn a pk-record.sh capture (a .tar.gz; the script: `profkit record-script`) into a
+    perf run: tables, folded stacks, flamegraph and provenance under profiles/, like a run
+    profkit recorded."""
     from profkit.experiments.profile import import_run
 
-    click.echo(import_run(tarball, base=out, flamegraphs=flamegraphs, top=top_n,
-                          progress=_say).console())
+    run = import_run(tarball, base=out, flamegraphs=flamegraphs, top=top_n, progress=_say)
+    for w in run.warnings:
+        click.echo(w, err=True)
+    click.echo(run.console())

@@ -520,8 +520,15 @@ class SampleShortfall:
         return 0.01
 
     def repeat_needed(self) -> int:
-        """Repetitions that give the minimum, with a 25 % margin."""
-        return max(2, math.ceil(1.25 * self.minimum / self.per_rep()))
+        """Repetitions that give the minimum, with a 25 % margin, or twice the minimum when
+        the rate comes from fewer than 25 samples: a count of n is only known to about
+        ±2√n; doubled again when the rate comes from one run (see below)."""
+        margin = 1.25 if self.samples >= 25 else 2.0
+        if self.reps <= 1 and self.query:
+            # one run in a new session also filled its caches and planned: here the first
+            # run of join_sum's query gave 5 samples and the 40 after it 1.7 each
+            margin *= 2
+        return max(2, math.ceil(margin * self.minimum / self.per_rep()))
 
     def message(self, *, freq_flag: str = "--freq", repeat_flag: str | None = "--reps",
                 max_freq: int | None = None) -> str:

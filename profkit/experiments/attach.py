@@ -218,10 +218,10 @@ def perf_attached_run(*, pid: int | None = None, dsn: str | None = None,
                          title=f"{rep.version or 'PostgreSQL'}: backend "
                                f"{prof.run.get('target.pid')} (perf)")
     return ProfileRun(prof, svg, [f"binary: {rep.describe()}",
-                                  f"run {prof.run.run_id}: {prof.folding.samples} samples",
-                                  *shortfall_lines(prof, "--freq", "--reps" if dsn is not None
-                                                   else "--dsn DSN --reps N")],
-                      [(f"top {top} functions by self samples:", top_functions(prof, top))])
+                                  f"run {prof.run.run_id}: {prof.folding.samples} samples"],
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))],
+                      warnings=shortfall_lines(prof, "--freq", "--reps" if dsn is not None
+                                               else "--dsn DSN --reps N"))
 
 
 # ---------------------------------------------------------------------------------------

@@ -188,6 +188,9 @@ class ProfileRun:
     head: list[str] = field(default_factory=list)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
+    #: what the reader must know before the tables (too few samples, and the fix): a
+    #: command prints these on stderr, a notebook first
+    warnings: list[str] = field(default_factory=list)
 
     def console(self) -> str:
         out = list(self.head)
@@ -200,7 +203,8 @@ class ProfileRun:
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
-        parts = [f"<p>{html.escape(line)}</p>" for line in self.head]
+        parts = [f"<p><b>{html.escape(line)}</b></p>" for line in self.warnings]
+        parts += [f"<p>{html.escape(line)}</p>" for line in self.head]
         for title, table in self.tables:
             parts += [f"<b>{html.escape(title)}</b>" if title else "", table.to_html(index=False)]
         parts += [f"<p>{html.escape(line)}</p>" for line in self.tail]
@@ -218,7 +222,7 @@ def perf_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 
     flamegraphs/), the top functions, the instrumentation share and perf stat's counts."""
     label = workload_label(workload)
     prof = perf_profile(build, workload, scale=scale, mode=mode, reps=reps, freq=freq,
-                        call_graph=call_graph, stat=stat, progress=progress)
+                        call_graph=call_graph, stat=stat, progress=progress, fix_flags=None)
     qname = prof.run.provenance.get("query_name") or mode
     svg = flamegraph_for(prof.counts, prof.run,
                          flamegraph_dir(out) / f"perf-{build}-{label}-{mode}.svg",
@@ -229,10 +233,9 @@ def perf_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 
         tail.append("perf stat: " + ", ".join(f"{r.event}={r.value:g}{r.unit and ' ' + r.unit}"
                                               for r in st.itertuples()))
     return ProfileRun(prof, svg, [f"run {prof.run.run_id}: {prof.folding.samples} samples "
-                                  f"({', '.join(prof.folding.events)})",
-                                  *shortfall_lines(prof, "--freq", "--reps")],
+                                  f"({', '.join(prof.folding.events)})"],
                       [(f"top {top} functions by self samples:", top_functions(prof, top))],
-                      tail)
+                      tail, warnings=shortfall_lines(prof, "--freq", "--reps"))
 
 
 def shortfall_lines(prof: Any, freq_flag: str, repeat_flag: str | None,
@@ -554,7 +557,8 @@ def import_run(tarball: str | Path, *, base: str | Path | None = None,
         head.append(f"query: ran {n} time{'s' if n != 1 else ''} in one session{took}, "
                     f"recorded at {cap.get('freq')} Hz")
     # recorded on another machine: its perf_event_max_sample_rate is not this one's
-    head += shortfall_lines(prof, "-F", "pk-record.sh --repeat" if one_query
-                            else "pk-record.sh --query-file FILE --repeat N", here=False)
+    warn = shortfall_lines(prof, "-F", "pk-record.sh --repeat" if one_query
+                           else "pk-record.sh --query-file FILE --repeat N", here=False)
     return ProfileRun(prof, svg, head,
-                      [(f"top {top} functions by self samples:", top_functions(prof, top))])
+                      [(f"top {top} functions by self samples:", top_functions(prof, top))],
+                      warnings=warn)
