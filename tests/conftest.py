@@ -248,3 +248,19 @@ def kept_counts(run_dir) -> dict[tuple[str, str], int]:
     adjusted, _ = stats.vcpu_adjust(pd.read_csv(Path(run_dir) / "timings.csv"))
     kept = adjusted.dropna(subset=["cpu_kept_ms"]).groupby(["build", "mode"]).size()
     return {k: int(v) for k, v in kept.items()}
+
+
+def headline_module():
+    """benchmarks/headline.py as a module, loaded once per session (the tests that hold
+    instruction counts to the committed matrix share its code and its counts)."""
+    import importlib.util
+    import sys
+
+    if "pk_headline" not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / "headline.py"
+        spec = importlib.util.spec_from_file_location("pk_headline", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
+        spec.loader.exec_module(mod)
+    return sys.modules["pk_headline"]
+

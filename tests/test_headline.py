@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import headline_module
 from conftest import kept_counts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,23 +110,13 @@ HELD = {"18": ("vanilla", "step4", "step5"), "19": ("vanilla", "step4", "step5")
 HELD_MODES = ("plain", "analyze_notiming", "analyze_buffers")
 
 
-def _headline():
-    import importlib.util  # noqa: I001
-
-    path = ROOT / "benchmarks" / "headline.py"
-    if "pk_headline" not in sys.modules:  # one module: the tests share its counts
-        spec = importlib.util.spec_from_file_location("pk_headline", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
-        spec.loader.exec_module(mod)
-    return sys.modules["pk_headline"]
 
 
 @pytest.mark.builds("pg19/vanilla", "pg19/step4", "pg19/step5")
 @pytest.mark.parametrize("major", ["18", "19"])
 @pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
 def test_row_counting_holds_the_committed_headline(major, workload):
-    mod = _headline()
+    mod = headline_module()
     committed = mod.read_results()
     scale = mod.SCALES[workload]
     off = []

@@ -13,14 +13,13 @@ No build, no cluster: this runs in ``make test-fast``.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import headline_module
 
 from profkit import patches
 
@@ -30,14 +29,6 @@ TAG = re.compile(
     r"(\w+)\s+(\w+)\]")
 
 
-def _headline():
-    path = ROOT / "benchmarks" / "headline.py"
-    if "pk_headline" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("pk_headline", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
-        spec.loader.exec_module(mod)
-    return sys.modules["pk_headline"]
 
 
 def _texts() -> dict[str, str]:
@@ -73,7 +64,7 @@ def test_tags_are_found_and_malformed_ones_are_not_ignored():
 
 
 def test_every_quoted_number_is_the_committed_result():
-    mod = _headline()
+    mod = headline_module()
     df = mod.read_results()
     wrong = []
     for name, value, decimals, (major, comp, variant, workload, mode) in quotes():
@@ -93,7 +84,7 @@ def test_every_quoted_number_is_the_committed_result():
 def test_committed_matrix_is_what_its_numbers_say():
     """The derived columns and the markdown are recomputed from the instruction counts:
     nobody edits a verdict or a percentage by hand."""
-    mod = _headline()
+    mod = headline_module()
     df = mod.read_results()
     assert list(df.columns) == mod.COLUMNS
     again = mod.merge(None, df)
@@ -115,7 +106,7 @@ def test_committed_matrix_is_what_its_numbers_say():
 def test_the_matrix_covers_gcc_on_both_majors():
     """Every cell make test holds is committed, except the ones headline.py lists as not
     counted yet; and nothing it lists is in the file already (the list only shrinks)."""
-    mod = _headline()
+    mod = headline_module()
     df = mod.read_results()
     gcc = df[df["compiler"] == "gcc"]
     held = {"18": ("vanilla", "step4", "step5", "coarse_clock", "tsc_clock", "sampled_timing",

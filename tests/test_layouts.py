@@ -6,12 +6,11 @@ separates their CPU times is layout alone, the variance a benchmark must treat a
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import headline_module
 
 from profkit.processes import run
 
@@ -23,14 +22,6 @@ HOT = ("ExecNestLoop", "ExecMaterial", "ExecProcNodeInstr", "InstrStopNode", "Ex
 pytestmark = [pytest.mark.pg]
 
 
-def _headline():
-    path = ROOT / "benchmarks" / "headline.py"
-    if "pk_headline" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("pk_headline", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
-        spec.loader.exec_module(mod)
-    return sys.modules["pk_headline"]
 
 
 def _symbols(postgres: Path) -> dict[str, int]:
@@ -72,7 +63,7 @@ def test_same_functions_at_other_addresses(layouts):
 
 
 def test_same_instructions_under_callgrind(layouts):
-    mod = _headline()
+    mod = headline_module()
     modes = ("plain", "analyze_notiming")
     c1, c2 = (mod.measure_once(n, "nested_loop", 0.01, modes).instructions for n in LAYOUTS)
     # the same code: the counts agree within the scatter of one binary counted twice

@@ -12,11 +12,10 @@ registers.) Each count is also held to the committed headline matrix
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import headline_module
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"18": ["coarse_clock", "tsc_clock", "sampled_timing", "fast_timing"],
@@ -28,20 +27,12 @@ pytestmark = [pytest.mark.pg, pytest.mark.builds("vanilla", *VARIANTS["18"], "pg
                                                   "pg19/fast_timing")]
 
 
-def _headline():
-    path = ROOT / "benchmarks" / "headline.py"
-    if "pk_headline" not in sys.modules:  # one module: the tests share its counts
-        spec = importlib.util.spec_from_file_location("pk_headline", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
-        spec.loader.exec_module(mod)
-    return sys.modules["pk_headline"]
 
 
 @pytest.mark.parametrize("major", ["18", "19"])
 @pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
 def test_timing_variants_count_rows_like_vanilla(major, workload):
-    mod = _headline()
+    mod = headline_module()
     committed = mod.read_results()
     scale = mod.SCALES[workload]
     counts = {b: mod.measure_once(mod.build_name(b, major, "gcc"), workload, scale, MODES).instructions
