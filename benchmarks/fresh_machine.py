@@ -2,7 +2,7 @@
 build cache and an empty ccache, then `make test` again on a second fresh clone (warm).
 
     python benchmarks/fresh_machine.py [--root /var/tmp/fresh] [--skip-demo] [--skip-warm]
-                                       [--pytest-args "..."]
+                                       [--skip-test] [--pytest-args "..."]
 
 Prints the wall time of each phase, and per build (from each build's build.json): copy +
 patch, configure, make, install, ccache hits and misses and the objects compiled.  The
@@ -78,6 +78,8 @@ def main() -> int:
     ap.add_argument("--root", type=Path, default=Path("/var/tmp/profkit-fresh"))
     ap.add_argument("--skip-demo", action="store_true")
     ap.add_argument("--skip-warm", action="store_true")
+    ap.add_argument("--skip-test", action="store_true",
+                    help="only the cold make demo (no make test, cold or warm)")
     ap.add_argument("--pytest-args", default="")
     args = ap.parse_args()
     root: Path = args.root
@@ -102,10 +104,12 @@ def main() -> int:
     else:
         demo_builds = set()
     extra = [f"PYTEST_ARGS={args.pytest_args}"] if args.pytest_args else []
-    s, rc = timed_make("test", a, env, root / "test-cold.log", extra)
-    results.append(("cold make test", s, rc))
-    print(f"cold make test: {s:.0f} s (exit {rc}): {pytest_summary(root / 'test-cold.log')}", flush=True)
-    if not args.skip_warm:
+    if not args.skip_test:
+        s, rc = timed_make("test", a, env, root / "test-cold.log", extra)
+        results.append(("cold make test", s, rc))
+        print(f"cold make test: {s:.0f} s (exit {rc}): {pytest_summary(root / 'test-cold.log')}",
+              flush=True)
+    if not args.skip_warm and not args.skip_test:
         b = root / "clone-b"
         clone(b)
         s, rc = timed_make("test", b, env, root / "test-warm.log", extra)
