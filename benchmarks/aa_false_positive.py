@@ -11,7 +11,11 @@ Two designs, each run *--runs* times:
 - ``before``: one backend per arm for the whole run (``--backends 1``), the repetition
   bootstrap (BCa): what every run did before backends existed;
 - ``after``: *--backends* K fresh clusters and backends per arm, the repetitions split
-  between them, the hierarchical bootstrap (backends, then repetitions).
+  between them, the hierarchical bootstrap (backends, then repetitions);
+- ``layouts``: as ``after``, but every arm runs *--backends* K code layouts of vanilla
+  (``vanilla@layout1..K``, one backend each; the A/A twin starts one layout later, so in
+  every block the two arms run different binaries): layout shifts are part of the noise
+  the interval must cover (``--designs before,after,layouts``).
 
 Both use the same total repetitions and the report's default time measure (the
 backend's CPU time without the executions the vCPU calibration found slow). The two
@@ -60,6 +64,9 @@ from profkit.analyze.stats import ESTIMATORS, paired_estimates, wilson_interval
 from profkit.experiments import bench
 
 
+DESIGNS = ("before", "after", "layouts")
+
+
 @dataclass
 class Outcome:
     design: str
@@ -90,9 +97,10 @@ def other_estimators(run_dir: Path) -> dict[str, bool]:
 def one_run(design: str, root: Path, args: argparse.Namespace, seed: int) -> Outcome:
     t0 = time.monotonic()
     backends = 1 if design == "before" else args.backends
+    layouts = args.backends if design == "layouts" else 0
     res = bench.run_bench("vanilla", args.workload, args.scale, args.reps, modes=["plain"],
                           warmup=1, root=root / design, progress=None, instructions="none",
-                          order_seed=seed, aa=True, backends=backends)
+                          order_seed=seed, aa=True, backends=backends, layouts=layouts)
     files = bench.write_report(res)
     aa = files.aa
     if aa is None:
@@ -104,7 +112,7 @@ def one_run(design: str, root: Path, args: argparse.Namespace, seed: int) -> Out
 
 def reread(root: Path) -> list[Outcome]:
     out = []
-    for design in ("before", "after"):
+    for design in DESIGNS:
         for d in sorted((root / design).glob("*-bench-*")):
             prov = json.loads((d / "provenance.json").read_text())
             if prov.get("status") != "complete":
@@ -121,7 +129,7 @@ def reread(root: Path) -> list[Outcome]:
 def summary(outcomes: list[Outcome], wall_s: float | None) -> str:
     lines = ["", "design | runs | interval excludes 0 | rate [Wilson 95 %] | median width "
              "(points) | median between share"]
-    for design in ("before", "after"):
+    for design in DESIGNS:
         o = [x for x in outcomes if x.design == design]
         if not o:
             continue
@@ -137,7 +145,7 @@ def summary(outcomes: list[Outcome], wall_s: float | None) -> str:
             lines.append(f"  {design}: {sum(secs) / len(secs):.0f} s per run")
     lines += ["", "other estimators on every execution's cpu_ms (same runs): design | "
               "estimator | excludes 0 | rate [Wilson 95 %]"]
-    for design in ("before", "after"):
+    for design in DESIGNS:
         o = [x for x in outcomes if x.design == design]
         for k in ESTIMATORS:
             hits = sum(x.others.get(k, False) for x in o)
@@ -158,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="nested_loop")
     ap.add_argument("--scale", type=float, default=0.02)
     ap.add_argument("--reps", type=int, default=12, help="repetitions per run (both designs)")
-    ap.add_argument("--backends", type=int, default=4, help="backends per arm, 'after'")
+    ap.add_argument("--backends", type=int, default=4,
+                    help="backends per arm, 'after'; layouts (one backend each), 'layouts'")
     ap.add_argument("--seed-base", type=int, default=1000,
                     help="order seed of run i is SEED_BASE + i (another base: other orders)")
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
@@ -171,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs must be >= 1")
     root = args.out or Path(tempfile.mkdtemp(prefix="aa-false-positive-"))
     designs = [d.strip() for d in args.designs.split(",") if d.strip()]
+    bad = [d for d in designs if d not in DESIGNS]
+    if bad:
+        ap.error(f"unknown design {', '.join(bad)}; known: {', '.join(DESIGNS)}")
     print(f"A/A runs under {root}: {args.runs} per design ({', '.join(designs)}), "
           f"{args.workload} at scale {args.scale}, {args.reps} repetitions, plain Query-1",
           flush=True)

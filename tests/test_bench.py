@@ -611,3 +611,33 @@ def test_aa_and_backends_options_are_checked():
         bench.check_request("vanilla", "nested_loop", 0.01, 3, backends=4)
     with pytest.raises(BenchError, match="backends must be"):
         bench.check_request("vanilla", "nested_loop", 0.01, 3, backends=0)
+
+
+def test_layouts_option_runs_one_backend_per_layout():
+    req = bench.check_request("vanilla,step2", "nested_loop", 0.01, 8, layouts=4, aa=True)
+    assert req.layouts == 4 and req.backends == 4
+    assert bench.layout_presets(req.refs[0], 4) == [f"vanilla@layout{i}" for i in (1, 2, 3, 4)]
+    assert bench.layout_presets(req.refs[1], 4)[0] == "step2@layout1"
+    # the A/A twin runs another layout than vanilla in every block
+    aa = bench.layout_presets(req.refs[-1], 4)
+    assert aa == ["vanilla@layout2", "vanilla@layout3", "vanilla@layout4", "vanilla@layout1"]
+    assert all(x != y for x, y in zip(aa, bench.layout_presets(req.refs[0], 4), strict=True))
+    assert bench.check_request("vanilla", "nested_loop", 0.01, 8).layouts == 0
+    with pytest.raises(BenchError, match="one backend per layout"):
+        bench.check_request("vanilla", "nested_loop", 0.01, 8, layouts=2, backends=4)
+    with pytest.raises(BenchError, match="layouts must be"):
+        bench.check_request("vanilla", "nested_loop", 0.01, 8, layouts=1)
+    with pytest.raises(BenchError, match="without @variant"):
+        bench.check_request("vanilla@layout1", "nested_loop", 0.01, 8, layouts=2)
+    with pytest.raises(BenchError, match="must not exceed reps"):
+        bench.check_request("vanilla", "nested_loop", 0.01, 3, layouts=4)
+
+
+def test_session_gives_each_block_its_layout():
+    from profkit.experiments import harness
+
+    arm = harness.Arm("vanilla", "vanilla")
+    s = harness.Session([arm], {"vanilla": ["L1", "L2", "L3"]}, name="t", log_dir=Path("."))
+    assert [s.build_for(arm, b) for b in (1, 2, 3, 4)] == ["L1", "L2", "L3", "L1"]
+    s = harness.Session([arm], {"vanilla": "B"}, name="t", log_dir=Path("."))
+    assert s.build_for(arm, 3) == "B"

@@ -70,3 +70,30 @@ def test_same_instructions_under_callgrind(layouts):
     # (< 0.001 %: paths, pids and EXPLAIN's numbers differ between clusters)
     for m in modes:
         assert abs(c1[m] - c2[m]) / c1[m] < 1e-5, (m, c1, c2)
+
+
+def test_bench_with_layouts_runs_each_backend_on_its_layout(layouts, tmp_path, monkeypatch):
+    from profkit.experiments import harness
+    from profkit.experiments.bench import load_timings, run_bench
+
+    started: list[tuple[str, str]] = []  # (cluster name, build it was started from)
+    real_start = harness.Clusters.start
+
+    def spy(self, build, name, *a, **kw):
+        started.append((name, build.name))
+        return real_start(self, build, name, *a, **kw)
+
+    monkeypatch.setattr(harness.Clusters, "start", spy)
+    res = run_bench("vanilla", "nested_loop", scale=0.01, reps=2, modes=("plain",),
+                    out_dir=tmp_path / "run", progress=False, instructions="none",
+                    layouts=2, calibrate=False, pin_cpu=None)
+    prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert prov["status"] == "complete" and prov["layouts"] == 2 and prov["backends"] == 2
+    assert prov["layout_builds"] == {"vanilla": list(LAYOUTS)}
+    t = load_timings(tmp_path / "run")
+    assert sorted(t["backend"].unique().tolist()) == [1, 2]
+    assert len(t) == 2 and (t["server_ms"] > 0).all()
+    # backend 1 ran layout 1's binary, backend 2 layout 2's
+    assert started == [("bench-vanilla-b1", "vanilla@layout1"),
+                       ("bench-vanilla-b2", "vanilla@layout2")], started
+    assert res.summary().loc[0, "backends"] == 2

@@ -144,6 +144,10 @@ def _backends(text: str) -> int | str:
               help="Independent backends per build, each on a fresh cluster; the repetitions "
                    "are split between them and the intervals resample backends, then "
                    "repetitions (auto: 1 below 8 repetitions, else 4-8).")
+@click.option("--layouts", type=int, default=0, show_default=True, metavar="L",
+              help="Run every build in L code layouts (the same code linked in other "
+                   "function orders, built as BUILD@layout1..L), one backend each: the "
+                   "intervals then carry layout effects (0: the build itself).")
 @click.option("--aa", is_flag=True,
               help="Add an A/A arm (vanilla again, on clusters of its own): the report states "
                    "the smallest difference the run could detect.")
@@ -155,7 +159,7 @@ def _backends(text: str) -> int | str:
 def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
               instr_scale: float | None, order_seed: int | None, metric: str | None,
-              pin_cpu: str, no_calibration: bool, backends: str, aa: bool,
+              pin_cpu: str, no_calibration: bool, backends: str, layouts: int, aa: bool,
               allow_plan_differences: bool, as_json: bool) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
@@ -168,7 +172,7 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
     workload = workload_spec(workload, query)
     req = check_request(builds, workload, scale, reps, _mode_list(modes), warmup, list(sets),
                         backends=_backends(backends), aa=aa,
-                        allow_plan_differences=allow_plan_differences)
+                        allow_plan_differences=allow_plan_differences, layouts=layouts)
     try:
         res = run_bench(req, root=out, progress=True,
                         instructions=instructions,  # type: ignore[arg-type]

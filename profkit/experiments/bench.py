@@ -234,19 +234,25 @@ class BenchRequest:
     settings: dict[str, str]
     backends: int = 1
     allow_plan_differences: bool = False
+    #: code layouts per arm (0: the build itself): backend b runs layout b (see
+    #: :func:`layout_presets`), so the interval's between-backend level carries layout
+    layouts: int = 0
 
 
 def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps: int,
                   modes: Sequence[str] | str = DEFAULT_MODES, warmup: int = 1,
                   settings: Sequence[str] | Mapping[str, Any] | None = None,
                   backends: int | str = "auto", aa: bool = False,
-                  allow_plan_differences: bool = False) -> BenchRequest:
+                  allow_plan_differences: bool = False, layouts: int = 0) -> BenchRequest:
     """Validate everything about a run before anything is built, started or written.
 
     *backends*: independent backends (each on a fresh cluster) per arm, the repetitions
     split between them (``"auto"``: :func:`harness.auto_backends`). *aa*: add an A/A arm
     (:func:`add_aa_arm`). *allow_plan_differences*: keep going when the arms chose
-    different plans (marked in every table) instead of stopping.
+    different plans (marked in every table) instead of stopping. *layouts*: L >= 2 runs
+    every arm on L code layouts of its build (``PRESET@layout1`` ... ``@layoutL``: the same
+    code linked in other function orders), one backend each: *backends* becomes L, and
+    the hierarchical interval treats layout as the random factor it is.
     """
 
     get_workload(workload)  # WorkloadError naming the known ones
@@ -279,8 +285,34 @@ def check_request(builds: str | Sequence[Any], workload: str, scale: float, reps
                          "runs at least one repetition")
     else:
         k = backends
+    if isinstance(layouts, bool) or not isinstance(layouts, int) or layouts < 0 \
+            or layouts == 1:
+        raise BenchError(f"layouts must be 0 (none) or an integer >= 2, got {layouts!r}")
+    if layouts:
+        with_variant = [r.label for r in refs if r.variant is not None]
+        if with_variant:
+            raise BenchError(f"--layouts builds each arm's layouts itself: name the builds "
+                             f"without @variant ({', '.join(with_variant)})")
+        if backends != "auto" and backends != layouts:
+            raise BenchError(f"--layouts {layouts} runs one backend per layout: leave "
+                             f"--backends at auto or give {layouts}")
+        if layouts > reps:
+            raise BenchError(f"layouts ({layouts}) must not exceed reps ({reps}): every "
+                             "layout runs at least one repetition")
+        k = layouts
     return BenchRequest(tuple(refs), workload, float(scale), reps, modes, warmup,
-                        parse_settings(settings), k, bool(allow_plan_differences))
+                        parse_settings(settings), k, bool(allow_plan_differences),
+                        int(layouts))
+
+
+def layout_presets(ref: BuildRef, layouts: int) -> list[str]:
+    """The builds an arm runs with *layouts* L: ``PRESET@layout1`` ... ``@layoutL`` in
+    block order; the A/A arm starts one later (layout 2, 3, ..., 1), so in every block
+    vanilla and its A/A twin run different layouts."""
+    order = list(range(1, layouts + 1))
+    if ref.label == AA_LABEL:
+        order = order[1:] + order[:1]
+    return [f"{ref.preset}@layout{i}" for i in order]
 
 
 #: The label of the A/A arm ``--aa`` adds.
@@ -701,6 +733,7 @@ def run_bench(
     backends: int | str = "auto",
     aa: bool = False,
     allow_plan_differences: bool = False,
+    layouts: int = 0,
 ) -> BenchResult:
     """Benchmark *modes* of *workload* on every build, interleaved; see the module doc.
 
@@ -719,7 +752,7 @@ def run_bench(
     time are extra columns of the timings (the report's robust estimates use them,
     :func:`profkit.analyze.stats.vcpu_adjust`).
 
-    *backends*, *aa*, *allow_plan_differences*: see :func:`check_request` (ignored when
+    *backends*, *aa*, *allow_plan_differences*, *layouts*: see :func:`check_request` (ignored when
     *builds* is a checked :class:`BenchRequest`).
 
     Raises :class:`BenchError` (bad input, before anything starts), :class:`ServerCrashed`
@@ -731,7 +764,8 @@ def run_bench(
     req = (builds if isinstance(builds, BenchRequest)
            else check_request(builds, workload, scale, reps, modes, warmup, settings,
                               backends=backends, aa=aa,
-                              allow_plan_differences=allow_plan_differences))
+                              allow_plan_differences=allow_plan_differences,
+                              layouts=layouts))
     wl = get_workload(req.workload)
     if instr_scale is not None:
         check_scale(instr_scale)
@@ -751,12 +785,20 @@ def run_bench(
         passed = {b.name: b for b in ([] if isinstance(builds, (str, BenchRequest)) else builds)
                   if isinstance(b, Build)}
         built: dict[str, Build] = {}
+        layout_builds: dict[str, list[Build]] = {}
         for ref in req.refs:
+            if req.layouts:
+                layout_builds[ref.label] = [
+                    harness.resolve_build(harness.Arm(ref.label, p, ref.settings),
+                                          progress=reporter.say)  # type: ignore[misc]
+                    for p in layout_presets(ref, req.layouts)]
+                built[ref.label] = layout_builds[ref.label][0]
+                continue
             built[ref.label] = passed.get(ref.preset) or harness.resolve_build(
                 ref, progress=reporter.say)  # type: ignore[assignment]
         cluster_settings = {**BENCH_SETTINGS, **req.settings}
         session = harness.Session(
-            req.refs, built, name="bench", log_dir=out / "logs",
+            req.refs, {**built, **layout_builds}, name="bench", log_dir=out / "logs",
             options=harness.SessionOptions(backends=req.backends, pin_cpu=pin,
                                            calibrate=calibrate, settings=req.settings),
             say=reporter.say, arm_word="build")
@@ -772,7 +814,10 @@ def run_bench(
                 else list(sys.argv),
                 workload_sql={m: wl.query(m) for m in req.modes},
                 scale=req.scale, reps=req.reps, warmup=req.warmup,
-                backends=req.backends, aa_label=AA_LABEL if any(
+                backends=req.backends, layouts=req.layouts or None,
+                layout_builds={k: [b.name for b in v] for k, v in layout_builds.items()}
+                or None,
+                aa_label=AA_LABEL if any(
                     r.label == AA_LABEL for r in req.refs) else None,
                 modes=list(req.modes), order_seed=seed,
                 settings=dict(req.settings), cluster_settings=cluster_settings,

@@ -615,7 +615,10 @@ class Group:
 class Session:
     """The engine of a timing experiment: arms' clusters and backends, block by block.
 
-    *builds*: arm label -> Build. *prepare(target)* runs once per fresh backend, after
+    *builds*: arm label -> Build, or a sequence of builds (code layouts of one build):
+    block *b* then runs ``builds[(b - 1) % len]`` (:meth:`build_for`), so each of the
+    arm's backends runs its own layout and the between-backend level of the interval
+    carries the layout's effect. *prepare(target)* runs once per fresh backend, after
     it connected (load the workload, SET what the experiment needs...). The experiment
     calls :meth:`run` with its groups of cells; everything else — clusters (one per arm
     and block, its settings in postgresql.conf, its server log kept in ``log_dir``),
@@ -623,7 +626,8 @@ class Session:
     (:meth:`execute`) and the failure report (:meth:`failure`) — is here.
     """
 
-    def __init__(self, arms: Sequence[Arm], builds: Mapping[str, Build], *, name: str,
+    def __init__(self, arms: Sequence[Arm], builds: Mapping[str, Build | Sequence[Build]], *,
+                 name: str,
                  log_dir: Path, options: SessionOptions | None = None,
                  prepare: Callable[[Target], None] | None = None,
                  say: Callable[[str], None] | None = None, arm_word: str = "arm") -> None:
@@ -655,6 +659,13 @@ class Session:
         return s
 
     # -- clusters and backends --------------------------------------------------
+    def build_for(self, arm: Arm, block: int) -> Build:
+        """The build *arm* runs in *block* (a layout of it, when the arm has several)."""
+        b = self.builds[arm.label]
+        if isinstance(b, (list, tuple)):
+            return b[(block - 1) % len(b)]
+        return b  # type: ignore[return-value]
+
     def log_name(self, arm: Arm, block: int) -> str:
         return arm.label if self.options.backends <= 1 or block == 1 else \
             f"{arm.label}-b{block}"
@@ -677,7 +688,7 @@ class Session:
             stack.callback(setattr, self, "vcpu", None)
         self.targets = []
         for arm in self.arms:
-            b = self.builds[arm.label]
+            b = self.build_for(arm, block)
             suffix = "" if self.options.backends <= 1 else f"-b{block}"
             try:
                 cl = self.clusters.start(

@@ -922,6 +922,11 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
     if aa is not None:
         lines.append(aa.describe())
     k = provenance.get("backends")
+    layouts = provenance.get("layouts")
+    if isinstance(layouts, int) and layouts > 1:
+        lines.append(f"every build ran in {layouts} code layouts (the same code linked in "
+                     "other function orders), one backend each: the between-backend share "
+                     "below includes layout effects")
     if isinstance(k, int) and k > 1 and "between_share_pct" in summary.columns:
         sh = pd.to_numeric(summary["between_share_pct"], errors="coerce").dropna()
         if len(sh):
