@@ -30,17 +30,18 @@ installs as its ``ExecProcNode``, plus ``MultiExec*``) names a node type; ``Exec
 (a scan node's own function tail-calls it, so the scan's frame is gone) names "some
 scan", and a scan's access callback (``IndexNext``, ``SubqueryNext`` ...) names its scan
 type. These tokens, in order, are matched to a path down the plan tree: each token's
-node is a descendant of the previous one's; the first starts below the root (the
-leader) or below a Gather/Gather Merge (a worker). A node the stack skips (a frame lost
-to a tail call) costs 1; the matches of least cost win. Where the frame above a child
-carries a call site (its return address resolved to the parent's ``outerPlan``/
-``innerPlan`` call, see :func:`profkit.parse.perf_callchains`), the child must lie on
-that side. One winner: the sample belongs to its innermost node. Several (e.g. a join
-whose two children have the same type and no call site told them apart): the sample is
-*ambiguous*; it is shared among the candidates in proportion to their unambiguous
-samples (equally where none has any), and each candidate's part is counted in its
-``ambiguous_samples`` column. No node token, or no path that fits: outside the plan's
-nodes, in a named category (:data:`OUTSIDE_CATEGORIES`).
+node is a descendant of the previous one's (or lies in an InitPlan/SubPlan whose parent
+is an ancestor of it: a parameter evaluated below the node the plan is attached to); the
+first starts below the root (the leader) or below a Gather/Gather Merge (a worker). A
+node the stack skips (a frame lost to a tail call) costs 1; the matches of least cost
+win. Where the frame above a child carries a call site (its return address resolved to
+the parent's ``outerPlan``/``innerPlan`` call, see :mod:`profkit.collect.callsites`),
+the child must lie on that side. One winner: the sample belongs to its innermost node.
+Several (e.g. a join whose two children have the same type and no call site told them
+apart): the sample is *ambiguous*; it is shared among the candidates in proportion to
+their unambiguous samples (equally where none has any), and each candidate's part is
+counted in its ``ambiguous_samples`` column. No node token, or no path that fits:
+outside the plan's nodes, in a named category (:data:`OUTSIDE_CATEGORIES`).
 """
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ SCAN_CALLBACKS: dict[str, str] = {
 
 #: Node types whose executor function runs through ``ExecScan`` (execScan.c).
 SCAN_TYPES: frozenset[str] = frozenset(SCAN_CALLBACKS.values()) | {"Custom Scan"}
-GENERIC_SCAN = ("ExecScan",)
+GENERIC_SCAN = ("ExecScan", "ExecScanExtended", "ExecScanFetch")
 
 #: Where the executor proper starts: the leader/backend, and a parallel worker.
 EXECUTOR_ENTRY: frozenset[str] = frozenset({"standard_ExecutorRun", "ExecutorRun",
@@ -361,6 +362,11 @@ class _Tree:
             if node.parent_id is not None:
                 self.end[node.parent_id] = max(self.end[node.parent_id], self.end[node.node_id])
         self.roots_main = [0] if n else []
+        # InitPlans/SubPlans: run from an expression of their parent or of any node
+        # below it (a parameter evaluated in a scan's qual)
+        self.subplan_roots = [(node.node_id, node.parent_id) for node in self.nodes
+                              if node.relationship in ("InitPlan", "SubPlan")
+                              and node.parent_id is not None]
         self.roots_worker = [c for node in self.nodes if node.node_type in GATHER_TYPES
                              for c in node.children
                              if self.nodes[c].relationship not in ("InitPlan", "SubPlan")][:]
@@ -416,6 +422,15 @@ def match_tokens(tree: _Tree, types: Sequence[frozenset[str]], sides: Sequence[s
                     v = ca + tree.depth[b] - tree.depth[a] - 1
                     if v < nxt.get(b, inf):
                         nxt[b] = v
+            if side is None:
+                for r, p in tree.subplan_roots:
+                    if not tree.under(p, a) or tree.under(r, a) or tree.under(a, r):
+                        continue
+                    for b in range(r, tree.end[r]):
+                        if tree.nodes[b].node_type in types[i]:
+                            v = ca + tree.depth[b] - tree.depth[r]
+                            if v < nxt.get(b, inf):
+                                nxt[b] = v
         cost = nxt
         if not cost:
             return [], -1

@@ -86,10 +86,14 @@ class CallSites:
             self._cache.setdefault(key, None)
 
     def _side(self, key: tuple[str, int], chain: list[tuple[str, str]]) -> str | None:
-        # chain: (function, file:line) innermost inline frame first
-        if len(chain) < 2 or chain[0][0] not in CHILD_CALLS:
+        # chain: (function, file:line) innermost inline frame first; the inlined
+        # ExecProcNode first, else the call of the real MultiExecProcNode on the line
+        if not chain:
             return None
-        where = chain[1][1]
+        inlined = chain[0][0] in CHILD_CALLS
+        if inlined and len(chain) < 2:
+            return None
+        where = chain[1][1] if inlined else chain[0][1]
         path, _, line = where.rpartition(":")
         line = line.split()[0] if line else ""
         if not line.isdigit():
@@ -98,6 +102,8 @@ class CallSites:
         if text is None or not 0 < int(line) <= len(text):
             return None
         src = text[int(line) - 1]
+        if not inlined and "ExecProcNode(" not in src:
+            return None
         self.source_lines[key] = src.strip()
         call = src[src.find("ExecProcNode") - 5:] if "ExecProcNode" in src else src
         outer, inner = bool(_OUTER.search(call)), bool(_INNER.search(call))
