@@ -194,6 +194,50 @@ def test_shares_from_node_samples_api() -> None:
         shares_from_node_samples(nodes, {8: 1}, outside=0)
 
 
+def test_console_table_and_plan_tree_html() -> None:
+    from profkit.render.nodetime import console_text, plan_tree_html
+
+    df = shares_from_node_samples(plan_nodes(PLAN), {1: 30, 6: 50, 7: 20}, outside=25,
+                                  ambiguous={7: 5})
+    text = console_text(df, outside_share=0.2, total=125, outside={"planning": 25},
+                        head=["run x"], notes=["a note"], run_dir="/r")
+    lines = text.splitlines()
+    assert lines[0] == "run x"
+    assert any(line.startswith("    6 Materialize ") and "50.0%" in line and "70.0%" in line
+               for line in lines), text
+    assert "outside the executor's plan nodes: 20.0% of 125 samples: planning 25" in text
+    assert "note: a note" in text and "artifacts: /r" in text
+    html = plan_tree_html(df, outside_share=0.2, total=125)
+    assert html.count("<tr>") == 9 and "7 Seq Scan on test2 b" in html
+    assert "width:50.0%" in html
+
+
+def test_reps_for_min_samples() -> None:
+    from profkit.experiments.nodetime import reps_for
+
+    # 50 ms at 999 Hz: ~50 samples per run; 1000 samples with a 30 % margin: 27 runs
+    assert reps_for(0.05, 999, 1000, 60) == 27
+    assert reps_for(0.05, 999, 1000, 0.5) == 10  # capped by the seconds allowed
+    assert reps_for(30.0, 999, 1000, 60) == 1
+
+
+def test_cli_usage_errors() -> None:
+    import subprocess
+    import sys
+
+    for args, words in ((["--workload", "nested_loop"], "give one of BUILD"),
+                        (["--pid", "1", "--sql", "SELECT 1"], "--pid samples what"),
+                        (["vanilla"], "give the query"),
+                        (["vanilla", "--workload", "nested_loop", "--against", "step3"],
+                         "--flamegraph")):
+        cp = subprocess.run([sys.executable, "-m", "profkit", "nodetime", *args],
+                            capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+        assert cp.returncode == 2, (args, cp.stderr)
+        assert words in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
+        assert len(cp.stderr.strip().splitlines()) == 1
+
+
 # --------------------------------------------------------------------------- real backends
 
 NL_QUERY1 = "SELECT count(*) FROM test1 AS a, test2 AS b, test3 AS c WHERE a.id = c.id"
@@ -288,11 +332,6 @@ def test_cli_json(pg_cluster, _nested_loop_loaded, tmp_path) -> None:
     assert sum(n["exclusive_share"] for n in nodes) == pytest.approx(1.0, abs=1e-9)
     assert 0 <= doc["outside_executor_share"] < 0.3
     assert (tmp_path / "run" / "nodetime.csv").is_file()
-    # a usage mistake: one line, exit 2
-    bad = subprocess.run([sys.executable, "-m", "profkit", "nodetime", "--workload",
-                          "nested_loop"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "give one of BUILD" in bad.stderr
-    assert "Traceback" not in bad.stderr
 
 
 @pytest.mark.pg

@@ -48,6 +48,16 @@ def node_table(df: pd.DataFrame, *, has_plan: bool = True) -> pd.DataFrame:
     return out
 
 
+def text_table(t: pd.DataFrame) -> list[str]:
+    """*t* as aligned text: the first column (the indented plan) left, the others right."""
+    cells = [[str(c) for c in t.columns]] + [[str(v) for v in row] for row in t.itertuples(
+        index=False)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(t.columns))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+            for r in cells]
+
+
 def console_text(df: pd.DataFrame, *, outside_share: float, total: float,
                  outside: Mapping[str, float], has_plan: bool = True,
                  head: Sequence[str] = (), notes: Sequence[str] = (), run_dir: str = "",
@@ -56,7 +66,7 @@ def console_text(df: pd.DataFrame, *, outside_share: float, total: float,
     nodes by category, notes, where the files are."""
     lines = list(head)
     t = node_table(df, has_plan=has_plan)
-    lines.append(t.to_string(index=False, justify="left") if len(t) else "(no plan nodes)")
+    lines += text_table(t) if len(t) else ["(no plan nodes)"]
     lines.append(f"outside the executor's plan nodes: {_pct(outside_share)} of {total:.0f} "
                  "samples" + (": " + ", ".join(f"{k} {v:.0f}" for k, v in
                                                 sorted(outside.items(), key=lambda kv: -kv[1]))
