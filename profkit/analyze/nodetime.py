@@ -259,6 +259,9 @@ class Sample:
     frames: tuple[Frame, ...]
     comm: str = ""
     weight: float = 1.0
+    #: a copy made by :func:`repair_lost_callers` when the donors had several callers:
+    #: its weight is shared, so it counts as ambiguous
+    shared: bool = False
 
 
 def samples_from_script(source: Any, pids: Iterable[int] | None = None) -> list[Sample]:
@@ -273,6 +276,71 @@ def samples_from_script(source: Any, pids: Iterable[int] | None = None) -> list[
         out.append(Sample(pid, tid, tuple(Frame(n, o, m) for n, o, m, _ip in reversed(frames)),
                           comm))
     return out
+
+
+@dataclass
+class Repair:
+    """What :func:`repair_lost_callers` did."""
+
+    lost: float = 0.0            # samples whose leaf had lost its caller's frame
+    repaired: float = 0.0        # of them, given the callers of complete stacks
+    shared: float = 0.0          # of those, shared among several callers
+    foreign_leaf: float = 0.0    # leaf in a library without frame pointers: not repaired
+
+
+def repair_lost_callers(samples: Sequence[Sample], lost: Callable[[Frame], bool | None]
+                        ) -> tuple[list[Sample], Repair]:
+    """Give back the frame a frame-pointer walk loses when the leaf is caught before it
+    set up its frame (its first instructions) or after it tore it down (``leave``/``pop
+    %rbp`` before ``ret``): the walk then skips the leaf's caller. *lost(leaf)*: True in
+    such a place, None for a leaf in a library without frame pointers (its caller is
+    always lost and complete stacks cannot tell it: kept as is, counted), else False.
+
+    Rule: a sample ``P;L`` whose leaf *L* lost its caller is replaced by ``P;C;L`` for
+    every caller *C* seen in the complete stacks that go through ``P;C;L``, weighted by
+    how often each is seen; no such stack: kept as is. Several callers: the copies are
+    marked ``shared`` (the attribution counts them as ambiguous)."""
+    ids: dict[tuple[int, str], int] = {}
+    callers: dict[tuple[int, str], dict[Frame, float]] = defaultdict(lambda: defaultdict(float))
+    flags = [lost(s.frames[-1]) if s.frames else False for s in samples]
+    for s, flag in zip(samples, flags, strict=True):
+        if flag is not False:
+            continue
+        pid = -1
+        fr = s.frames
+        for i in range(len(fr) - 1):
+            if i >= 1:
+                callers[(pid, fr[i + 1].name)][fr[i]] += s.weight
+            pid = ids.setdefault((pid, fr[i].name), len(ids))
+    out: list[Sample] = []
+    rep = Repair()
+    for s, flag in zip(samples, flags, strict=True):
+        if flag is False:
+            out.append(s)
+            continue
+        if flag is None:
+            rep.foreign_leaf += s.weight
+            out.append(s)
+            continue
+        rep.lost += s.weight
+        pid = -1
+        for f in s.frames[:-1]:
+            pid = ids.get((pid, f.name), -2)
+            if pid == -2:
+                break
+        found = callers.get((pid, s.frames[-1].name)) if pid != -2 else None
+        if not found:
+            out.append(s)
+            continue
+        total = sum(found.values())
+        rep.repaired += s.weight
+        many = len(found) > 1
+        if many:
+            rep.shared += s.weight
+        for c, w in found.items():
+            out.append(Sample(s.pid, s.tid, (*s.frames[:-1], c, s.frames[-1]), s.comm,
+                              s.weight * w / total, shared=many))
+    return out, rep
 
 
 #: (frame) → "outer", "inner" or None: which child a parent's call site runs.
@@ -477,6 +545,7 @@ def attribute(nodes: Sequence[PlanNode], samples: Iterable[Sample], *,
     cache: dict[tuple[Any, ...], tuple[list[int], int]] = {}
     worker_w = skipped_w = sided_w = 0.0
     folded: dict[str, float] = defaultdict(float)
+    shared_direct: dict[int, float] = defaultdict(float)
     for s in samples:
         tokens, worker, _entered = node_tokens(s.frames)
         if not tokens:
@@ -508,12 +577,15 @@ def attribute(nodes: Sequence[PlanNode], samples: Iterable[Sample], *,
             skipped_w += s.weight
         if any(sides):
             sided_w += s.weight
-        if len(cands) == 1:
+        if len(cands) == 1 and s.shared:
+            shared_direct[cands[0]] += s.weight
+            resolved.append((s, tokens, cands[0], s.weight))
+        elif len(cands) == 1:
             unamb[cands[0]] += s.weight
             resolved.append((s, tokens, cands[0], s.weight))
         else:
             pending.append((s, tokens, cands))
-    amb: dict[int, float] = defaultdict(float)
+    amb: dict[int, float] = defaultdict(float, shared_direct)
     for s, tokens, cands in pending:
         base = [unamb.get(c, 0.0) for c in cands]
         tot = sum(base)

@@ -38,15 +38,20 @@ class CallSites:
         self._cache: dict[tuple[str, int], str | None] = {}
         self._lines: dict[str, list[str] | None] = {}
         self.source_lines: dict[tuple[str, int], str] = {}
+        self._frameless: dict[str, frozenset[int]] = {}
+        self._sizes: dict[str, int] = {}
 
     def _load_symbols(self) -> dict[str, int]:
         if self._symbols is None:
-            cp = run_argv([which("nm"), "--defined-only", self.binary], timeout=120,
+            cp = run_argv([which("nm"), "-S", "--defined-only", self.binary], timeout=120,
                           check=False, what="nm")
             syms: dict[str, int] = {}
             for line in (cp.stdout or "").splitlines():
                 parts = line.split()
-                if len(parts) == 3 and parts[1] in "tTwW":
+                if len(parts) == 4 and parts[2] in "tTwW":
+                    syms.setdefault(parts[3], int(parts[0], 16))
+                    self._sizes.setdefault(parts[3], int(parts[1], 16))
+                elif len(parts) == 3 and parts[1] in "tTwW":
                     syms.setdefault(parts[2], int(parts[0], 16))
             self._symbols = syms
         return self._symbols
@@ -111,6 +116,57 @@ class CallSites:
             return None
         return "outer" if outer else "inner"
 
+    def frameless_offsets(self, name: str) -> frozenset[int]:
+        """Offsets in function *name* where it has no frame of its own (before ``mov
+        %rsp,%rbp``, and after ``leave``/``pop %rbp`` up to its ``ret`` or tail ``jmp``):
+        a sample there loses the caller's frame in a frame-pointer walk."""
+        if name in self._frameless:
+            return self._frameless[name]
+        syms = self._load_symbols()
+        start = syms.get(name)
+        out: set[int] = set()
+        if start is not None:
+            end = self._sizes.get(name) or 0
+            cp = run_argv([which("objdump"), "-d", "--no-show-raw-insn",
+                           f"--start-address={start:#x}",
+                           f"--stop-address={start + max(end, 1):#x}", self.binary],
+                          timeout=60, check=False, what="objdump")
+            set_up = False
+            torn = False
+            for line in (cp.stdout or "").splitlines():
+                m = _INSN.match(line)
+                if m is None:
+                    continue
+                off = int(m.group(1), 16) - start
+                insn = m.group(2).strip()
+                if not set_up:
+                    out.add(off)
+                    if insn.startswith("mov") and "%rsp,%rbp" in insn:
+                        set_up = True
+                    continue
+                if torn:
+                    out.add(off)
+                    if insn.startswith(("ret", "jmp")):
+                        torn = False
+                    continue
+                if insn.startswith("leave") or (insn.startswith("pop") and "%rbp" in insn):
+                    torn = True
+        self._frameless[name] = frozenset(out)
+        return self._frameless[name]
+
+    def lost_caller(self, name: str, offset: int | None, module: str | None) -> bool | None:
+        """For a sample's leaf frame: True when the walk lost its caller's frame (see
+        :meth:`frameless_offsets`), None for a leaf in another user-space module (system
+        libraries have no frame pointers: the caller is always lost), False otherwise."""
+        mod = module or ""
+        if "kernel" in mod or mod.startswith("[") and mod not in ("[vdso]",):
+            return False
+        if os.path.basename(mod) != os.path.basename(self.binary):
+            return None
+        if offset is None:
+            return False
+        return offset in self.frameless_offsets(name)
+
     def side(self, name: str, offset: int | None) -> str | None:
         """"outer", "inner" or None for the return address *name*+*offset*."""
         if offset is None:
@@ -137,3 +193,4 @@ def _split_blocks(lines: list[str]) -> list[list[tuple[str, str]]]:
 
 
 _ADDR = re.compile(r"^0x[0-9a-fA-F]+$")
+_INSN = re.compile(r"^\s*([0-9a-f]+):\s+(.*)$")

@@ -6,8 +6,9 @@ The walk (:func:`nodetime_on_conn`):
 1. the plan: plain ``EXPLAIN (FORMAT JSON)`` of the query on the backend's own session
    (nothing runs); with ``analyze=True`` one more, separate execution under ``EXPLAIN
    (ANALYZE, TIMING OFF, FORMAT JSON)`` gives rows and loops to show beside the shares;
-2. one warm-up execution (caches, and its time sets the repetitions: enough for
-   ``min_samples`` samples at *freq*, bounded by *max_seconds*);
+2. one warm-up execution (caches); then the query runs again and again while recorded
+   until the backend has been on a CPU long enough for ``min_samples`` samples at
+   *freq* (its CPU time, from /proc/PID/schedstat), at most *max_seconds*;
 3. ``perf record -F freq -g`` (frame pointers: profkit builds PostgreSQL with
    ``-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer``; this VM has no PMU, so
    perf samples the software ``cpu-clock`` event) on the backend while it runs the
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -45,18 +45,20 @@ from profkit.analyze.nodetime import (
     attribute,
     node_types_table,
     plan_nodes,
+    repair_lost_callers,
     samples_from_script,
 )
 from profkit.collect.callsites import CallSites
 from profkit.collect.perf import (
     MIN_SAMPLES,
     SampleShortfall,
+    QueryResult,
     perf_path,
     record_pid,
     run_query,
     script,
 )
-from profkit.collect.procfs import WorkerWatch
+from profkit.collect.procfs import WorkerWatch, schedstat
 from profkit.errors import ProbeError, ProfkitError
 from profkit.pg.build import Build, get_build
 from profkit.pg.cluster import DB_USER, Cluster, connect_detached, connect_dsn, redact_dsn
@@ -161,13 +163,25 @@ def _same_shape(a: Sequence[PlanNode], b: Sequence[PlanNode]) -> bool:
     return [(n.node_type, n.parent_id) for n in a] == [(n.node_type, n.parent_id) for n in b]
 
 
-def reps_for(seconds_one: float, freq: int, min_samples: int, max_seconds: float) -> int:
-    """Executions that give *min_samples* samples (with a 30 % margin) when one takes
-    *seconds_one*, at most *max_seconds* of them (at least 1)."""
-    per = max(seconds_one, 1e-4) * freq
-    want = math.ceil(1.3 * min_samples / per)
-    cap = max(1, int(max_seconds / max(seconds_one, 1e-4)))
-    return max(1, min(want, cap))
+def run_until(conn: Any, sql: str, pid: int, *, reps: int | None, freq: int,
+              min_samples: int, max_seconds: float) -> Any:
+    """Run *sql* *reps* times, or (reps None) until backend *pid* has been on a CPU long
+    enough for *min_samples* samples at *freq* (15 % margin; its CPU time from
+    /proc/PID/schedstat, so a loaded machine gets more executions, not fewer samples),
+    at most *max_seconds* of wall time (at least one execution)."""
+    if reps is not None:
+        return run_query(conn, sql, reps)
+    start = schedstat(pid)
+    t_end = time.monotonic() + max_seconds
+    rows: list[Any] = []
+    times: list[float] = []
+    while True:
+        r = run_query(conn, sql, 1)
+        rows, times = r.rows, [*times, *r.seconds]
+        now = schedstat(pid)
+        cpu = (now[0] - start[0]) / 1e9 if now and start else sum(times)
+        if cpu * freq >= 1.15 * min_samples or time.monotonic() >= t_end:
+            return QueryResult(rows, tuple(times))
 
 
 def _binary(pid: int) -> str:
@@ -178,9 +192,8 @@ def _binary(pid: int) -> str:
                             "backend of this machine? (run as root)") from None
 
 
-def _call_sides(samples: Sequence[Sample], binary: str) -> tuple[Callable[[Any], str | None],
-                                                                  dict[str, str]]:
-    cs = CallSites(binary)
+def _call_sides(samples: Sequence[Sample], cs: CallSites
+                ) -> tuple[Callable[[Any], str | None], dict[str, str]]:
     want = {(f.name, f.offset) for s in samples for f in s.frames
             if f.offset is not None and f.name in JOIN_FUNCTIONS
             and (f.module or "").endswith("postgres")}
@@ -204,12 +217,20 @@ def attribute_run(rd: RunDir, nodes: list[PlanNode] | None, pids: Sequence[int],
     txt = script(rd, args=SCRIPT_FIELDS, pids=list(pids))
     samples = samples_from_script(txt, pids)
     extra: dict[str, Any] = {"pids_sampled": sorted({s.pid for s in samples})}
+    cs = CallSites(binary)
+    try:
+        samples, rep = repair_lost_callers(
+            samples, lambda f: cs.lost_caller(f.name, f.offset, f.module))
+        extra.update(lost_caller_samples=rep.lost, repaired_samples=rep.repaired,
+                     repaired_shared_samples=rep.shared, foreign_leaf_samples=rep.foreign_leaf)
+    except ProfkitError as e:  # objdump/nm missing or failing: stacks kept as recorded
+        extra.update(repair_error=str(e))
     if nodes is None:
         df = node_types_table(samples)
         df.to_csv(rd.file(NODETIME_CSV), index=False)
         rd.add_artifact(NODETIME_CSV, "samples per innermost plan node type (no plan)")
         return None, df, extra
-    side, lines = _call_sides(samples, binary)
+    side, lines = _call_sides(samples, cs)
     att = attribute(nodes, samples, call_side=side)
     df = att.table()
     df.to_csv(rd.file(NODETIME_CSV), index=False)
@@ -236,6 +257,17 @@ def _notes(att: Attribution | None, df: pd.DataFrame, extra: dict[str, Any],
         notes.append(f"{amb:.0f} samples had no single node (same-type children no call site "
                      f"told apart, or a bare ExecScan): shared in proportion to the "
                      f"unambiguous samples ({which})")
+    if extra.get("lost_caller_samples"):
+        notes.append(f"{extra['lost_caller_samples']:.0f} samples caught a function before it "
+                     "set up its frame or after it tore it down (the walk loses its caller): "
+                     f"{extra.get('repaired_samples', 0):.0f} given the callers seen in complete "
+                     f"stacks through the same frames ({extra.get('repaired_shared_samples', 0):.0f}"
+                     " of them shared among several, counted ambiguous), the rest kept as "
+                     "recorded")
+    if extra.get("foreign_leaf_samples"):
+        notes.append(f"{extra['foreign_leaf_samples']:.0f} samples in a system library (no "
+                     "frame pointers: the function that called it is not in the stack) stay "
+                     "with the node above it")
     if extra.get("skipped_frame_samples"):
         notes.append(f"{extra['skipped_frame_samples']:.0f} samples matched a path only by "
                      "skipping a node without a frame (a tail call)")
@@ -286,9 +318,10 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
     t0 = time.perf_counter()
     run_query(conn, sql, 1)  # warm-up: caches, and the time of one execution
     one = time.perf_counter() - t0
-    n = reps if reps is not None else reps_for(one, freq, min_samples, max_seconds)
-    say(f"one execution took {one * 1000:.1f} ms: recording {n} at {freq} Hz "
-        f"({'perf -a, parallel workers by pid' if parallel else f'perf -p {pid}'})")
+    say(f"one execution took {one * 1000:.1f} ms: recording "
+        + (f"{reps} executions" if reps is not None else
+           f"until about {min_samples} samples of CPU time (at most {max_seconds:g} s)")
+        + f" at {freq} Hz ({'perf -a, parallel workers by pid' if parallel else f'perf -p {pid}'})")
     words = (build.name if build else None, workload)
     with open_run("nodetime", words=[w for w in words if w] or ["query"], build=build,
                   workload=workload, base=base, path=out, tools=("perf",), query=sql,
@@ -299,9 +332,12 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
             rd.file("plan-analyze.json").write_text(json.dumps(analyzed_plan, indent=1))
             rd.add_artifact("plan-analyze.json", "EXPLAIN (ANALYZE, TIMING OFF), separate run")
         with WorkerWatch(pid) as watch:
-            rec, res = record_pid(pid, lambda: run_query(conn, sql, n), run=rd, freq=freq,
-                                  call_graph="fp", stat=False, binary=binary,
-                                  system_wide=parallel)
+            rec, res = record_pid(pid, lambda: run_until(conn, sql, pid, reps=reps, freq=freq,
+                                                          min_samples=min_samples,
+                                                          max_seconds=max_seconds),
+                                  run=rd, freq=freq, call_graph="fp", stat=False,
+                                  binary=binary, system_wide=parallel)
+        n = len(res.seconds)
         workers = sorted(watch.pids)
         rd.update(reps=n, query_seconds=[round(x, 6) for x in res.seconds],
                   worker_pids=workers, parallel=parallel)
@@ -543,4 +579,4 @@ def nodetime_diff(before: NodeTimeResult, after: NodeTimeResult,
 
 __all__ = ["NODE_FUNCTIONS", "NodeTimeError", "NodeTimeResult", "node_flamegraph",
            "nodetime_build", "nodetime_diff", "nodetime_on_conn", "nodetime_pid",
-           "nodetime_target", "reps_for"]
+           "nodetime_target"]
