@@ -442,6 +442,52 @@ def test_pid_of_a_query_started_elsewhere(pg_cluster, vanilla_build, _nested_loo
 
 @pytest.mark.pg
 @pytest.mark.builds("vanilla")
+def test_pid_without_a_plan_gives_node_types(pg_cluster, vanilla_build, _nested_loop_loaded,
+                                             tmp_path) -> None:
+    """A query with a parameter ($1, extended protocol): EXPLAIN of its text cannot plan
+    it, so the samples are given per node TYPE, and the result says so."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from profkit.experiments.nodetime import nodetime_pid
+
+    script = tmp_path / "bind.sql"
+    script.write_text("SELECT count(*) FROM test1 a, test2 b, test2 c "
+                      "WHERE a.data = b.data AND c.id > $1 \\bind 0 \\g\n")
+    psql = subprocess.Popen([str(vanilla_build.bindir / "psql"), "-X", "-q", "-d",
+                             pg_cluster.dsn, "-f", str(script)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PGOPTIONS": "-c statement_timeout=60s"})
+    try:
+        with pg_cluster.connect() as conn:
+            pid = None
+            for _ in range(100):
+                row = conn.execute("SELECT pid FROM pg_stat_activity WHERE state = 'active' "
+                                   "AND query LIKE '%c.id > $1%' AND pid <> "
+                                   "pg_backend_pid()").fetchone()
+                if row:
+                    pid = int(row[0])
+                    break
+                time.sleep(0.1)
+            assert pid is not None, "the psql query did not start"
+            res = nodetime_pid(pid, seconds=2, out=tmp_path / "run")
+            conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+    finally:
+        os.killpg(psql.pid, signal.SIGTERM)
+        psql.wait(timeout=30)
+    assert not res.has_plan
+    assert any("no plan for its query" in n and "$1" in n for n in res.notes), res.notes
+    df = res.df
+    assert list(df.columns) == ["node_type", "samples", "exclusive_share"]
+    assert abs(df["exclusive_share"].sum() - 1.0) < 1e-9
+    assert {"Nested Loop", "Aggregate"} <= set(df["node_type"]), df
+    assert res.doc()["node_types"] is not None and res.doc()["has_plan"] is False
+
+
+@pytest.mark.pg
+@pytest.mark.builds("vanilla")
 def test_hash_join(join_sum_conn, tmp_path) -> None:
     from profkit.experiments.nodetime import nodetime_on_conn
 

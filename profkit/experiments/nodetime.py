@@ -255,8 +255,8 @@ def _notes(att: Attribution | None, df: pd.DataFrame, extra: dict[str, Any],
         which = ", ".join(f"{r.node_id} {r.node_type} {r.ambiguous_samples:.1f}"
                           for r in df[df["ambiguous_samples"] > 0].itertuples())
         notes.append(f"{amb:.0f} samples had no single node (same-type children no call site "
-                     f"told apart, or a bare ExecScan): shared in proportion to the "
-                     f"unambiguous samples ({which})")
+                     f"told apart, a bare ExecScan, or a lost frame with several possible "
+                     f"callers): shared in proportion to the unambiguous samples ({which})")
     if extra.get("lost_caller_samples"):
         notes.append(f"{extra['lost_caller_samples']:.0f} samples caught a function before it "
                      "set up its frame or after it tore it down (the walk loses its caller): "
