@@ -425,7 +425,7 @@ def nodetime_build(build: str | Build, workload: str | None = None, *, sql: str 
         raise NodeTimeError("give a workload (nested_loop, join_sum, count_star, FILE.toml) "
                             "or --sql")
     b = build if isinstance(build, Build) else get_build(build, progress=say)
-    with Cluster(b, name=f"nodetime-{b.name}") as cl, cl.connect() as conn:
+    with Cluster(b, name="nodetime-" + b.name.replace("/", "_")) as cl, cl.connect() as conn:
         if wl is not None:
             say(f"loading {wl.name} at scale {scale}")
             wl.load(conn, scale)
