@@ -556,6 +556,13 @@ def test_parallel_query(nested_loop_conn, tmp_path) -> None:
     assert res.facts["parallel"] and res.facts["worker_pids"], res.facts
     assert res.facts["worker_samples"] > 0
     g = types.index("Gather") if "Gather" in types else types.index("Gather Merge")
+    print(f"parallel: workers {res.facts['worker_pids']}, worker samples "
+          f"{res.facts['worker_samples']:.0f} of {res.executor_samples:.0f}; "
+          + ", ".join(f"{r.node_id} {r.node_type} {r.exclusive_share:.3f}"
+                      for r in df.itertuples()))
     assert abs(df["exclusive_share"].sum() - 1.0) < 1e-9
     # leader and workers run the nodes under the Gather: nearly all of the time
     assert df.loc[g + 1, "inclusive_share"] > 0.8
+    # at this scale a worker spends most of its life starting: outside the plan, named
+    assert res.outside.get("parallel worker start-up (connecting, caches)", 0) > 0, \
+        res.outside

@@ -148,6 +148,8 @@ OUTSIDE_CATEGORIES: tuple[tuple[str, frozenset[str]], ...] = (
                                       "ExecEndNode", "ExecShutdownNode"})),
     ("executor, no plan node (sending rows, ExecutePlan)",
      EXECUTOR_ENTRY | WORKER_ENTRY),
+    ("parallel worker start-up (connecting, caches)",
+     frozenset({"ParallelWorkerMain", "BackgroundWorkerMain"})),
     ("planning", frozenset({"pg_plan_queries", "pg_plan_query", "planner",
                             "standard_planner"})),
     ("parse and rewrite", frozenset({"pg_parse_query", "raw_parser", "parse_analyze_fixedparams",
