@@ -39,6 +39,7 @@ from profkit.cli import (  # noqa: E402
     correction,
     export,
     flamegraph,
+    nodetime,
     observers,
     parse,
     probe,
@@ -69,6 +70,7 @@ COMMANDS: list[click.Command] = [
     profile.import_cmd,
     profile.record_script_cmd,
     timing_accuracy.timing_accuracy_cmd,
+    nodetime.nodetime_cmd,
 ]
 
 for _cmd in COMMANDS:

@@ -228,8 +228,13 @@ class PerfRecording:
 def record_pid(pid: int, action: Callable[[], T], *, run: RunDir, perf: str = "perf",
                freq: int = DEFAULT_FREQ, call_graph: CallGraph = "fp", stat: bool = True,
                binary: str | os.PathLike[str] | None = None, attach_timeout: float = 15.0,
-               stop_timeout: float = 120.0) -> tuple[PerfRecording, T]:
+               stop_timeout: float = 120.0, system_wide: bool = False
+               ) -> tuple[PerfRecording, T]:
     """Record *pid* with ``perf record`` (and ``perf stat``) while ``action()`` runs.
+
+    *system_wide*: ``perf record -a`` (every CPU, every process) instead of ``-p PID``,
+    for processes that start while recording (a query's parallel workers); the caller
+    keeps the samples of the pids it wants (``perf script --pid``).
 
     Writes perf.data, perf-record.log, vdso.so and (with *stat*) perf-stat.csv into
     *run*; returns the recording and what *action* returned. *binary* is only recorded
@@ -254,9 +259,11 @@ def record_pid(pid: int, action: Callable[[], T], *, run: RunDir, perf: str = "p
     except Exception:  # noqa: BLE001 - a missing vDSO only loses frame names
         vdso_path = None
     cg = ["-g"] if call_graph == "fp" else ["--call-graph", "dwarf"]
-    argv = _perf(exe, "record", "-F", str(freq), *cg, "-p", str(pid), "-o", data)
+    target = ["-a"] if system_wide else ["-p", str(pid)]
+    argv = _perf(exe, "record", "-F", str(freq), *cg, *target, "-o", data)
     run.update(backend_pid=pid, tool_command=format_argv(argv[0:1] + argv[3:]),
-               tool_summary=f"perf record -F {freq} {' '.join(cg)}",
+               tool_summary=f"perf record -F {freq} {' '.join(cg)}"
+                            + (" -a" if system_wide else ""),
                perf={"freq": freq, "call_graph": call_graph, "binary": str(binary or ""),
                      "buildid_dir": str(buildid_dir())})
     rec = Background(argv, stdout_path=log_path, stderr_path=log_path,
@@ -413,12 +420,15 @@ def record_query(cl: Cluster, conn: psycopg.Connection, sql: str, *, reps: int =
 def script(run: RunDir, *, perf: str = "perf", compress: bool = False,
            symfs: str | os.PathLike[str] | None = None,
            buildid_cache: str | os.PathLike[str] | None = None,
-           timeout: float = 1800) -> Path:
+           timeout: float = 1800, args: Sequence[str] = SCRIPT_ARGS,
+           pids: Sequence[int] | None = None) -> Path:
     """``perf script -i perf.data`` → perf.script.txt (or .txt.gz), streamed to the file.
 
     *symfs*: look binaries up under this directory (perf's ``--symfs``), for a perf.data
     brought from another machine. *buildid_cache*: another build-id cache than
-    profkit's (an empty directory shows what perf makes of the binaries alone).
+    profkit's (an empty directory shows what perf makes of the binaries alone). *args*:
+    perf script's field options (default :data:`SCRIPT_ARGS`); *pids*: only these
+    processes' samples (``--pid``).
     """
     exe = perf_path(perf)
     data = run.file(PERF_DATA)
@@ -427,7 +437,9 @@ def script(run: RunDir, *, perf: str = "perf", compress: bool = False,
     out = run.file(SCRIPT_TXT)
     err = run.file(SCRIPT_ERR)
     out.unlink(missing_ok=True)
-    argv = _perf(exe, "script", "-i", data, *SCRIPT_ARGS)
+    argv = _perf(exe, "script", "-i", data, *args)
+    if pids:
+        argv += ["--pid", ",".join(str(p) for p in pids)]
     if buildid_cache is not None:
         argv[2] = str(buildid_cache)
     if symfs is not None:
