@@ -15,8 +15,8 @@ import html
 import json
 import os
 import pwd
-import shutil
 import re
+import shutil
 import signal
 import socket
 import tempfile
@@ -164,7 +164,9 @@ class Cluster:
             self.port = pick_port()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base_dir, 0o755)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name.replace('+', '_')}-",
+        # a build name may hold '/' (pg19/vanilla) or '@' (vanilla@layout2): not in a path
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{safe}-",
                                          dir=self.base_dir))
         os.chmod(self.dir, 0o755)
         self._chown(self.dir)
