@@ -129,16 +129,6 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
         "profkit.pg.build": "the regress command runs a build's own regression tests",
         "profkit.pg.regress": "the regress command's job is pg_regress",
     },
-    "profkit.cli.observers": {
-        "profkit.pg.build": "starts the cluster measure_observers runs on, until the "
-                            "experiment's session object owns its clusters",
-        "profkit.pg.cluster": "as profkit.pg.build",
-    },
-    "profkit.cli.correction": {
-        "profkit.pg.build": "starts the cluster measure_correction runs on, until the "
-                            "experiment's session object owns its clusters",
-        "profkit.pg.cluster": "as profkit.pg.build",
-    },
     "profkit.lab.notebook": {
         "profkit.rundir": "the notebook's Run reads run directories (load_run, list_runs)",
         "profkit.pg.build": "available_builds: which builds a notebook can use",

@@ -248,6 +248,17 @@ def resolve_build(arm: Arm, progress: Callable[[str], None] | None = None,
     return get_build(arm.preset, progress=progress)
 
 
+def target_build(target: Cluster | Build | str,
+                 progress: Callable[[str], None] | None = None) -> Build:
+    """The build a one-arm experiment measures: a running cluster's, a Build, or a preset
+    name's (built when missing)."""
+    if isinstance(target, Cluster):
+        return target.build
+    if isinstance(target, str):
+        return get_build(target, progress=progress)
+    return target
+
+
 class Clusters:
     """The throwaway clusters of one run, entered into *stack* (stopped when it closes)."""
 
@@ -653,6 +664,21 @@ class Session:
                 options=options, prepare=prepare, say=say)
         s.given = cluster
         return s
+
+    @classmethod
+    def single(cls, target: Cluster | Build, *, name: str, log_dir: Path,
+               options: SessionOptions | None = None,
+               prepare: Callable[[Target], None] | None = None,
+               say: Callable[[str], None] | None = None) -> Session:
+        """A session of one arm: on *target*'s build, whose cluster the session starts,
+        loads through *prepare* and stops (its server log kept in *log_dir*); or, given a
+        running cluster (a notebook's own), on that cluster (:meth:`on_cluster`)."""
+        if isinstance(target, Cluster):
+            return cls.on_cluster(target, options=options, prepare=prepare, say=say)
+        label = target.name.replace("/", "-").replace("@", "-")
+        arm = Arm(label, target.name)
+        return cls([arm], {label: target}, name=name, log_dir=log_dir, options=options,
+                   prepare=prepare, say=say)
 
     # -- clusters and backends --------------------------------------------------
     def log_name(self, arm: Arm, block: int) -> str:
