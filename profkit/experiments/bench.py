@@ -514,26 +514,10 @@ class _Bench:
                               f"{m['client_ms']:.0f} ms")
 
     def _failure(self, e: harness.ExecFailed, when: str) -> BenchError:
-        t = e.target
-        crashed, detail = harness.failure_detail(t.cluster, t.conn)
         kept = len(self.rows)
-        where = f"build {t.label!r}, {e.what}, during {when}"
-        if crashed:
-            assert self.session.clusters is not None
-            log = self.session.clusters.log_file(self.session.log_name(t.arm, t.block))
-            return ServerCrashed(
-                f"the server of {where} {detail}. The {kept} rows measured before are "
-                f"kept in {self.out_dir / TIMINGS_CSV}; all benchmark clusters were stopped "
-                f"(server log: {log})", run_dir=self.out_dir, rows=kept)
-        return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
-                          f"before are kept in {self.out_dir / TIMINGS_CSV}",
-                          run_dir=self.out_dir, rows=kept)
-
-    def shown_settings(self) -> dict[str, dict[str, str]]:
-        """``SHOW`` of every arm's own settings, as its server reports them (the check
-        that a setting took: a value it rounds or refuses shows here)."""
-        return {t.label: dict(t.shown) for t in self.session.all_targets
-                if t.block == 1 and t.shown}
+        what = f"The {kept} rows measured before are kept in {self.out_dir / TIMINGS_CSV}"
+        crashed, msg = self.session.failure(e, when, kept=what)
+        return (ServerCrashed if crashed else BenchError)(msg, run_dir=self.out_dir, rows=kept)
 
 
 # ---------------------------------------------------------------------------

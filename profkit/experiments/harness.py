@@ -773,15 +773,22 @@ class Session:
         except Exception as e:  # psycopg errors, and a broken connection's own errors
             raise ExecFailed(t, what, e) from e
 
-    def failure(self, e: ExecFailed, when: str) -> tuple[bool, str]:
-        """(did the server crash, a sentence naming the arm, what and when, the log)."""
+    def failure(self, e: ExecFailed, when: str, kept: str = "") -> tuple[bool, str]:
+        """THE failure report of an execution: (did the server crash, one sentence naming
+        the arm, what and when, then *kept* — what the experiment kept — and, after a
+        crash, that the run's clusters are stopped and the server log kept in the run
+        directory). Called while the clusters run
+        (from the cell hook), so the crash report is read from the live server."""
         t = e.target
         crashed, detail = failure_detail(t.cluster, t.conn)
-        where = f"{t.label!r}, {e.what}, during {when}"
-        log = self.clusters.log_file(self.log_name(t.arm, t.block)) if self.clusters else "?"
+        where = f"{self.arm_word} {t.label!r}, {e.what}, during {when}"
+        tail = f". {kept}" if kept else ""
         if crashed:
-            return True, f"the server of {where} {detail} (server log: {log})"
-        return False, f"the query failed on {where}: {e.err}"
+            log = (self.clusters.log_file(self.log_name(t.arm, t.block)) if self.clusters
+                   else t.cluster.log_path)
+            stopped = "; all clusters of this run are stopped" if self.given is None else ""
+            return True, f"the server of {where} {detail}{tail}{stopped} (server log: {log})"
+        return False, f"the query failed on {where}: {e.err}{tail}"
 
     # -- the run ----------------------------------------------------------------
     def run(self, reps: int, groups: Sequence[Group], *,
