@@ -73,6 +73,14 @@ class ReadFailed(Exception):
     def what(self) -> str:
         return "perf script text on stdin" if self.name == "-" else f"perf script text {self.name}"
 
+    def error(self) -> ParseError:
+        """The one error the commands show: the file unreadable, or where it is garbled."""
+        if isinstance(self.cause, OSError):
+            return ParseError(f"cannot read {self.name}: {self.cause.strerror}")
+        from profkit.parse.perf_script import _error  # the full parser: only on errors
+
+        return _error(*self.cause.args, self.what)
+
 
 def fold_files(files: list[str], *, pid: bool = False, tid: bool = False, kernel: bool = False,
                jit: bool = False, addrs: bool = False, event_filter: str = "",
@@ -161,11 +169,7 @@ def fold_command(file: str, *, pid: bool = False, tid: bool = False, kernel: boo
                                       addrs=addrs, event_filter=event_filter or "",
                                       strict=strict)
     except ReadFailed as e:
-        if isinstance(e.cause, OSError):
-            raise ParseError(f"cannot read {e.name}: {e.cause.strerror}") from None
-        from profkit.parse.perf_script import _error
-
-        raise _error(*e.cause.args, e.what) from None
+        raise e.error() from None
     for line in notes(stats):
         if note is not None:
             note(line)
@@ -288,13 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             addrs=opts.get("addrs", False), event_filter=event_filter,
             strict=opts.get("strict", False))
     except ReadFailed as e:
-        if isinstance(e.cause, OSError):
-            print(f"profkit-stackcollapse-perf: cannot read {e.name}: {e.cause.strerror}",
-                  file=sys.stderr)
-            return 2
-        from profkit.parse.perf_script import _error
-
-        print(f"profkit-stackcollapse-perf: {_error(*e.cause.args, e.what)}", file=sys.stderr)
+        print(f"profkit-stackcollapse-perf: {e.error()}", file=sys.stderr)
         return 2
     for line in notes(stats):
         print(line, file=sys.stderr)

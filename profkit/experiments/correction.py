@@ -27,8 +27,8 @@ from profkit.collect import clock
 from profkit.collect.artifacts import server_settings
 from profkit.errors import ProbeError
 from profkit.experiments import harness
-from profkit.experiments.observers import loadavg
-from profkit.experiments.observers import uptime as _uptime
+from profkit.machine import loadavg
+from profkit.machine import uptime as _uptime
 from profkit.parse.explain import execution_ms
 from profkit.modes import query_name
 from profkit.pg.workloads import get_workload
@@ -89,7 +89,7 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
     if reps < 2:
         raise ProbeError("reps must be >= 2 (the in-situ check splits odd and even reps)")
     build = harness.target_build(target, progress)
-    la0 = loadavg()
+    la0 = tuple(loadavg())
     with open_run("correction", build=build, base=base, run_id=run_id,
                   workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0)) as rd:
         return _correct(rd, target if isinstance(target, Cluster) else build, wls,
@@ -228,7 +228,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
     nodes_all = pd.concat(node_frames, ignore_index=True)
     cost = pd.concat([costs[0].assign(when="before"), costs[-1].assign(when="after")],
                      ignore_index=True)
-    la1 = loadavg()
+    la1 = tuple(loadavg())
     uptime = _uptime()
     timings.to_parquet(rd.file("timings.parquet"), index=False)
     summary.to_csv(rd.file("correction.csv"), index=False)

@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +58,7 @@ from profkit.collect import bpf, callgrind as cg, ltrace as lt, perf
 from profkit.collect.bpf import DEFAULT_COST_NS
 from profkit.parse.ltrace import parse_ltrace_summary
 from profkit.pg.cluster import Cluster
+from profkit.machine import loadavg, uptime
 from profkit.processes import run
 from profkit.rundir import load_run
 
@@ -96,13 +96,6 @@ def parse_method(name: str) -> tuple[str, str]:
     if m and int(m.group(1)) > 0:
         return "perf", f"{int(m.group(1))}Hz"
     raise ProbeError(f"unknown observer {name!r}; known: {', '.join(METHODS)} (or perf-FREQ)")
-
-
-def loadavg() -> tuple[float, float, float]:
-    try:
-        return os.getloadavg()
-    except OSError:
-        return (math.nan, math.nan, math.nan)
 
 
 # ---------------------------------------------------------------------------
@@ -349,7 +342,7 @@ def measure_observers(target: Cluster | Build | str = "vanilla", *,
         raise ProbeError("reps and expensive_reps must be >= 1")
     specs = list(dict.fromkeys(parse_method(m) for m in methods))
     build = harness.target_build(target, progress)
-    la0 = loadavg()
+    la0 = tuple(loadavg())
     with open_run("observers", build=build, workload=workload, base=base,
                   run_id=run_id, tools=("perf", "ltrace", "bpftrace", "valgrind"),
                   scale=scale, modes=list(modes), methods=[f"{m} {v}" for m, v in specs],
@@ -488,14 +481,3 @@ def _timings_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     if not rows:
         return tables.empty("observer_timings")
     return tables.validate(pd.DataFrame(rows), "observer_timings")
-
-
-def uptime() -> str:
-    exe = shutil.which("uptime")
-    if exe is None:
-        return "load average: " + " ".join(f"{x:.2f}" for x in loadavg())
-
-    try:
-        return run([exe], timeout=10, check=False).stdout.strip()
-    except ProfkitError:
-        return "load average: " + " ".join(f"{x:.2f}" for x in loadavg())

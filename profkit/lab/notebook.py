@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import paths, rundir, tables
+from profkit import rundir, tables
 from profkit.analyze import stats
 from profkit.errors import ProfkitError
 from profkit.pg.build import find_build, get_build, presets
@@ -249,20 +249,10 @@ class Run:
 
 
 def list_runs(root: str | Path | None = None) -> list[Run]:
-    """Every run directory under *root* (default profiles/), oldest first."""
-    base = Path(root) if root is not None else paths.profiles_dir()
-    if not base.is_dir():
-        return []
-    runs = []
-    for d in base.iterdir():
-        if d.is_symlink() or not d.is_dir() or d.name.startswith("."):
-            continue  # "latest" is a symlink to one of the others
-        if (d / "provenance.json").exists():
-            try:
-                runs.append(Run.load(d))
-            except NotebookError:
-                continue
-    return sorted(runs, key=lambda r: r.created)
+    """Every run under *root* (default profiles/) as :func:`profkit.rundir.list_runs`
+    finds them, oldest written first."""
+    return sorted((Run(rd.path, rd.provenance) for rd in rundir.list_runs(root)),
+                  key=lambda r: r.created)
 
 
 def latest_run(*, need: Sequence[str] = ("timings",), builds: Sequence[str] | None = None,
