@@ -114,11 +114,6 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
         "profkit.parse.perf_script": "the parse commands' job is parsing files",
         "profkit.parse.gprof": "the parse commands' job is parsing files",
     },
-    "profkit.cli.flamegraph": {
-        "profkit.parse": "its input is a file of stacks, read like `profkit parse` reads one",
-        "profkit.parse.perf_script": "its input may be perf script text (a vDSO image names "
-                                     "its frames)",
-    },
     "profkit.cli.build": {"profkit.pg.build": "the build command's job is the build itself"},
     "profkit.cli.cluster": {
         "profkit.pg.build": "the cluster command starts a cluster of a build",
@@ -159,6 +154,28 @@ def test_front_doors_import_only_experiments_render_and_base_modules():
     assert bad == {}
 
 
+#: The only front doors that reach parse/ (their job is parsing files). None reaches
+#: collect/: collecting is an experiment's (experiments/profile, probe, cell...).
+PARSE_FRONT_DOORS = {"profkit.cli.parse"}
+
+
+def test_front_doors_never_import_collect_or_parse_but_the_parse_commands():
+    bad = {m: sorted(i for i in deps if _in(i, "collect")
+                     or (_in(i, "parse") and m not in PARSE_FRONT_DOORS))
+           for m, deps in _graph().items() if _front_door(m)}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_no_front_door_starts_a_cluster_but_the_cluster_command():
+    """Clusters are the engine's (harness.Session) or an experiment's: a command that
+    measures calls its experiment with a build name, and the experiment's session starts,
+    loads and stops the cluster. Only `profkit cluster` (whose job is the cluster) and
+    the notebook's cell registry keep one running."""
+    g = _graph()
+    users = sorted(m for m, deps in g.items() if _front_door(m) and "profkit.pg.cluster" in deps)
+    assert users == ["profkit.cli.cluster"]
+
+
 def test_front_door_exceptions_are_still_needed():
     """An exception the code no longer needs is struck from the list."""
     g = _graph()
@@ -172,18 +189,18 @@ def test_front_door_exceptions_are_still_needed():
 #: listed: none). They hide the dependency graph, so profkit imports sit at the top of a
 #: module, except
 #: - cli/: every command module imports its experiment inside the command function, so
-#:   `profkit --version` and `--help` start fast (no pandas, psycopg, matplotlib);
+#:   `profkit --version` and `--help` start fast (no pandas, psycopg, matplotlib; what
+#:   `profkit --help` loads anyway — profkit.errors, cli.common — is imported at the top);
 #: - profkit/__init__.py: the IPython extension hooks (IPython is optional);
 #:   __main__.py and stackcollapse.py: `profkit --version`/`--help` and the
-#:   `profkit-stackcollapse-perf` script start fast (nothing imported before it is used);
+#:   `profkit-stackcollapse-perf` script start fast (the compiled folder and the full
+#:   parser imported only when used);
 #: - parse/: the folding path stays free of pandas (parse/folded's tables, parse's
 #:   load_stacks), for the stackcollapse script's start-up time;
-#: - collect/: bpf's handle on profkit.processes (its `run` name is taken by the function),
-#:   artifacts' clock facts (the machine facts are moving to a base module);
-#: - experiments/: the engine modules being reshaped (bench, timing_accuracy, observers,
-#:   correction, harness); every other experiments module imports at the top.
-#: The ceilings are today's counts: lower one when you move an import to the top.
-FUNCTION_IMPORT_CEILING = {"(top)": 10, "cli": 54, "collect": 3, "experiments": 43, "parse": 3}
+#: - collect/: bpf's handle on profkit.processes (its `run` name is taken by the function).
+#: experiments/ has none. The ceilings are today's counts: lower one when you move an
+#: import to the top.
+FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 47, "collect": 1, "parse": 3}
 
 
 def _function_imports() -> dict[str, int]:
