@@ -140,9 +140,9 @@ def test_every_kind_of_run_is_found_with_its_provenance(tmp_path, monkeypatch, v
                                         reps=1, clock_cost=False, nice=None)
     profile.perf_profile(vanilla_build, scale=0.005, stat=False)
     probe.clock_cost(sources=["clock_monotonic"], loops=10_000, repeats=1)
+    observers.measure_observers("vanilla", workload="nested_loop", scale=0.005,
+                                methods=["perf-99"], reps=1, warmup=0)
     with Cluster(vanilla_build, name="lifecycle") as cl:
-        observers.measure_observers(cl, workload="nested_loop", scale=0.005,
-                                    methods=["perf-99"], reps=1, warmup=0)
         correction.measure_correction(cl, workloads={"nested_loop": 0.005}, reps=2,
                                       clock_loops=10_000, clock_repeats=1)
         with cl.connect() as conn:
