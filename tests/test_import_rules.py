@@ -204,25 +204,16 @@ FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 47, "collect": 1, "parse": 3}
 
 
 def _function_imports() -> dict[str, int]:
-    """Imports of profkit modules inside function bodies, per package (each counted once)."""
-    out: dict[str, int] = {}
-    for p in PKG.rglob("*.py"):
-        rel = p.relative_to(PKG).parts
-        pkg = rel[0] if len(rel) > 1 else "(top)"
-        seen: set[int] = set()
-        for fn in ast.walk(ast.parse(p.read_text(), str(p))):
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            for n in ast.walk(fn):
-                if id(n) in seen:
-                    continue
-                seen.add(id(n))
-                if (isinstance(n, ast.ImportFrom) and n.level == 0
-                        and (n.module or "").split(".")[0] == "profkit") or (
-                        isinstance(n, ast.Import)
-                        and any(a.name.split(".")[0] == "profkit" for a in n.names)):
-                    out[pkg] = out.get(pkg, 0) + 1
-    return out
+    """Imports of profkit modules inside function bodies, per package: counted by
+    scripts/architecture_counts.py (the one counter; its report shows the same figures)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "architecture_counts.py"
+    spec = importlib.util.spec_from_file_location("pk_architecture_counts", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.function_imports(PKG)
 
 
 def test_profkit_imports_inside_functions_stay_under_their_ceiling():
