@@ -519,6 +519,12 @@ class _Bench:
         crashed, msg = self.session.failure(e, when, kept=what)
         return (ServerCrashed if crashed else BenchError)(msg, run_dir=self.out_dir, rows=kept)
 
+    def shown_settings(self) -> dict[str, dict[str, str]]:
+        """``SHOW`` of every arm's own settings, as its server reports them (the check
+        that a setting took: a value it rounds or refuses shows here)."""
+        return {t.label: dict(t.shown) for t in self.session.all_targets
+                if t.block == 1 and t.shown}
+
 
 # ---------------------------------------------------------------------------
 # instruction counts
