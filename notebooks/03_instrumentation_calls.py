@@ -80,8 +80,8 @@ with progress:
             perf_tables[name] = prof.functions
             assert prof.folding.samples >= 100, f"too few perf samples ({prof.folding.samples})"
             progress.advance(message=f"{name}: perf {prof.folding.samples} samples")
-            out = nb.new_run_dir(f"callgrind-{name}")
-            session = collect_callgrind_cluster(cl, {MODE: wl.query(MODE)}, out)
+            with nb.open_run(f"callgrind-{name}", workload=WORKLOAD, mode=MODE) as rd:
+                session = collect_callgrind_cluster(cl, {MODE: wl.query(MODE)}, rd.path)
             cg_tables[name] = parse_callgrind_file(session.queries[0].out_file,
                                                    build=name).functions
             progress.advance(message=f"{name}: callgrind done")

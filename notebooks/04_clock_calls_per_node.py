@@ -87,12 +87,11 @@ else:
     }
     constants = pred.summary()
     display(constants[~constants["term"].str.startswith("node ")])
-    run = nb.save_run(nb.new_run_dir(f"clock_calls-{WORKLOAD}"),
-                      {"kind": "clock_calls", "builds": [BUILD], "workload": WORKLOAD,
-                       "scale": SCALE, "explain": explain, "bpf_tool": probe.tool,
-                       "fallback_reason": probe.fallback_reason},
+    run = nb.save_run("clock_calls",
                       {"plan_nodes": nodes.drop(columns=["exact_reason"], errors="ignore"),
-                       "totals": pd.DataFrame([totals])})
+                       "totals": pd.DataFrame([totals])},
+                      builds=[BUILD], workload=WORKLOAD, scale=SCALE, explain=explain,
+                      bpf_tool=probe.tool, fallback_reason=probe.fallback_reason)
     print(f"collected and saved to {run.path}")
 
 # %% [markdown]

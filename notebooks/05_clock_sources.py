@@ -57,8 +57,8 @@ else:
     cost = clock.measure_clocks(loops=CLOCK_LOOPS, repeats=CLOCK_REPEATS)
     if cost.attrs.get("skipped"):
         print("not available on this CPU:", ", ".join(cost.attrs["skipped"]))
-    nb.save_run(nb.new_run_dir("clock_cost"), {"kind": "clock_cost", "clock_info": info.as_dict()},
-                {"clock_cost": cost.drop(columns=["histogram"])})
+    nb.save_run("clock_cost", {"clock_cost": cost.drop(columns=["histogram"])},
+                clock_info=info.as_dict())
 display(cost.drop(columns=["histogram"], errors="ignore").round(2))
 
 # %%

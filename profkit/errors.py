@@ -1,4 +1,13 @@
-"""Exceptions.  Library code raises these; only the CLI turns them into exit codes."""
+"""Exceptions.  Library code raises these; only the CLI turns them into exit codes.
+
+Also the words for an OS error and a failed write to standard output, shared by the
+click commands (:mod:`profkit.cli.common`) and the click-free fast path of
+``profkit parse perf-script`` (:mod:`profkit.stackcollapse`).
+"""
+from __future__ import annotations
+
+import os
+import sys
 
 
 class ProfkitError(Exception):
@@ -43,3 +52,31 @@ class ProbeError(ProfkitError):
 
 class ComparisonError(ProfkitError):
     pass
+
+
+class StdoutFailed(OSError):
+    """A write to standard output failed (``> /dev/full``, a closed pipe)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+
+
+def os_error_message(e: OSError) -> str:
+    """One line for an OS error: the file and what happened, or that stdout failed."""
+    what = e.strerror or str(e)
+    if isinstance(e, StdoutFailed | BrokenPipeError):
+        return f"cannot write to standard output: {what}"
+    if e.filename is not None:
+        return f"{e.filename}: {what}"
+    return what
+
+
+def silence_stdout() -> None:
+    """After a failed write to stdout (a full disk, a closed pipe) the interpreter's own
+    flush at exit would fail again with a second message: point stdout at /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass

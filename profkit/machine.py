@@ -123,3 +123,16 @@ def loadavg() -> list[float]:
         return list(os.getloadavg())
     except OSError:
         return [float("nan")] * 3
+
+
+def uptime() -> str:
+    """``uptime``'s line (the load averages with how long the machine has been up), or
+    the load averages alone where the program is missing."""
+    exe = shutil.which("uptime")
+    fallback = "load average: " + " ".join(f"{x:.2f}" for x in loadavg())
+    if exe is None:
+        return fallback
+    try:
+        return run([exe], timeout=10, check=False).stdout.strip()
+    except ProfkitError:
+        return fallback

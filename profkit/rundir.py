@@ -339,6 +339,7 @@ def open_run(kind: str, *, words: Sequence[str | None] = (), build: Build | None
         error = f"{type(e).__name__}: {e}"
         raise
     finally:
+        _take_disk_facts(rd)
         try:
             rd.update(status=status, error=error, ended_at=now(), loadavg_end=loadavg())
         except OSError:  # a full disk: the provenance written before stays
@@ -346,6 +347,22 @@ def open_run(kind: str, *, words: Sequence[str | None] = (), build: Build | None
                 (rd.path / (PROVENANCE_FILE + ".tmp")).unlink()
         if status == COMPLETE and latest:
             update_latest(rd.path)
+
+
+def _take_disk_facts(rd: RunDir) -> None:
+    """Before the final status: what another handle on the same run wrote meanwhile (a
+    collector folding it through ``load_run``) joins *rd*'s provenance, so writing the
+    status does not put an older copy back."""
+    try:
+        disk = json.loads((rd.path / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(disk, dict):
+        mine = rd.provenance
+        rd.provenance = {**mine, **disk}
+        for k in ("artifacts",):
+            if isinstance(mine.get(k), dict) and isinstance(disk.get(k), dict):
+                rd.provenance[k] = {**mine[k], **disk[k]}
 
 
 def list_runs(root: str | os.PathLike[str] | None = None, *, kind: str | None = None

@@ -14,6 +14,14 @@ from __future__ import annotations
 import os
 import sys
 
+from profkit.errors import (
+    ParseError,
+    ProfkitError,
+    StdoutFailed,
+    os_error_message,
+    silence_stdout,
+)
+
 _FLAGS = {"--pid": "pid", "--tid": "tid", "--kernel": "kernel", "--jit": "jit",
           "--all": "all", "--addrs": "addrs", "--strict": "strict"}
 _CHUNK = 1 << 20
@@ -64,6 +72,14 @@ class ReadFailed(Exception):
     @property
     def what(self) -> str:
         return "perf script text on stdin" if self.name == "-" else f"perf script text {self.name}"
+
+    def error(self) -> ParseError:
+        """The one error the commands show: the file unreadable, or where it is garbled."""
+        if isinstance(self.cause, OSError):
+            return ParseError(f"cannot read {self.name}: {self.cause.strerror}")
+        from profkit.parse.perf_script import _error  # the full parser: only on errors
+
+        return _error(*self.cause.args, self.what)
 
 
 def fold_files(files: list[str], *, pid: bool = False, tid: bool = False, kernel: bool = False,
@@ -148,18 +164,12 @@ def fold_command(file: str, *, pid: bool = False, tid: bool = False, kernel: boo
     (``-``: stdin), hand the Perl script's stderr notes to *note* and the folded bytes to
     *emit*. Raises :class:`~profkit.errors.ParseError` (unreadable or, with *strict*,
     garbled input; an *event_filter* the file has no sample of)."""
-    from profkit.errors import ParseError
-
     try:
         collapsed, stats = fold_files([file], pid=pid, tid=tid, kernel=kernel, jit=jit,
                                       addrs=addrs, event_filter=event_filter or "",
                                       strict=strict)
     except ReadFailed as e:
-        if isinstance(e.cause, OSError):
-            raise ParseError(f"cannot read {e.name}: {e.cause.strerror}") from None
-        from profkit.parse.perf_script import _error
-
-        raise _error(*e.cause.args, e.what) from None
+        raise e.error() from None
     for line in notes(stats):
         if note is not None:
             note(line)
@@ -173,9 +183,9 @@ def fold_command(file: str, *, pid: bool = False, tid: bool = False, kernel: boo
 
 
 #: ``profkit parse perf-script``'s options that keep stackcollapse-perf.pl's weighting
-#: (the others, --samples --vdso --functions --inline --context, need the full parser)
-_COMMAND_FLAGS = {"--pid": "pid", "--tid": "tid", "--kernel": "kernel", "--jit": "jit",
-                  "--all": "all", "--addrs": "addrs", "--strict": "strict"}
+#: (the others, --samples --vdso --functions --inline --context, need the full parser):
+#: the drop-in's own
+_COMMAND_FLAGS = _FLAGS
 
 
 def command_args(args: list[str]) -> dict | None:
@@ -235,44 +245,21 @@ def command_main(args: list[str]) -> int | None:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
         except OSError as e:
-            _quiet_stdout()
-            raise _StdoutFailed(e) from None
-
-    from profkit.errors import ProfkitError
+            silence_stdout()
+            raise StdoutFailed(e) from None
 
     try:
         fold_command(note=lambda m: print(m, file=sys.stderr), emit=emit, **kw)
     except ProfkitError as e:
         print(f"profkit: {e}", file=sys.stderr)
         return 1
-    except _StdoutFailed as e:
-        print(f"profkit: cannot write to standard output: {e.what}", file=sys.stderr)
-        return 1
     except OSError as e:
-        what = e.strerror or str(e)
-        print(f"profkit: {e.filename}: {what}" if e.filename is not None else f"profkit: {what}",
-              file=sys.stderr)
+        print(f"profkit: {os_error_message(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("profkit: interrupted; everything profkit started was stopped", file=sys.stderr)
         return 130
     return 0
-
-
-class _StdoutFailed(Exception):
-    def __init__(self, cause: OSError) -> None:
-        super().__init__(cause)
-        self.what = cause.strerror or str(cause)
-
-
-def _quiet_stdout() -> None:
-    """After a failed write to stdout the interpreter's flush at exit would fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,13 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             addrs=opts.get("addrs", False), event_filter=event_filter,
             strict=opts.get("strict", False))
     except ReadFailed as e:
-        if isinstance(e.cause, OSError):
-            print(f"profkit-stackcollapse-perf: cannot read {e.name}: {e.cause.strerror}",
-                  file=sys.stderr)
-            return 2
-        from profkit.parse.perf_script import _error
-
-        print(f"profkit-stackcollapse-perf: {_error(*e.cause.args, e.what)}", file=sys.stderr)
+        print(f"profkit-stackcollapse-perf: {e.error()}", file=sys.stderr)
         return 2
     for line in notes(stats):
         print(line, file=sys.stderr)

@@ -51,6 +51,37 @@ def test_experiments_time_only_through_the_harness():
     assert timing_fns == ["timed_execute", "go"]  # go is timed_execute's inner execution
 
 
+def test_experiments_execute_and_start_clusters_only_through_the_session():
+    """In experiments/, timed_execute and interleave are the session's (every experiment
+    executes through Session.execute and its groups); clusters are started by the
+    session, except a notebook's kept ones (cell.py's registry) and the one-build profile
+    experiments (profile.py: perf, gprof)."""
+    exp = Path(profkit.__file__).parent / "experiments"
+    users: dict[str, set[str]] = {}
+    for p in exp.glob("*.py"):
+        if p.name == "harness.py":
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Call):
+                f = n.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name in ("timed_execute", "interleave", "Cluster"):
+                    users.setdefault(name, set()).add(p.name)
+    assert users == {"Cluster": {"cell.py", "profile.py"}}
+
+
+def test_a_one_arm_session_names_its_arm_after_the_build(tmp_path):
+    class _Build:  # what Session.single reads of a build: its name
+        name = "pg19/vanilla@layout2"
+
+    b = _Build()
+    s = harness.Session.single(b, name="observers", log_dir=tmp_path)  # type: ignore[arg-type]
+    assert [(a.label, a.preset) for a in s.arms] == [("pg19-vanilla-layout2",
+                                                      "pg19/vanilla@layout2")]
+    assert s.builds == {"pg19-vanilla-layout2": b} and s.given is None
+    assert harness.target_build(b) is b  # type: ignore[arg-type]
+
+
 @pytest.mark.pg
 def test_timed_execute_pgss_stamps_and_observer(pg_cluster, tmp_path):
     conn, pid = harness.connect(pg_cluster)

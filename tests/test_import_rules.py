@@ -114,11 +114,6 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
         "profkit.parse.perf_script": "the parse commands' job is parsing files",
         "profkit.parse.gprof": "the parse commands' job is parsing files",
     },
-    "profkit.cli.flamegraph": {
-        "profkit.parse": "its input is a file of stacks, read like `profkit parse` reads one",
-        "profkit.parse.perf_script": "its input may be perf script text (a vDSO image names "
-                                     "its frames)",
-    },
     "profkit.cli.build": {"profkit.pg.build": "the build command's job is the build itself"},
     "profkit.cli.cluster": {
         "profkit.pg.build": "the cluster command starts a cluster of a build",
@@ -128,16 +123,6 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
         "profkit.patches": "the regress command runs the patch presets' regression tests",
         "profkit.pg.build": "the regress command runs a build's own regression tests",
         "profkit.pg.regress": "the regress command's job is pg_regress",
-    },
-    "profkit.cli.observers": {
-        "profkit.pg.build": "starts the cluster measure_observers runs on, until the "
-                            "experiment's session object owns its clusters",
-        "profkit.pg.cluster": "as profkit.pg.build",
-    },
-    "profkit.cli.correction": {
-        "profkit.pg.build": "starts the cluster measure_correction runs on, until the "
-                            "experiment's session object owns its clusters",
-        "profkit.pg.cluster": "as profkit.pg.build",
     },
     "profkit.lab.notebook": {
         "profkit.rundir": "the notebook's Run reads run directories (load_run, list_runs)",
@@ -169,6 +154,28 @@ def test_front_doors_import_only_experiments_render_and_base_modules():
     assert bad == {}
 
 
+#: The only front doors that reach parse/ (their job is parsing files). None reaches
+#: collect/: collecting is an experiment's (experiments/profile, probe, cell...).
+PARSE_FRONT_DOORS = {"profkit.cli.parse"}
+
+
+def test_front_doors_never_import_collect_or_parse_but_the_parse_commands():
+    bad = {m: sorted(i for i in deps if _in(i, "collect")
+                     or (_in(i, "parse") and m not in PARSE_FRONT_DOORS))
+           for m, deps in _graph().items() if _front_door(m)}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_no_front_door_starts_a_cluster_but_the_cluster_command():
+    """Clusters are the engine's (harness.Session) or an experiment's: a command that
+    measures calls its experiment with a build name, and the experiment's session starts,
+    loads and stops the cluster. Only `profkit cluster` (whose job is the cluster) and
+    the notebook's cell registry keep one running."""
+    g = _graph()
+    users = sorted(m for m, deps in g.items() if _front_door(m) and "profkit.pg.cluster" in deps)
+    assert users == ["profkit.cli.cluster"]
+
+
 def test_front_door_exceptions_are_still_needed():
     """An exception the code no longer needs is struck from the list."""
     g = _graph()
@@ -182,40 +189,31 @@ def test_front_door_exceptions_are_still_needed():
 #: listed: none). They hide the dependency graph, so profkit imports sit at the top of a
 #: module, except
 #: - cli/: every command module imports its experiment inside the command function, so
-#:   `profkit --version` and `--help` start fast (no pandas, psycopg, matplotlib);
+#:   `profkit --version` and `--help` start fast (no pandas, psycopg, matplotlib; what
+#:   `profkit --help` loads anyway — profkit.errors, cli.common — is imported at the top);
 #: - profkit/__init__.py: the IPython extension hooks (IPython is optional);
 #:   __main__.py and stackcollapse.py: `profkit --version`/`--help` and the
-#:   `profkit-stackcollapse-perf` script start fast (nothing imported before it is used);
+#:   `profkit-stackcollapse-perf` script start fast (the compiled folder and the full
+#:   parser imported only when used);
 #: - parse/: the folding path stays free of pandas (parse/folded's tables, parse's
 #:   load_stacks), for the stackcollapse script's start-up time;
-#: - collect/: bpf's handle on profkit.processes (its `run` name is taken by the function),
-#:   artifacts' clock facts (the machine facts are moving to a base module);
-#: - experiments/: the engine modules being reshaped (bench, timing_accuracy, observers,
-#:   correction, harness); every other experiments module imports at the top.
-#: The ceilings are today's counts: lower one when you move an import to the top.
-FUNCTION_IMPORT_CEILING = {"(top)": 10, "cli": 55, "collect": 3, "experiments": 43, "parse": 3}
+#: - collect/: bpf's handle on profkit.processes (its `run` name is taken by the function).
+#: experiments/ has none. The ceilings are today's counts: lower one when you move an
+#: import to the top.
+FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 48, "collect": 1, "parse": 3}
 
 
 def _function_imports() -> dict[str, int]:
-    """Imports of profkit modules inside function bodies, per package (each counted once)."""
-    out: dict[str, int] = {}
-    for p in PKG.rglob("*.py"):
-        rel = p.relative_to(PKG).parts
-        pkg = rel[0] if len(rel) > 1 else "(top)"
-        seen: set[int] = set()
-        for fn in ast.walk(ast.parse(p.read_text(), str(p))):
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            for n in ast.walk(fn):
-                if id(n) in seen:
-                    continue
-                seen.add(id(n))
-                if (isinstance(n, ast.ImportFrom) and n.level == 0
-                        and (n.module or "").split(".")[0] == "profkit") or (
-                        isinstance(n, ast.Import)
-                        and any(a.name.split(".")[0] == "profkit" for a in n.names)):
-                    out[pkg] = out.get(pkg, 0) + 1
-    return out
+    """Imports of profkit modules inside function bodies, per package: counted by
+    scripts/architecture_counts.py (the one counter; its report shows the same figures)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "architecture_counts.py"
+    spec = importlib.util.spec_from_file_location("pk_architecture_counts", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.function_imports(PKG)
 
 
 def test_profkit_imports_inside_functions_stay_under_their_ceiling():

@@ -224,8 +224,9 @@ def test_run_listing_latest_and_html(tmp_path):
     t = pd.DataFrame({"run_id": ["r"] * 2, "build": ["vanilla"] * 2, "workload": ["w"] * 2,
                       "query": ["q"] * 2, "mode": ["plain", "analyze_timing"], "rep": [1, 1],
                       "order": [0, 1], "client_ms": [1.0, 2.0], "server_ms": [0.9, 1.9]})
-    a = nbk.save_run(tmp_path / "a", {"kind": "bench", "builds": {"vanilla": {}},
-                                      "workload": "w", "scale": 0.1}, {"timings": t})
+    a = nbk.save_run("bench", {"timings": t}, path=tmp_path / "a",
+                     builds={"vanilla": {}}, workload="w", scale=0.1)
+    assert a.provenance["status"] == "complete" and a.kind == "bench"
     time.sleep(0.01)
     b = tmp_path / "b"
     b.mkdir()

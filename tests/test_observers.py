@@ -357,3 +357,34 @@ def test_bad_input_and_the_guard_refusing(pg_cluster, _join_sum_loaded, tmp_path
     assert prov["status"] == "failed" and "cost guard" in prov["error"]
     assert (run / "observer_timings.csv").exists()
     assert children_named("perf", "ltrace", "bpftrace") == []
+
+
+@pytest.mark.pg
+@pytest.mark.builds("vanilla")
+def test_the_session_starts_loads_and_stops_the_cluster_of_a_build(tmp_path):
+    """Given a build name, observers and correction run on a cluster their session
+    starts, loads and stops (what `profkit observers|correction` do): the server log is
+    kept in the run, no postgres of theirs is left, the rows are on disk as they came."""
+    before = set(children_named("postgres"))
+    obs = measure_observers("vanilla", workload="nested_loop", scale=0.005,
+                            modes=("plain",), methods=("perf-99",), reps=2, warmup=0,
+                            base=tmp_path)
+    t = obs.slowdown.set_index("method")
+    assert t.loc["perf", "reps"] == 2 and t.loc["unobserved", "reps"] == 2
+    assert (obs.run_dir / "logs" / "postgres-vanilla.log").stat().st_size > 0
+    csv = pd.read_csv(obs.run_dir / "observer_timings.csv")
+    assert list(csv.columns) == list(tables.SCHEMAS["observer_timings"]) and len(csv) == 4
+    assert sorted(csv["order"]) == [0, 1, 2, 3]
+    assert (csv.loc[csv["method"] == "perf", "baseline_order"].tolist()
+            == csv.loc[csv["method"] == "unobserved", "order"].tolist())
+    cor = measure_correction("vanilla", workloads={"nested_loop": 0.005}, reps=2,
+                             base=tmp_path, clock_loops=10_000, clock_repeats=1)
+    assert (cor.run_dir / "logs" / "postgres-vanilla.log").stat().st_size > 0
+    t2 = pd.read_csv(cor.run_dir / "timings.csv")
+    assert len(t2) == 6 and set(t2["build"]) == {"vanilla"}
+    assert list(t2.columns) == ["run_id", "build", "workload", "query", "mode", "rep",
+                                "order", "client_ms", "server_ms", "cpu_ms", "runq_ms",
+                                "scale"]
+    for r in (obs.run_dir, cor.run_dir):
+        assert json.loads((r / "provenance.json").read_text())["status"] == "complete"
+    assert set(children_named("postgres")) <= before

@@ -4,7 +4,8 @@ The first tests drive :func:`profkit.rundir.open_run` itself (complete, failed,
 interrupted, a full disk, ``latest``); the last one makes every kind of run profkit has
 (bench, timing accuracy, observers, correction, a perf profile, the probes, the clock
 cost, the notebook's own runs and the ``%%profkit`` collectors that write a folder) in
-one profiles folder and reads each back with ``load_run``/``list_runs``.
+one profiles folder and reads each back with ``load_run``/``list_runs``: each ends with
+one final status, a failing ``%%profkit`` cell's too.
 """
 from __future__ import annotations
 
@@ -86,20 +87,40 @@ def test_old_ok_reads_as_complete(tmp_path):
 
 def test_clock_cost_and_notebook_runs_are_found(tmp_path, monkeypatch):
     from profkit.experiments.probe import clock_cost
-    from profkit.lab.notebook import new_run_dir, save_run
+    from profkit.lab.notebook import open_run, save_run
 
     import pandas as pd
 
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path))
     _cost, _df, d = clock_cost(sources=["clock_monotonic"], loops=10_000, repeats=1)
-    nb = new_run_dir("notebook-own", root=tmp_path)
-    assert rundir.load_run(nb).status == "running"
-    save_run(nb, {"kind": "notebook-own", "workload": "nested_loop"},
-             {"t": pd.DataFrame({"a": [1]})})
+    saved = save_run("notebook-own", {"t": pd.DataFrame({"a": [1]})}, workload="nested_loop")
+    assert saved.table("t")["a"].tolist() == [1]
+    with open_run("notebook-collect") as nb:
+        assert rundir.load_run(nb.path).status == "running"  # written before the body
+        (nb.path / "out.txt").write_text("x")
+    with pytest.raises(RuntimeError, match="tool died"):
+        with open_run("notebook-broken"):
+            raise RuntimeError("tool died")
     runs = {r.kind: r for r in rundir.list_runs(tmp_path)}
     assert runs["clock-cost"].path == d and runs["clock-cost"].status == "complete"
     assert runs["notebook-own"].status == "complete"
+    assert runs["notebook-own"].provenance["workload"] == "nested_loop"
     assert runs["notebook-own"].provenance["machine"]["cpus"] == os.cpu_count()
+    assert runs["notebook-collect"].status == "complete"
+    assert runs["notebook-broken"].status == "failed"
+    assert runs["notebook-broken"].provenance["error"] == "RuntimeError: tool died"
+
+
+def test_a_second_handle_on_the_run_keeps_its_facts(tmp_path):
+    """A collector that folds the run through its own load_run (perf's fold_run) writes
+    facts the run's handle has not seen: the final status does not put them back."""
+    with rundir.open_run("perf", base=tmp_path, run_id="r") as rd:
+        other = rundir.load_run(rd.path)
+        other.add_artifact("stacks.folded", "folded stacks")
+        other.finish(status="complete", samples_folded=12)
+    p = _prov(tmp_path / "r")
+    assert p["status"] == "complete" and p["samples_folded"] == 12
+    assert p["artifacts"] == {"stacks.folded": "folded stacks"}
 
 
 @pytest.mark.pg
@@ -119,15 +140,16 @@ def test_every_kind_of_run_is_found_with_its_provenance(tmp_path, monkeypatch, v
                                         reps=1, clock_cost=False, nice=None)
     profile.perf_profile(vanilla_build, scale=0.005, stat=False)
     probe.clock_cost(sources=["clock_monotonic"], loops=10_000, repeats=1)
+    observers.measure_observers("vanilla", workload="nested_loop", scale=0.005,
+                                methods=["perf-99"], reps=1, warmup=0)
     with Cluster(vanilla_build, name="lifecycle") as cl:
-        observers.measure_observers(cl, workload="nested_loop", scale=0.005,
-                                    methods=["perf-99"], reps=1, warmup=0)
         correction.measure_correction(cl, workloads={"nested_loop": 0.005}, reps=2,
                                       clock_loops=10_000, clock_repeats=1)
         with cl.connect() as conn:
             sql = "SELECT count(*) FROM generate_series(1, 1000)"
-            run_id, d = probe.new_run_dir("clock-calls", None, sql=sql)
-            probe.clock_calls(conn, sql, methods=("ltrace",), out_dir=d, run_id=run_id)
+            with rundir.open_run("clock-calls", sql=sql) as rd:
+                probe.clock_calls(conn, sql, methods=("ltrace",), out_dir=rd.path,
+                                  run_id=rd.run_id)
     try:
         for collector in ("ltrace", "bpf", "callgrind"):
             magics.run_cell(f"--build vanilla --collector {collector}",
@@ -143,6 +165,32 @@ def test_every_kind_of_run_is_found_with_its_provenance(tmp_path, monkeypatch, v
         again = rundir.load_run(r.path)
         assert again.provenance["machine"]["cpus"] == os.cpu_count(), r.run_id
         assert again.provenance["started_at"] and again.provenance["argv"], r.run_id
-    # the magic cells finish their runs too; a probe's clock-calls run stays "running"
-    finished = {r.kind: r.status for r in runs if not r.kind.startswith("clock-c")}
+    # every run ends with one final status, the magic cells' and the probes' too
+    finished = {r.kind: r.status for r in runs}
     assert set(finished.values()) == {"complete"}, finished
+
+
+@pytest.mark.pg
+@pytest.mark.builds("vanilla")
+def test_a_failing_magic_cell_marks_its_run_failed(tmp_path, monkeypatch):
+    import psycopg
+
+    from profkit.lab import magics
+
+    root = tmp_path / "profiles"
+    monkeypatch.setenv("PROFKIT_PROFILES", str(root))
+    try:
+        for collector in ("perf", "ltrace"):
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                magics.run_cell(f"--build vanilla --collector {collector}",
+                                "SELECT * FROM no_such_table")
+    finally:
+        magics.REGISTRY.stop()
+    runs = {r.kind: r for r in rundir.list_runs(root)}
+    assert sorted(runs) == ["magic-ltrace", "magic-perf"]
+    for kind, r in runs.items():
+        again = rundir.load_run(r.run_id, root=root)
+        assert again.status == "failed", kind
+        assert again.provenance["error"].startswith("UndefinedTable: relation "
+                                                    '"no_such_table" does not exist'), kind
+        assert again.provenance["build_name"] == "vanilla" and again.provenance["ended_at"]

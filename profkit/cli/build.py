@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from profkit.cli.common import Failed, err_console, friendly, say
+from profkit.errors import ProfkitError
 
 
 @click.command("build")
@@ -78,7 +79,6 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
 
 def _check(names: tuple[str, ...], source: str | None) -> None:
     """One line per build on stdout (NAME, version, what applies); one error at the end."""
-    from profkit.errors import ProfkitError
     from profkit.pg.build import check_build
 
     failed: list[str] = []

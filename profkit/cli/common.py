@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from profkit.errors import ProfkitError
+from profkit.errors import ProfkitError, StdoutFailed, os_error_message, silence_stdout
 from profkit.progress import err_console, say
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,35 +41,6 @@ class Failure(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"profkit: {self.message}", err=True)
-
-
-class StdoutFailed(OSError):
-    """A write to standard output failed (``> /dev/full``, a closed pipe)."""
-
-    def __init__(self, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-
-
-def _os_error_message(e: OSError) -> str:
-    what = e.strerror or str(e)
-    if isinstance(e, StdoutFailed | BrokenPipeError):
-        return f"cannot write to standard output: {what}"
-    if e.filename is not None:
-        return f"{e.filename}: {what}"
-    return what
-
-
-def _silence_stdout() -> None:
-    """After a failed write to stdout (a full disk, a closed pipe) the interpreter's own
-    flush at exit would fail again with a second message: point stdout at /dev/null."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def _sql_error(e: Exception) -> str | None:
@@ -140,8 +111,8 @@ def friendly(f: F) -> F:
             sys.exit(EXIT_INTERRUPTED)
         except OSError as e:
             if isinstance(e, StdoutFailed | BrokenPipeError) or e.filename is None:
-                _silence_stdout()  # else the flush at exit fails again, with a traceback
-            raise Failure(_os_error_message(e)) from None
+                silence_stdout()  # else the flush at exit fails again, with a traceback
+            raise Failure(os_error_message(e)) from None
         except Exception as e:
             sql = _sql_error(e)
             if sql is None:

@@ -1,10 +1,9 @@
 """CLI: ``profkit correction`` — TIMING ON corrected for the clock reads, against plain.
 
-Starts a throwaway cluster on a build (``--build``, default vanilla), loads the
-workloads, measures, prints the tables and writes them under ``profiles/<run_id>/``
-(csv, markdown, provenance.json). The work is
-:func:`profkit.experiments.correction.measure_correction`, which notebooks can call with a
-Cluster of their own.
+The work is :func:`profkit.experiments.correction.measure_correction` on a build
+(``--build``, default vanilla): its session starts a throwaway cluster, loads the
+workloads, measures and stops it; the run (csv, markdown, provenance.json) is written
+under ``profiles/<run_id>/``. Notebooks can call it with a Cluster of their own.
 """
 from __future__ import annotations
 
@@ -52,21 +51,16 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
                    top: int, out: str | None) -> None:
     """TIMING ON minus clock reads × cost per read, against the plain query's time."""
     from profkit.experiments.correction import measure_correction
-    from profkit.render.correction import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW
-    from profkit.pg.build import get_build
-    from profkit.pg.cluster import Cluster
-
     from profkit.pg.workloads import check_args, check_count
+    from profkit.render.correction import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW
 
     wls = _parse_workloads(workloads)
     for name, sc in (wls or {}).items():
         check_args(name, scale=sc)
     check_args(reps=reps)
     check_count(top, "--top")
-    build = get_build(build_name, progress=_progress)
-    with Cluster(build, name=f"correction-{build_name}") as cl:
-        res = measure_correction(cl, workloads=wls, reps=reps, metric=metric, top=top,
-                                 base=out, progress=_progress)
+    res = measure_correction(build_name, workloads=wls, reps=reps, metric=metric, top=top,
+                             base=out, progress=_progress)
     la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
     la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
     click.echo(f"metric {metric}; load average before {la0}, after {la1}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from profkit.cli.common import Failed as _Failed
-from profkit.cli.common import StdoutFailed
+from profkit.errors import StdoutFailed
 from profkit.cli.common import friendly as _friendly
 from profkit.cli.common import say as _say
 

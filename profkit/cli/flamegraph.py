@@ -1,13 +1,13 @@
 """CLI: ``profkit flamegraph`` — folded stacks or ``perf script`` text as an SVG.
 
 Reads files from any machine: nothing here needs PostgreSQL. The drawing is
-:mod:`profkit.render.flamegraph`'s; the input is read by :func:`profkit.parse.load_stacks`.
+:mod:`profkit.render.flamegraph`'s; the input is read by
+:func:`profkit.experiments.stacks.read_stacks`.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +89,10 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
         raise _Failed("--by-run goes with --merge")
     if stacks.count("-") > 1:
         raise _Failed("stdin (-) can be read once")
-    # perf script text is drawn in samples with vDSO frames named (profkit's reading)
-    kw: dict[str, Any] = {"weight": "samples", "vdso_names": True}
-    if vdso:
-        from profkit.parse.perf_script import VdsoSymbols
+    from profkit.experiments.stacks import perf_reading
 
-        kw["vdso"] = (VdsoSymbols.from_running_kernel() if vdso == "self"
-                      else VdsoSymbols.from_image(vdso))
+    # perf script text is drawn in samples with vDSO frames named (profkit's reading)
+    kw = perf_reading(vdso)
     provenance: dict[str, Any] = {}
     if meta_json:
         try:
@@ -148,18 +145,8 @@ def _stem(path: str) -> str:
 
 def _load(path: str, perf_kwargs: dict[str, Any]) -> dict[str, float]:
     """Folded stacks or perf script text (sniffed), from a path or stdin (``-``)."""
-    from profkit.parse import load_stacks
+    from profkit.experiments.stacks import read_stacks
 
-    if path != "-":
-        if not Path(path).is_file():
-            raise _Failed(f"{path}: no such file")
-        return load_stacks(path, **perf_kwargs)
-    import tempfile
-
-    # stdin is sniffed like a file: spooled to a temporary file first
-    with tempfile.NamedTemporaryFile(prefix="profkit-stdin-", suffix=".txt") as tmp:
-        import shutil
-
-        shutil.copyfileobj(sys.stdin.buffer, tmp, 1 << 20)
-        tmp.flush()
-        return load_stacks(tmp.name, **perf_kwargs)
+    if path != "-" and not Path(path).is_file():
+        raise _Failed(f"{path}: no such file")
+    return read_stacks(path, perf_kwargs)

@@ -1,9 +1,9 @@
 """CLI: ``profkit observers`` — the slowdown each profiling method causes.
 
-Starts a throwaway cluster on a build (``--build``, default vanilla), loads the workload,
-measures, prints the tables and writes them under ``profiles/<run_id>/`` (csv, markdown,
-provenance.json). The work is :func:`profkit.experiments.observers.measure_observers`,
-which notebooks can call with a Cluster of their own.
+The work is :func:`profkit.experiments.observers.measure_observers` on a build
+(``--build``, default vanilla): its session starts a throwaway cluster, loads the
+workload, measures and stops it; the run (csv, markdown, provenance.json) is written
+under ``profiles/<run_id>/``. Notebooks can call it with a Cluster of their own.
 """
 from __future__ import annotations
 
@@ -47,19 +47,15 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
                   max_probe_s: float, out: str | None) -> None:
     """Slowdown of the query under each observer (ltrace, bcc, bpftrace, perf, callgrind)."""
     from profkit.experiments.observers import DEFAULT_METHODS, measure_observers
-    from profkit.render.observers import SLOWDOWN_SHOW
-    from profkit.pg.build import get_build
-    from profkit.pg.cluster import Cluster
     from profkit.pg.workloads import check_args, check_count
+    from profkit.render.observers import SLOWDOWN_SHOW
 
     check_args(workload, scale=scale, reps=reps, modes=modes)
     check_count(expensive_reps, "--expensive-reps")
-    build = get_build(build_name, progress=_progress)
-    with Cluster(build, name=f"observers-{build_name}") as cl:
-        res = measure_observers(cl, workload=workload, scale=scale, modes=modes,
-                                methods=methods or DEFAULT_METHODS, reps=reps,
-                                expensive_reps=expensive_reps, force=force,
-                                max_probe_s=max_probe_s, base=out, progress=_progress)
+    res = measure_observers(build_name, workload=workload, scale=scale, modes=modes,
+                            methods=methods or DEFAULT_METHODS, reps=reps,
+                            expensive_reps=expensive_reps, force=force,
+                            max_probe_s=max_probe_s, base=out, progress=_progress)
     la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
     la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
     click.echo(f"{workload} at scale {scale}; load average before {la0}, after {la1}")

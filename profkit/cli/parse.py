@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from profkit.cli.common import friendly as _friendly
-from profkit.cli.common import StdoutFailed, json_option, records
+from profkit.cli.common import json_option, records
+from profkit.errors import ParseError, StdoutFailed
 
 
 def _source(path: str) -> Any:
@@ -76,8 +77,6 @@ def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, al
                             warn=lambda m: click.echo(m, err=True))
     if event_filter is not None and fold.samples == 0 and fold.events:
         # the Perl script prints nothing and exits 0 here: say why instead
-        from profkit.errors import ParseError
-
         raise ParseError(f"{file}: no sample of event {event_filter!r}; the file has "
                          f"{', '.join(fold.events)}: pass one of those to --event-filter")
     if functions:

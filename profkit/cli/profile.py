@@ -13,6 +13,7 @@ import click
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
 from profkit.cli.common import say as _say
+from profkit.errors import StdoutFailed
 from profkit.modes import EXPLAIN_PREFIX
 
 MODES = tuple(EXPLAIN_PREFIX)
@@ -158,8 +159,6 @@ def record_script_cmd(output: str | None) -> None:
             out.write(data)
             out.flush()
         except OSError as e:
-            from profkit.cli.common import StdoutFailed
-
             raise StdoutFailed(e) from None
         return
     dest = Path(output)

@@ -52,6 +52,7 @@ from profkit.processes import run as run_argv
 if TYPE_CHECKING:
     import psycopg
 
+    from profkit.pg.build import Build
     from profkit.pg.cluster import Cluster
 
 GMON = "gmon.out"
@@ -296,6 +297,16 @@ def _wait_gmon(path: Path, pid: int, timeout: float) -> float:
                      "data is lost; is the build configured with --enable-profiling?)")
 
 
+def check_collectable(b: Build) -> None:
+    """Refuse a build whose backends write no gmon.out, or a machine without gprof,
+    before anything runs or is created."""
+    if not getattr(b, "profiling", False):
+        raise GprofError(f"build {b.name!r} is not compiled with -pg (--enable-profiling), so "
+                         f"its backends write no gmon.out: use "
+                         f"get_build({profiling_build_name(b.name)!r})")
+    gprof_path()  # fail before running anything when gprof is missing
+
+
 def collect_gprof(cl: Cluster, sql: str, *, reps: int = 1, run: RunDir | None = None,
                   workload: str | None = None, mode: str | None = None,
                   scale: float | None = None, query_name: str | None = None,
@@ -308,11 +319,7 @@ def collect_gprof(cl: Cluster, sql: str, *, reps: int = 1, run: RunDir | None = 
     counted too). Returns the run and the last repetition's rows.
     """
     b = cl.build
-    if not getattr(b, "profiling", False):
-        raise GprofError(f"build {b.name!r} is not compiled with -pg (--enable-profiling), so "
-                         f"its backends write no gmon.out: use "
-                         f"get_build({profiling_build_name(b.name)!r})")
-    gprof_path()  # fail before running anything when gprof is missing
+    check_collectable(b)
     if run is None:
         run = new_run("gprof", build=b, workload=workload, mode=mode, base=base,
                       run_id=run_id, tools=("gprof", "gcc"))

@@ -60,7 +60,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -546,20 +546,10 @@ class _Bench:
                               f"{m['client_ms']:.0f} ms")
 
     def _failure(self, e: harness.ExecFailed, when: str) -> BenchError:
-        t = e.target
-        crashed, detail = harness.failure_detail(t.cluster, t.conn)
         kept = len(self.rows)
-        where = f"build {t.label!r}, {e.what}, during {when}"
-        if crashed:
-            assert self.session.clusters is not None
-            log = self.session.clusters.log_file(self.session.log_name(t.arm, t.block))
-            return ServerCrashed(
-                f"the server of {where} {detail}. The {kept} rows measured before are "
-                f"kept in {self.out_dir / TIMINGS_CSV}; all benchmark clusters were stopped "
-                f"(server log: {log})", run_dir=self.out_dir, rows=kept)
-        return BenchError(f"the query failed on {where}: {e.err}. The {kept} rows measured "
-                          f"before are kept in {self.out_dir / TIMINGS_CSV}",
-                          run_dir=self.out_dir, rows=kept)
+        what = f"The {kept} rows measured before are kept in {self.out_dir / TIMINGS_CSV}"
+        crashed, msg = self.session.failure(e, when, kept=what)
+        return (ServerCrashed if crashed else BenchError)(msg, run_dir=self.out_dir, rows=kept)
 
     def shown_settings(self) -> dict[str, dict[str, str]]:
         """``SHOW`` of every arm's own settings, as its server reports them (the check
@@ -688,13 +678,18 @@ class BenchResult:
     timings: pd.DataFrame
     instructions: pd.DataFrame | None
     provenance: dict[str, Any]
+    #: (metric, center) -> the summary computed once (:func:`summary_table`)
+    summaries: dict[tuple[str, str], pd.DataFrame] = field(default_factory=dict, repr=False)
 
-    def summary(self, metric: str | None = None) -> pd.DataFrame:
-        """Per build and mode, as in summary.csv (with the columns against vanilla)."""
-
-        s = attach_instructions(summarize_metric(self.timings, metric), self.instructions)
-        return attach_reference(s, self.timings, builds_info(self.provenance, self.timings),
-                                self.instructions, metric)
+    def summary(self, metric: str | None = None, center: str = "median") -> pd.DataFrame:
+        """Per build and mode, as in summary.csv (with the columns against vanilla):
+        :func:`summary_table`, computed once per metric and center and read after (the
+        report's table is this one)."""
+        key = (metric or default_metric(self.timings), center)
+        if key not in self.summaries:
+            self.summaries[key] = summary_table(self.timings, self.instructions,
+                                                self.provenance, key[0], center=key[1])
+        return self.summaries[key]
 
     def _repr_html_(self) -> str:
         import html
@@ -1013,6 +1008,22 @@ def _package_versions() -> dict[str, str]:
 # report
 
 
+def summary_table(timings: pd.DataFrame, instr: pd.DataFrame | None,
+                  prov: Mapping[str, Any], metric: str, *, center: str = "median"
+                  ) -> pd.DataFrame:
+    """THE summary of a bench run (what summary.csv, the report, the console and a
+    notebook show): :func:`~profkit.analyze.stats.summarize_metric` per build and mode,
+    the instruction counts, the columns against the reference, and the note when plans
+    differ between builds."""
+    s = summarize_metric(timings, metric, center=center)
+    s = attach_instructions(s, instr)
+    s = attach_reference(s, timings, builds_info(prov, timings), instr, metric, center=center)
+    if prov.get("plan_differs"):
+        mark = "plans differ between builds (measured with --allow-plan-differences)"
+        s["note"] = [f"{n}; {mark}" if n else mark for n in s["note"].fillna("")]
+    return s
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """What :func:`write_report` wrote, and the summary table it wrote from."""
@@ -1043,12 +1054,7 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     res = run if isinstance(run, BenchResult) else load_bench(run)
     d, prov, timings, instr = res.out_dir, res.provenance, res.timings, res.instructions
     metric = metric or default_metric(timings)
-    s = summarize_metric(timings, metric, center=center)
-    s = attach_instructions(s, instr)
-    s = attach_reference(s, timings, builds_info(prov, timings), instr, metric, center=center)
-    if prov.get("plan_differs"):
-        mark = "plans differ between builds (measured with --allow-plan-differences)"
-        s["note"] = [f"{n}; {mark}" if n else mark for n in s["note"].fillna("")]
+    s = res.summary(metric, center)
     aa = aa_check(s, str(prov.get("aa_label"))) if prov.get("aa_label") else None
     comps = None
     builds = timings["build"].unique().tolist()

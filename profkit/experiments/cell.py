@@ -7,8 +7,9 @@ and :mod:`profkit.experiments.probe` (ltrace, eBPF).
 
 One cluster per build is started on first use and kept in a :class:`ClusterRegistry`
 (``REGISTRY`` in the magic) so successive cells reuse loaded tables; every cluster is
-stopped by pid by :meth:`ClusterRegistry.stop`. Every collector's run is a run
-directory under ``profiles/`` with its provenance (:func:`profkit.rundir.new_run`).
+stopped by pid by :meth:`ClusterRegistry.stop`. Every collector's cell is one run under
+``profiles/`` through :func:`profkit.rundir.open_run`, finished complete, failed (with the
+error) or interrupted.
 """
 from __future__ import annotations
 
@@ -198,21 +199,24 @@ def statement(cell: str, req: CellRequest) -> str:
 def run_cell(req: CellRequest, cell: str, registry: ClusterRegistry,
              say: Say | None = None) -> CellResult:
     """Check *req*, start (or reuse) the build's cluster, load the workload, run the
-    statement under the collector."""
+    statement under the collector.
+
+    A collector's cell is one run (``magic-<collector>``) through
+    :func:`profkit.rundir.open_run`: it ends complete, or failed with the error (a
+    statement that fails, a tool that does not attach), or interrupted."""
     note = say or (lambda _m: None)
     check(req)
     sql = statement(cell, req)
     s = registry.get(req.build, progress=note)
     if req.workload is not None and registry.ensure_workload(s, req.workload, req.scale):
         note(f"loaded {req.workload} at scale {req.scale:g} into {req.build}")
-    return COLLECTORS_RUN[req.collector](s, sql, req, note)
-
-
-def _new_run(req: CellRequest, s: ClusterSession, tools: tuple[str, ...]) -> rundir.RunDir:
-    """The run directory of a collector's cell, with its provenance."""
-    return rundir.new_run(f"magic-{req.collector}", build=s.build, workload=req.workload,
-                          mode=req.mode, tools=tools, scale=req.scale,
-                          query=None if req.workload else "cell")
+    if req.collector == "none":
+        return _run_none(s, sql, req)
+    with rundir.open_run(f"magic-{req.collector}", build=s.build, workload=req.workload,
+                         mode=req.mode, tools=COLLECTOR_TOOLS[req.collector],
+                         tool=req.collector, scale=req.scale,
+                         query=None if req.workload else "cell") as rd:
+        return COLLECTORS_RUN[req.collector](s, sql, req, note, rd)
 
 
 def _rows_frame(cur: Any) -> pd.DataFrame:
@@ -221,7 +225,7 @@ def _rows_frame(cur: Any) -> pd.DataFrame:
     return pd.DataFrame(cur.fetchall(), columns=[d.name for d in cur.description])
 
 
-def _run_none(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellResult:
+def _run_none(s: ClusterSession, sql: str, req: CellRequest) -> CellResult:
     times: list[float] = []
     df = pd.DataFrame()
     with s.cluster.connect() as conn:
@@ -234,44 +238,45 @@ def _run_none(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellRe
                       + (f" (min of {req.reps})" if req.reps > 1 else ""))
 
 
-def _run_perf(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellResult:
+def _run_perf(s: ClusterSession, sql: str, req: CellRequest, say: Say,
+              rd: rundir.RunDir) -> CellResult:
     with s.cluster.connect() as conn:
         prof = profile.perf_on_cluster(s.cluster, conn, sql, binary=s.build.postgres,
                                        reps=req.reps, mode=req.mode, workload=req.workload,
-                                       scale=req.scale, freq=req.freq)
+                                       scale=req.scale, freq=req.freq, run=rd)
     facts = prof.run.subtitle_facts()
     short = sample_shortfall(prof)
     if short is not None:
         # no share off a handful of samples: say why, and how to get enough
         fix = short.message(freq_flag="--freq", repeat_flag="--reps",
                             max_freq=max_sample_rate())
-        note = f"{req.build}: {fix} Run directory {prof.run.path}"
+        note = f"{req.build}: {fix} Run directory {rd.path}"
         facts["samples"] = f"{prof.folding.samples} (too few: shares need >= {short.minimum})"
     else:
         note = (f"{req.build}: {prof.folding.samples} samples, instrumentation "
-                f"{prof.instrumentation_share:.1%} of them; run directory {prof.run.path}")
+                f"{prof.instrumentation_share:.1%} of them; run directory {rd.path}")
     fg = FlameGraph(prof.counts, title=f"{req.build}: {req.mode}", provenance=facts)
-    return CellResult(fg, note, run_dir=prof.run.path)
+    return CellResult(fg, note, run_dir=rd.path)
 
 
-def _run_ltrace(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellResult:
-    rd = _new_run(req, s, ("ltrace",))
+def _run_ltrace(s: ClusterSession, sql: str, req: CellRequest, say: Say,
+                rd: rundir.RunDir) -> CellResult:
     with s.cluster.connect() as conn:
         conn.execute(sql)  # warm-up: catalog lookups are not part of the count
         df, r = probe.ltrace_counts(conn, sql, out_dir=rd.path, build=req.build,
                                     functions=("clock_gettime",))
-    rd.finish(status="complete", query_ms=r.query_ms)
+    rd.update(query_ms=r.query_ms)
     return CellResult(df, f"{req.build}: ltrace attached in {r.attach_s:.2f} s; the query "
                           f"took {r.query_ms:.0f} ms under ltrace; summary in {rd.path}",
                       run_dir=rd.path)
 
 
-def _run_bpf(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellResult:
-    rd = _new_run(req, s, ("bpftrace",))
+def _run_bpf(s: ClusterSession, sql: str, req: CellRequest, say: Say,
+             rd: rundir.RunDir) -> CellResult:
     with s.cluster.connect() as conn:
         conn.execute(sql)
         res = probe.probe_statement(conn, sql, out_dir=rd.path)
-    rd.finish(status="complete", tool=res.tool, query_ms=res.query_ms)
+    rd.update(tool=res.tool, query_ms=res.query_ms)
     note = (f"{req.build}: {res.tool} probes on {', '.join(res.attached)}"
             + (f" ({res.fallback_reason})" if res.fallback_reason else "")
             + f"; clock reads outside plan nodes: {res.outside_clock_reads}")
@@ -280,13 +285,13 @@ def _run_bpf(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellRes
     return CellResult(res.functions.copy(), note, run_dir=rd.path)
 
 
-def _run_callgrind(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellResult:
-    rd = _new_run(req, s, ("valgrind",))
+def _run_callgrind(s: ClusterSession, sql: str, req: CellRequest, say: Say,
+                   rd: rundir.RunDir) -> CellResult:
     say(f"{req.build}: running the statement under callgrind (single-user mode; the "
         "cluster restarts afterwards)")
     counts, prof = profile.callgrind_on_cluster(s.cluster, {req.mode: sql}, rd.path,
                                                 build=req.build, workload=req.workload or "")
-    rd.finish(status="complete", instructions=int(counts["instructions"].iloc[0]))
+    rd.update(instructions=int(counts["instructions"].iloc[0]))
     fn = prof.functions.sort_values("self", ascending=False).head(req.top)
     return CellResult(fn.reset_index(drop=True),
                       f"{req.build}: {int(counts['instructions'].iloc[0]):,} instructions in "
@@ -295,18 +300,26 @@ def _run_callgrind(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> C
                                     "executor_instructions"]]], run_dir=rd.path)
 
 
-def _run_gprof(s: ClusterSession, sql: str, req: CellRequest, say: Say) -> CellResult:
+def _run_gprof(s: ClusterSession, sql: str, req: CellRequest, say: Say,
+               rd: rundir.RunDir) -> CellResult:
     # a fresh backend runs the statement and exits: gmon.out is written at exit
-    res = profile.gprof_on_cluster(s.cluster, sql, reps=req.reps, workload=req.workload,
-                                   mode=req.mode, scale=req.scale)
+    res = profile.gprof_on_cluster(s.cluster, sql, run=rd, reps=req.reps,
+                                   workload=req.workload, mode=req.mode, scale=req.scale)
     fn = res.functions.sort_values("calls", ascending=False, na_position="last")
     cols = [c for c in ("function", "calls", "self", "total", "self_share") if c in fn.columns]
     return CellResult(fn[cols].head(req.top).reset_index(drop=True),
-                      f"{req.build}: gprof call counts of backend {res.run.get('backend_pid')}; "
-                      f"run directory {res.run.path}", run_dir=res.run.path)
+                      f"{req.build}: gprof call counts of backend {rd.get('backend_pid')}; "
+                      f"run directory {rd.path}", run_dir=rd.path)
 
 
-COLLECTORS_RUN: dict[str, Callable[[ClusterSession, str, CellRequest, Say], CellResult]] = {
-    "none": _run_none, "perf": _run_perf, "ltrace": _run_ltrace,
-    "bpf": _run_bpf, "callgrind": _run_callgrind, "gprof": _run_gprof,
+#: the programs whose versions a collector's run records
+COLLECTOR_TOOLS: dict[str, tuple[str, ...]] = {
+    "perf": ("perf", "gcc"), "gprof": ("gprof", "gcc"), "ltrace": ("ltrace",),
+    "bpf": ("bpftrace",), "callgrind": ("valgrind",),
+}
+
+COLLECTORS_RUN: dict[str, Callable[[ClusterSession, str, CellRequest, Say, rundir.RunDir],
+                                   CellResult]] = {
+    "perf": _run_perf, "ltrace": _run_ltrace, "bpf": _run_bpf, "callgrind": _run_callgrind,
+    "gprof": _run_gprof,
 }

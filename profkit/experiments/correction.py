@@ -27,18 +27,23 @@ from profkit.collect import clock
 from profkit.collect.artifacts import server_settings
 from profkit.errors import ProbeError
 from profkit.experiments import harness
-from profkit.experiments.observers import loadavg
-from profkit.experiments.observers import uptime as _uptime
+from profkit.machine import loadavg
+from profkit.machine import uptime as _uptime
 from profkit.parse.explain import execution_ms
 from profkit.modes import query_name
 from profkit.pg.workloads import get_workload
 from profkit.progress import ProgressFn
 from profkit.render import markdown as render_md
-from profkit.rundir import RunDir, open_run
+from profkit.pg.cluster import Cluster
+from profkit.rundir import RowWriter, RunDir, open_run
 
 if TYPE_CHECKING:
-    from profkit.pg.cluster import Cluster
+    from profkit.pg.build import Build
 
+TIMINGS_CSV = "timings.csv"
+TIMINGS_COLUMNS: tuple[str, ...] = ("run_id", "build", "workload", "query", "mode", "rep",
+                                    "order", "client_ms", "server_ms", "cpu_ms", "runq_ms",
+                                    "scale")
 DEFAULT_CORRECTION_WORKLOADS: dict[str, float] = {"nested_loop": 0.05, "join_sum": 0.5,
                                                   "count_star": 0.1}
 
@@ -57,7 +62,7 @@ class CorrectionResult:
     other_metrics: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def measure_correction(cluster: Cluster, *,
+def measure_correction(target: Cluster | Build | str = "vanilla", *,
                        workloads: Mapping[str, float] | None = None, reps: int = 7,
                        warmup: int = 1, metric: str = "cpu_ms", top: int = 4,
                        clock_loops: int = 200_000, clock_repeats: int = 9, seed: int = 0,
@@ -66,9 +71,12 @@ def measure_correction(cluster: Cluster, *,
                        progress: ProgressFn | None = None) -> CorrectionResult:
     """How close TIMING ON minus the predicted clock reads × cost comes to plain.
 
-    Loads each workload at its scale into *cluster*, runs plain / TIMING OFF /
-    TIMING ON interleaved (*reps* repetitions, order shuffled within each),
-    measures CLOCK_MONOTONIC's ns per read before and after, and tabulates.
+    *target*: a build (a preset name or a Build: the session of
+    :mod:`profkit.experiments.harness` starts its cluster and stops it), or a running
+    cluster of the caller's. Loads each workload at its scale, runs plain / TIMING OFF /
+    TIMING ON interleaved (*reps* repetitions, order shuffled within each; a row of
+    ``timings.csv`` written as each execution ends), measures CLOCK_MONOTONIC's ns per
+    read before and after, and tabulates.
     """
     say = progress or (lambda _m: None)
     wls = dict(workloads or DEFAULT_CORRECTION_WORKLOADS)
@@ -80,15 +88,17 @@ def measure_correction(cluster: Cluster, *,
             raise ProbeError(f"scale of {name} must be > 0, got {sc!r}")
     if reps < 2:
         raise ProbeError("reps must be >= 2 (the in-situ check splits odd and even reps)")
-    la0 = loadavg()
-    with open_run("correction", build=cluster.build, base=base, run_id=run_id,
+    build = harness.target_build(target, progress)
+    la0 = tuple(loadavg())
+    with open_run("correction", build=build, base=base, run_id=run_id,
                   workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0)) as rd:
-        return _correct(rd, cluster, wls, reps=reps, warmup=warmup, metric=metric, top=top,
+        return _correct(rd, target if isinstance(target, Cluster) else build, wls,
+                        reps=reps, warmup=warmup, metric=metric, top=top,
                         clock_loops=clock_loops, clock_repeats=clock_repeats, seed=seed,
                         dbname=dbname, say=say, la0=la0)
 
 
-def _correct(rd: RunDir, cluster: Cluster, wls: Mapping[str, float], *, reps: int,
+def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, reps: int,
              warmup: int, metric: str, top: int, clock_loops: int, clock_repeats: int,
              seed: int, dbname: str, say: ProgressFn, la0: tuple[float, float, float]
              ) -> CorrectionResult:
@@ -108,10 +118,21 @@ def _correct(rd: RunDir, cluster: Cluster, wls: Mapping[str, float], *, reps: in
         costs.append(clock.measure_clocks(["clock_monotonic"], loops=clock_loops,
                                           repeats=clock_repeats, run_id=rd.run_id))
 
-    session = harness.Session.on_cluster(
-        cluster, options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=say)
+    session = harness.Session.single(
+        target, name="correction", log_dir=rd.path / "logs",
+        options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=say)
 
-    def execute(t: harness.Target, name: str, mode: str) -> tuple[harness.Timed, float, Any]:
+    def execute(t: harness.Target, name: str, mode: str, when: str = "the warm-up"
+                ) -> tuple[harness.Timed, float, Any]:
+        try:
+            return _execute(t, name, mode)
+        except harness.ExecFailed as e:
+            _crashed, what = session.failure(e, when)
+            raise ProbeError(f"{what}. The {len(rows)} executions measured before are kept "
+                             f"in {rd.file(TIMINGS_CSV)}") from e.err
+
+    def _execute(t: harness.Target, name: str, mode: str
+                 ) -> tuple[harness.Timed, float, Any]:
         wl = get_workload(name)
         sql = wl.query(mode, fmt="json" if mode != "plain" else None)
         if mode == "plain":
@@ -129,19 +150,22 @@ def _correct(rd: RunDir, cluster: Cluster, wls: Mapping[str, float], *, reps: in
 
     def cell(t: harness.Target, c: tuple[str, str], rep: int, slot: int, order: int) -> None:
         name, mode = c
-        box, s, plan = execute(t, name, mode)
+        box, s, plan = execute(t, name, mode, f"repetition {rep} of {reps}")
         if mode == "analyze_timing":
             plans_on[name].append(plan)
         elif mode == "analyze_notiming":
             plan_off[name] = plan
-        rows.append({"run_id": rd.run_id, "build": cluster.build.name,
-                     "workload": name, "query": query_name(mode), "mode": mode,
-                     "rep": rep, "order": order, "client_ms": box.client_ms, "server_ms": s,
-                     "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms,
-                     "scale": wls[name]})
+        row = {"run_id": rd.run_id, "build": t.build.name,
+               "workload": name, "query": query_name(mode), "mode": mode,
+               "rep": rep, "order": order, "client_ms": box.client_ms, "server_ms": s,
+               "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms, "scale": wls[name]}
+        rows.append(row)
+        assert writer is not None
+        writer.write(row)
         if slot == len(cells) - 1:
             say(f"rep {rep}/{reps} done")
 
+    writer: RowWriter | None = None
     facts_box: list[pd.DataFrame] = []
     node_frames: list[pd.DataFrame] = []
 
@@ -175,19 +199,19 @@ def _correct(rd: RunDir, cluster: Cluster, wls: Mapping[str, float], *, reps: in
             (plans_dir / f"{name}-analyze_timing.json").write_text(
                 json.dumps(plans_on[name], indent=1))
         facts_box.append(pd.DataFrame(facts_rows))
+    rd.add_artifact(TIMINGS_CSV, "one row per execution (timings table), written as each "
+                    "one ends")
     try:
         # every cell once before the repetitions: the plain statement's first execution
         # finds its pg_stat_statements entry
         group = harness.Group("correction", cells, seed, run=cell,
                               warm=lambda t, c: execute(t, *c), warmup=warmup)
-        session.run(reps, [group], after=after)
+        with rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS) as writer:
+            session.run(reps, [group], after=after)
         facts = facts_box[0]
     finally:
         rd.update(executions_kept=len(rows))
-        timings = (tables.validate(pd.DataFrame(rows), "timings") if rows
-                   else tables.empty("timings"))
-        timings.to_csv(rd.file("timings.csv"), index=False)
-        rd.add_artifact("timings.csv", "one row per execution (timings table)")
+    timings = tables.validate(pd.DataFrame(rows, columns=list(TIMINGS_COLUMNS)), "timings")
     summary = A.correction_summary(timings, facts, metric=metric)
     others = {m: A.correction_summary(timings, facts, metric=m)
               for m in A.CORRECTION_METRICS if m != metric}
@@ -204,7 +228,7 @@ def _correct(rd: RunDir, cluster: Cluster, wls: Mapping[str, float], *, reps: in
     nodes_all = pd.concat(node_frames, ignore_index=True)
     cost = pd.concat([costs[0].assign(when="before"), costs[-1].assign(when="after")],
                      ignore_index=True)
-    la1 = loadavg()
+    la1 = tuple(loadavg())
     uptime = _uptime()
     timings.to_parquet(rd.file("timings.parquet"), index=False)
     summary.to_csv(rd.file("correction.csv"), index=False)

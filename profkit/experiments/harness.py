@@ -248,6 +248,17 @@ def resolve_build(arm: Arm, progress: Callable[[str], None] | None = None,
     return get_build(arm.preset, progress=progress)
 
 
+def target_build(target: Cluster | Build | str,
+                 progress: Callable[[str], None] | None = None) -> Build:
+    """The build a one-arm experiment measures: a running cluster's, a Build, or a preset
+    name's (built when missing)."""
+    if isinstance(target, Cluster):
+        return target.build
+    if isinstance(target, str):
+        return get_build(target, progress=progress)
+    return target
+
+
 class Clusters:
     """The throwaway clusters of one run, entered into *stack* (stopped when it closes)."""
 
@@ -658,6 +669,21 @@ class Session:
         s.given = cluster
         return s
 
+    @classmethod
+    def single(cls, target: Cluster | Build, *, name: str, log_dir: Path,
+               options: SessionOptions | None = None,
+               prepare: Callable[[Target], None] | None = None,
+               say: Callable[[str], None] | None = None) -> Session:
+        """A session of one arm: on *target*'s build, whose cluster the session starts,
+        loads through *prepare* and stops (its server log kept in *log_dir*); or, given a
+        running cluster (a notebook's own), on that cluster (:meth:`on_cluster`)."""
+        if isinstance(target, Cluster):
+            return cls.on_cluster(target, options=options, prepare=prepare, say=say)
+        label = target.name.replace("/", "-").replace("@", "-")
+        arm = Arm(label, target.name)
+        return cls([arm], {label: target}, name=name, log_dir=log_dir, options=options,
+                   prepare=prepare, say=say)
+
     # -- clusters and backends --------------------------------------------------
     def build_for(self, arm: Arm, block: int) -> Build:
         """The build *arm* runs in *block* (a layout of it, when the arm has several)."""
@@ -758,15 +784,22 @@ class Session:
         except Exception as e:  # psycopg errors, and a broken connection's own errors
             raise ExecFailed(t, what, e) from e
 
-    def failure(self, e: ExecFailed, when: str) -> tuple[bool, str]:
-        """(did the server crash, a sentence naming the arm, what and when, the log)."""
+    def failure(self, e: ExecFailed, when: str, kept: str = "") -> tuple[bool, str]:
+        """THE failure report of an execution: (did the server crash, one sentence naming
+        the arm, what and when, then *kept* — what the experiment kept — and, after a
+        crash, that the run's clusters are stopped and the server log kept in the run
+        directory). Called while the clusters run
+        (from the cell hook), so the crash report is read from the live server."""
         t = e.target
         crashed, detail = failure_detail(t.cluster, t.conn)
-        where = f"{t.label!r}, {e.what}, during {when}"
-        log = self.clusters.log_file(self.log_name(t.arm, t.block)) if self.clusters else "?"
+        where = f"{self.arm_word} {t.label!r}, {e.what}, during {when}"
+        tail = f". {kept}" if kept else ""
         if crashed:
-            return True, f"the server of {where} {detail} (server log: {log})"
-        return False, f"the query failed on {where}: {e.err}"
+            log = (self.clusters.log_file(self.log_name(t.arm, t.block)) if self.clusters
+                   else t.cluster.log_path)
+            stopped = "; all clusters of this run are stopped" if self.given is None else ""
+            return True, f"the server of {where} {detail}{tail}{stopped} (server log: {log})"
+        return False, f"the query failed on {where}: {e.err}{tail}"
 
     # -- the run ----------------------------------------------------------------
     def run(self, reps: int, groups: Sequence[Group], *,

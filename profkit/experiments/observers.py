@@ -36,8 +36,7 @@ import json
 import math
 import os
 import re
-import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,7 +47,7 @@ from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
 from profkit.collect.artifacts import server_settings
-from profkit.rundir import RunDir, new_run, open_run
+from profkit.rundir import RowWriter, RunDir, open_run
 from profkit.errors import ProbeError, ProfkitError
 from profkit.experiments import harness
 from profkit.parse.explain import execution_ms
@@ -58,13 +57,15 @@ from profkit.pg.workloads import Workload, get_workload
 from profkit.collect import bpf, callgrind as cg, ltrace as lt, perf
 from profkit.collect.bpf import DEFAULT_COST_NS
 from profkit.parse.ltrace import parse_ltrace_summary
+from profkit.pg.cluster import Cluster
+from profkit.machine import loadavg, uptime
 from profkit.processes import run
 from profkit.rundir import load_run
 
 if TYPE_CHECKING:
     import psycopg
 
-    from profkit.pg.cluster import Cluster
+    from profkit.pg.build import Build
 
 
 # CLI name -> (method, variant)
@@ -83,6 +84,8 @@ DEFAULT_METHODS: tuple[str, ...] = ("perf-99", "perf-999", "perf-4999", "bcc-clo
                                     "bcc-nodes", "bpftrace-clock", "ltrace", "callgrind")
 DEFAULT_MODES: tuple[str, ...] = ("analyze_timing", "plain")
 _PERF_RE = re.compile(r"^perf-(\d+)$")
+TIMINGS_CSV = "observer_timings.csv"
+TIMINGS_COLUMNS: tuple[str, ...] = tuple(tables.SCHEMAS["observer_timings"])
 
 
 def parse_method(name: str) -> tuple[str, str]:
@@ -93,13 +96,6 @@ def parse_method(name: str) -> tuple[str, str]:
     if m and int(m.group(1)) > 0:
         return "perf", f"{int(m.group(1))}Hz"
     raise ProbeError(f"unknown observer {name!r}; known: {', '.join(METHODS)} (or perf-FREQ)")
-
-
-def loadavg() -> tuple[float, float, float]:
-    try:
-        return os.getloadavg()
-    except OSError:
-        return (math.nan, math.nan, math.nan)
 
 
 # ---------------------------------------------------------------------------
@@ -121,46 +117,66 @@ class ObserverResult:
 
 
 class _ObserverRun:
-    def __init__(self, cluster: Cluster, wl: Workload, scale: float, modes: Sequence[str],
-                 specs: Sequence[tuple[str, str]], rd: RunDir, progress: ProgressFn | None,
-                 dbname: str = "postgres") -> None:
-        self.cluster = cluster
-        self.dbname = dbname
+    """What one observers run does per cell (the session does the rest): the unobserved
+    and the observed execution of a query, each a row of ``observer_timings.csv``."""
+
+    def __init__(self, wl: Workload, scale: float, modes: Sequence[str],
+                 specs: Sequence[tuple[str, str]], rd: RunDir, session: harness.Session,
+                 progress: ProgressFn | None) -> None:
         self.wl = wl
         self.scale = scale
         self.modes = list(modes)
         self.specs = list(specs)
         self.rd = rd
+        self.session = session
         self.say = progress or (lambda _m: None)
         self.rows: list[dict[str, Any]] = []
+        self.writer: RowWriter | None = None
         self.order = 0
-        self.conn: psycopg.Connection | None = None
-        self.pid = 0
-        self.pgss: harness.Pgss | None = None
+        self.target: harness.Target | None = None
         self.expected = wl.expected_rows(scale)
         self.guard: dict[tuple[str, str, str], tuple[int | None, float]] = {}
         self.notes: list[str] = []
-        self.session: harness.Session | None = None
 
-    # -- connection ------------------------------------------------------------
-    def attach(self, t: harness.Target) -> None:
-        """Measure on the session's backend *t* (again after callgrind reconnected it)."""
-        self.conn, self.pid, self.pgss = t.conn, t.backend_pid, t.pgss
+    @property
+    def conn(self) -> psycopg.Connection:
+        assert self.target is not None and self.target.conn is not None
+        return self.target.conn
 
     def sql(self, mode: str) -> str:
         return self.wl.query(mode)
+
+    def keep(self, row: dict[str, Any]) -> None:
+        """A row of observer_timings: in memory and on disk (fsync'd) at once."""
+        self.order += 1
+        self.rows.append(row)
+        if self.writer is not None:
+            self.writer.write(row)
+
+    def failed(self, e: harness.ExecFailed, when: str) -> ProfkitError:
+        """An execution's failure as one error: an observer's own as it is, else the
+        session's report (a crash, with its server log) and what was kept."""
+        if isinstance(e.err, ProfkitError):
+            return e.err
+        _crashed, what = self.session.failure(e, when)
+        return ProbeError(f"{what}. The {len(self.rows)} executions measured before are "
+                          f"kept in {self.rd.file(TIMINGS_CSV)}")
 
     # -- one execution ---------------------------------------------------------
     def execute(self, mode: str, rep: int, method: str, variant: str,
                 observe: Callable[[Callable[[], Any]], tuple[int | None, str]] | None,
                 baseline_order: int | None) -> dict[str, Any]:
-        assert self.conn is not None and self.pgss is not None
+        t = self.target
+        assert t is not None
         # the plain query's server time is its pg_stat_statements delta; EXPLAIN's is its
         # own Execution Time (the utility statement's pgss time includes planning)
         plain = mode == "plain"
-        m = harness.timed_execute(self.conn, self.sql(mode), pid=self.pid,
-                                  pgss=self.pgss if plain else None,
-                                  key=mode if plain else None, observe=observe)
+        what = f"{mode} under {method} {variant}".rstrip()
+        try:
+            m = self.session.execute(t, self.sql(mode), what=what,
+                                     key=mode if plain else None, observe=observe)
+        except harness.ExecFailed as e:
+            raise self.failed(e, f"repetition {rep}") from e.err
         hits: int | None = None
         kind = ""
         if observe is not None:
@@ -179,16 +195,16 @@ class _ObserverRun:
                "client_ms": m.client_ms, "server_ms": server, "hits": hits,
                "hits_kind": kind or None, "guard_hits": est_hits, "guard_estimate_ms": est_ms,
                "cpu_ms": m.cpu_ms, "runq_ms": m.runq_ms}
-        self.order += 1
-        self.rows.append(row)
+        self.keep(row)
         return row
 
     # -- observers -------------------------------------------------------------
     def observer(self, method: str, variant: str, mode: str, rep: int
                  ) -> Callable[[Callable[[], Any]], tuple[int | None, str]]:
         d = self.rd.path / f"{method}-{variant}".replace(" ", "_") / f"{mode}-r{rep}"
-        assert self.conn is not None
         conn = self.conn
+        t = self.target
+        assert t is not None
         if method == "ltrace":
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
 
@@ -218,12 +234,11 @@ class _ObserverRun:
             def obs(go: Callable[[], Any]) -> tuple[int | None, str]:
 
                 d.parent.mkdir(parents=True, exist_ok=True)
-                run = new_run("perf", base=d.parent, run_id=d.name, workload=self.wl.name,
-                              mode=mode, scale=self.scale)
-                rec, _ = perf.record_pid(self.pid, go, run=run,
-                                         freq=freq, call_graph="fp", stat=False,
-                                         binary=self.cluster.build.postgres)
-                run.finish(status="complete")
+                with open_run("perf", base=d.parent, run_id=d.name, workload=self.wl.name,
+                              mode=mode, scale=self.scale) as run:
+                    rec, _ = perf.record_pid(t.backend_pid, go, run=run,
+                                             freq=freq, call_graph="fp", stat=False,
+                                             binary=t.build.postgres)
                 samples = rec.samples
                 if samples is None:
                     # perf prints "(N samples)" only when N > 0 (and not always): count
@@ -236,7 +251,6 @@ class _ObserverRun:
     def estimate(self, force: bool, max_ms: float) -> dict[str, dict[str, int]]:
         """Predicted hits and the guard's cost per (method, variant, mode), before attaching."""
 
-        assert self.conn is not None
         plan = self.conn.execute(self.wl.query("analyze_notiming", fmt="json"),
                                  prepare=False).fetchone()[0]
         (self.rd.path / "plan_notiming.json").write_text(json.dumps(plan, indent=1))
@@ -300,18 +314,8 @@ def _count_perf_samples(data: Path) -> int:
     return sum(1 for line in cp.stdout.splitlines() if line.strip())
 
 
-def _callgrind(cluster: Cluster, queries: Mapping[str, str], out_dir: Path,
-               dbname: str = "postgres") -> Any:
-    """One callgrind session (warm-up + one execution per mode).
-
-    The postmaster is paused for it (single-user mode needs the data directory)
-    and resumed after; open connections die and must be reopened.
-    """
-
-    return cg.collect_callgrind_cluster(cluster, queries, out_dir, dbname=dbname)
-
-
-def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: float = 0.02,
+def measure_observers(target: Cluster | Build | str = "vanilla", *,
+                      workload: str = "join_sum", scale: float = 0.02,
                       modes: Sequence[str] = DEFAULT_MODES,
                       methods: Sequence[str] = DEFAULT_METHODS, reps: int = 5,
                       expensive_reps: int = 2, expensive_ms: float = 2000.0,
@@ -321,10 +325,14 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
                       progress: ProgressFn | None = None) -> ObserverResult:
     """Time *workload*'s query unobserved and under each observer; write profiles/<run_id>/.
 
-    The cluster must be running; the workload is loaded unless ``load=False``.
-    Returns the per-execution table, the slowdown table and the guard check.
-    Callgrind stops and restarts the postmaster (connections are reopened).
-    A failure keeps the timings measured so far (``observer_timings.csv``).
+    *target*: a build (a preset name or a Build: the session starts its cluster, loads
+    the workload and stops it), or a running cluster of the caller's (a notebook's; the
+    workload is loaded unless ``load=False``). The session of
+    :mod:`profkit.experiments.harness` runs the cells; each one is an unobserved and an
+    observed execution. Returns the per-execution table, the slowdown table and the
+    guard check. Callgrind stops and restarts the postmaster (connections are reopened).
+    A failure keeps the timings measured so far (``observer_timings.csv``, a row written
+    as each execution ends).
     """
     wl = get_workload(workload)
     bad = [m for m in modes if m not in ("plain", "analyze_notiming", "analyze_timing")]
@@ -333,42 +341,51 @@ def measure_observers(cluster: Cluster, *, workload: str = "join_sum", scale: fl
     if reps < 1 or expensive_reps < 1:
         raise ProbeError("reps and expensive_reps must be >= 1")
     specs = list(dict.fromkeys(parse_method(m) for m in methods))
-    la0 = loadavg()
-    with open_run("observers", build=cluster.build, workload=workload, base=base,
+    build = harness.target_build(target, progress)
+    la0 = tuple(loadavg())
+    with open_run("observers", build=build, workload=workload, base=base,
                   run_id=run_id, tools=("perf", "ltrace", "bpftrace", "valgrind"),
                   scale=scale, modes=list(modes), methods=[f"{m} {v}" for m, v in specs],
                   reps=reps, expensive_reps=expensive_reps, loadavg_before=list(la0)) as rd:
-        r = _ObserverRun(cluster, wl, scale, modes, specs, rd, progress, dbname)
-        _observe(r, rd, cluster, wl, modes, specs, load, warmup, force, max_probe_s, reps,
-                 expensive_reps, expensive_ms, seed, dbname)
-        rd.update(loadavg_after=list(loadavg()), uptime=uptime(), notes=r.notes)
+        notes = _observe(rd, target if isinstance(target, Cluster) else build, wl, scale,
+                         modes, specs, load=load, warmup=warmup, force=force,
+                         max_probe_s=max_probe_s, reps=reps, expensive_reps=expensive_reps,
+                         expensive_ms=expensive_ms, seed=seed, dbname=dbname,
+                         progress=progress)
+        rd.update(loadavg_after=list(loadavg()), uptime=uptime(), notes=notes)
     return summarize_observers(rd.path)
 
 
-def _observe(r: _ObserverRun, rd: RunDir, cluster: Cluster, wl: Workload,
-             modes: Sequence[str], specs: Sequence[tuple[str, str]], load: bool,
+def _observe(rd: RunDir, target: Cluster | Build, wl: Workload, scale: float,
+             modes: Sequence[str], specs: Sequence[tuple[str, str]], *, load: bool,
              warmup: int, force: bool, max_probe_s: float, reps: int, expensive_reps: int,
-             expensive_ms: float, seed: int, dbname: str) -> None:
-    """The observers run's body (inside its run's lifecycle): timings, then callgrind."""
-    workload, scale = wl.name, r.scale
+             expensive_ms: float, seed: int, dbname: str, progress: ProgressFn | None
+             ) -> list[str]:
+    """The observers run's body (inside its run's lifecycle): the session's cells, then
+    callgrind on the last backend's cluster. Returns the run's notes."""
+    workload = wl.name
+    own = not isinstance(target, Cluster)
 
     def prepare(t: harness.Target) -> None:
-        r.attach(t)
-        assert t.conn is not None
-        rd.update(backend_pid=t.backend_pid, settings=server_settings(t.conn))
-        if load:
+        r.target = t
+        rd.update(backend_pid=t.backend_pid, settings=server_settings(r.conn))
+        if load or own:
             r.say(f"loading {workload} at scale {scale}")
-            wl.load(t.conn, scale)
-        for mode in modes:
-            if mode == "plain":  # finds the statement's pg_stat_statements entry
-                session.execute(t, r.sql(mode), what=mode, key=mode)
-            for _ in range(max(warmup, 0)):
-                session.execute(t, r.sql(mode), what=mode)
+            wl.load(r.conn, scale)
+        try:
+            for mode in modes:
+                if mode == "plain":  # finds the statement's pg_stat_statements entry
+                    session.execute(t, r.sql(mode), what=mode, key=mode)
+                for _ in range(max(warmup, 0)):
+                    session.execute(t, r.sql(mode), what=mode)
+        except harness.ExecFailed as e:
+            raise r.failed(e, "the warm-up") from e.err
         rd.update(predicted=r.estimate(force, max_probe_s * 1000))
 
-    session = harness.Session.on_cluster(
-        cluster, options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=r.say)
-    r.session = session
+    session = harness.Session.single(
+        target, name="observers", log_dir=rd.path / "logs",
+        options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=progress)
+    r = _ObserverRun(wl, scale, modes, specs, rd, session, progress)
     live = [s for s in specs if s[0] != "callgrind"]
 
     def reps_for(method: str, variant: str, mode: str) -> int:
@@ -386,37 +403,38 @@ def _observe(r: _ObserverRun, rd: RunDir, cluster: Cluster, wl: Workload,
               f"{method} {variant} {row['client_ms']:.1f} ms (hits {row['hits']})")
 
     def after(targets: list[harness.Target]) -> None:
-        if ("callgrind", "single execution") in specs:
-            r.say("callgrind (the postmaster is stopped meanwhile)")
-            session.disconnect(targets[0])
-            d = rd.path / "callgrind"
-            callgrind = _callgrind(cluster, {m: r.sql(m) for m in modes}, d, dbname)
-            session.connect(targets[0])
-            r.attach(targets[0])
-            for q in callgrind.queries:
-                r.rows.append({"run_id": rd.run_id, "workload": wl.name, "scale": scale,
-                               "mode": q.mode, "method": "callgrind",
-                               "variant": "single execution", "rep": 1, "order": r.order,
-                               "baseline_order": None, "client_ms": q.seconds * 1000,
-                               "server_ms": math.nan, "hits": None, "hits_kind": None,
-                               "guard_hits": None, "guard_estimate_ms": math.nan,
-                               "cpu_ms": math.nan, "runq_ms": math.nan})
-                r.order += 1
+        if ("callgrind", "single execution") not in specs:
+            return
+        t = targets[0]
+        r.say("callgrind (the postmaster is stopped meanwhile)")
+        session.disconnect(t)
+        callgrind = cg.collect_callgrind_cluster(t.cluster, {m: r.sql(m) for m in modes},
+                                                 rd.path / "callgrind", dbname=dbname)
+        session.connect(t)
+        for q in callgrind.queries:
+            r.keep({"run_id": rd.run_id, "workload": wl.name, "scale": scale,
+                    "mode": q.mode, "method": "callgrind",
+                    "variant": "single execution", "rep": 1, "order": r.order,
+                    "baseline_order": None, "client_ms": q.seconds * 1000,
+                    "server_ms": math.nan, "hits": None, "hits_kind": None,
+                    "guard_hits": None, "guard_estimate_ms": math.nan,
+                    "cpu_ms": math.nan, "runq_ms": math.nan})
+        r.notes.append("callgrind: wall time of the statement in a single-user backend "
+                       "under valgrind (dump times), one execution after a warm-up")
+
+    cells = [(mode, spec) for mode in modes for spec in live]
+    group = harness.Group("observers", cells, seed, run=cell, warm=None,
+                          include=lambda rep, c: rep <= reps_for(*c[1], c[0]))
+    rd.add_artifact(TIMINGS_CSV, "one row per execution (observer_timings), written as "
+                    "each one ends")
     try:
-        cells = [(mode, spec) for mode in modes for spec in live]
-        group = harness.Group("observers", cells, seed, run=cell, warm=None,
-                              include=lambda rep, c: rep <= reps_for(*c[1], c[0]))
-        session.run(reps, [group], after=after)
-        if ("callgrind", "single execution") in specs:
-            r.notes.append("callgrind: wall time of the statement in a single-user backend "
-                           "under valgrind (dump times), one execution after a warm-up")
+        with rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS) as r.writer:
+            session.run(reps, [group], after=after)
     finally:
-        timings = _timings_frame(r.rows)
-        timings.to_csv(rd.file("observer_timings.csv"), index=False)
-        rd.add_artifact("observer_timings.csv", "one row per execution (observer_timings)")
         rd.update(executions_kept=len(r.rows))
-    timings.to_parquet(rd.file("observer_timings.parquet"), index=False)
+    _timings_frame(r.rows).to_parquet(rd.file("observer_timings.parquet"), index=False)
     rd.add_artifact("observer_timings.parquet", "observer_timings table")
+    return r.notes
 
 
 def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:
@@ -463,14 +481,3 @@ def _timings_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     if not rows:
         return tables.empty("observer_timings")
     return tables.validate(pd.DataFrame(rows), "observer_timings")
-
-
-def uptime() -> str:
-    exe = shutil.which("uptime")
-    if exe is None:
-        return "load average: " + " ".join(f"{x:.2f}" for x in loadavg())
-
-    try:
-        return run([exe], timeout=10, check=False).stdout.strip()
-    except ProfkitError:
-        return "load average: " + " ".join(f"{x:.2f}" for x in loadavg())

@@ -28,15 +28,6 @@ from profkit.pg.workloads import get_workload, workload_spec
 EXPLAIN = {m: explain_prefix(m, "json") for m in MODES}
 
 
-def new_run_dir(kind: str, out: str | None, **facts: Any) -> tuple[str, Path]:
-    """The probe's run directory through :func:`profkit.rundir.new_run` (*out*: exactly
-    that directory, which must be new or empty), status ``running``: a caller that can
-    wrap its work in a ``with`` block uses :func:`profkit.rundir.open_run` instead, which
-    also writes the final status."""
-    rd = rundir.new_run(kind, path=out, status=rundir.RUNNING, **facts)
-    return rd.run_id, rd.path
-
-
 def write_parquet(df: pd.DataFrame, path: Path) -> None:
     """Parquet, with object columns (dicts) JSON-encoded so pyarrow accepts them."""
     out = df.copy()

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from profkit import rundir
 from profkit.collect import bpf
 from profkit.errors import ProbeError
 from profkit.experiments.attach import binary_report, check_backend, probe_attached
@@ -24,7 +25,6 @@ from profkit.experiments.probe import (
     check_query,
     clock_calls,
     ltrace_counts,
-    new_run_dir,
     probe_nodes,
     select_sql,
     write_parquet,
@@ -94,10 +94,11 @@ def clock_calls_run(workload: str | None, sql: str | None, query: str | None, *,
         conn = connect_detached(cluster)
     with conn:
         check_query(conn, select)
-        run_id, d = new_run_dir("clock-calls", out, workload=name, sql=select,
-                                tools=("ltrace", "bpftrace"), **target)
-        df = clock_calls(conn, select, modes=modes, methods=methods, force=force, out_dir=d,
-                         run_id=run_id)
+        with rundir.open_run("clock-calls", path=out, workload=name, sql=select,
+                             tools=("ltrace", "bpftrace"), **target) as rd:
+            run_id, d = rd.run_id, rd.path
+            df = clock_calls(conn, select, modes=modes, methods=methods, force=force,
+                             out_dir=d, run_id=run_id)
     shown = df.drop(columns=["run_id"])
     return ProbeRun(run_id, d, [shown],
                     {"run_dir": str(d), "run_id": run_id, "query": name, "sql": select,
@@ -115,31 +116,34 @@ def clock_calls_pid_run(pid: int, seconds: float, methods: Sequence[str],
     if seconds <= 0:
         raise ProbeError(f"--seconds must be > 0, got {seconds:g}")
     facts = _target_facts(pid, check_backend(pid), say)
-    run_id, d = new_run_dir("clock-calls", out, workload=f"pid {pid}", tools=("ltrace",),
-                            target={"pid": pid, "binary": facts["binary"],
-                                    "binary_level": facts["binary_level"], "seconds": seconds})
 
     def wait() -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and Path(f"/proc/{pid}").exists():
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
-    rows = []
-    for method in methods:
-        if method == "ltrace":
-            say("ltrace: each traced call costs ~100 µs in the backend while attached")
-            df, lrun = ltrace_counts(None, None, pid=pid, runner=wait, out_dir=d / "ltrace",
-                                     run_id=run_id)
-            calls = int(df.set_index("function")["calls"].get("clock_gettime", 0))
-            ms = lrun.query_ms
-        else:
-            res = bpf.probe_query(None, pid=pid, runner=wait, functions=["clock_gettime"],
-                                  per_node=False, tool=method, out_dir=d / method)
-            calls, ms = res.calls("clock_gettime") or 0, res.query_ms
-        rows.append({"run_id": run_id, "pid": pid, "method": method, "measured": calls,
-                     "seconds": round(ms / 1000, 3), "per_second": calls / max(ms / 1000, 1e-9)})
-    table = pd.DataFrame(rows)
-    write_parquet(table, d / "clock_calls.parquet")
+    with rundir.open_run("clock-calls", path=out, workload=f"pid {pid}", tools=("ltrace",),
+                         target={"pid": pid, "binary": facts["binary"],
+                                 "binary_level": facts["binary_level"],
+                                 "seconds": seconds}) as rd:
+        run_id, d = rd.run_id, rd.path
+        rows = []
+        for method in methods:
+            if method == "ltrace":
+                say("ltrace: each traced call costs ~100 µs in the backend while attached")
+                df, lrun = ltrace_counts(None, None, pid=pid, runner=wait,
+                                         out_dir=d / "ltrace", run_id=run_id)
+                calls = int(df.set_index("function")["calls"].get("clock_gettime", 0))
+                ms = lrun.query_ms
+            else:
+                res = bpf.probe_query(None, pid=pid, runner=wait, functions=["clock_gettime"],
+                                      per_node=False, tool=method, out_dir=d / method)
+                calls, ms = res.calls("clock_gettime") or 0, res.query_ms
+            rows.append({"run_id": run_id, "pid": pid, "method": method, "measured": calls,
+                         "seconds": round(ms / 1000, 3),
+                         "per_second": calls / max(ms / 1000, 1e-9)})
+        table = pd.DataFrame(rows)
+        write_parquet(table, d / "clock_calls.parquet")
     shown = table.drop(columns=["run_id"])
     return ProbeRun(run_id, d, [shown],
                     {"run_dir": str(d), "run_id": run_id, "pid": pid,
@@ -162,10 +166,11 @@ def probe_run(workload: str | None, sql: str | None, query: str | None, *,
     name, select = select_sql(workload, sql, query)
     with connect_detached(cluster) as conn:
         check_query(conn, select)
-        run_id, d = new_run_dir("probe", out, workload=name, sql=select, mode=mode,
-                                tools=("bpftrace",))
-        table, res = probe_nodes(conn, select, mode=mode, tool=tool, force=force, out_dir=d,
-                                 run_id=run_id, query=name)
+        with rundir.open_run("probe", path=out, workload=name, sql=select, mode=mode,
+                             tools=("bpftrace",)) as rd:
+            run_id, d = rd.run_id, rd.path
+            table, res = probe_nodes(conn, select, mode=mode, tool=tool, force=force,
+                                     out_dir=d, run_id=run_id, query=name)
     if res.fallback_reason:
         say(res.fallback_reason)
     nodes = table[[c for c in NODE_COLUMNS if c in table]]
@@ -193,18 +198,20 @@ def _probe_attached_run(workload: str | None, sql: str | None, query: str | None
     else:
         assert pid is not None
         check_backend(pid)
-    run_id, d = new_run_dir("probe", out, workload=name, sql=select, mode=mode,
-                            tools=("bpftrace",),
-                            target={"pid": pid, "dsn": redact_dsn(dsn) if dsn else None})
-    res = probe_attached(dsn=dsn, sql=select, pid=pid, seconds=seconds, mode=mode, tool=tool,
-                         force=force, out_dir=d, run_id=run_id, query=name, progress=say)
-    if len(res.nodes):
-        write_parquet(res.nodes, d / "plan_nodes.parquet")
-    write_parquet(res.functions, d / "functions.parquet")
-    (d / "attached.json").write_text(json.dumps(
-        {"pid": res.pid, "level": res.level, "allowed": res.allowed, "notes": res.notes,
-         "tool": res.tool, "query_ms": res.query_ms, "plan": res.plan}, indent=1,
-        default=str))
+    with rundir.open_run("probe", path=out, workload=name, sql=select, mode=mode,
+                         tools=("bpftrace",),
+                         target={"pid": pid, "dsn": redact_dsn(dsn) if dsn else None}) as rd:
+        run_id, d = rd.run_id, rd.path
+        res = probe_attached(dsn=dsn, sql=select, pid=pid, seconds=seconds, mode=mode,
+                             tool=tool, force=force, out_dir=d, run_id=run_id, query=name,
+                             progress=say)
+        if len(res.nodes):
+            write_parquet(res.nodes, d / "plan_nodes.parquet")
+        write_parquet(res.functions, d / "functions.parquet")
+        (d / "attached.json").write_text(json.dumps(
+            {"pid": res.pid, "level": res.level, "allowed": res.allowed, "notes": res.notes,
+             "tool": res.tool, "query_ms": res.query_ms, "plan": res.plan}, indent=1,
+            default=str))
     nodes = res.nodes[[c for c in NODE_COLUMNS if c in res.nodes]] if len(res.nodes) \
         else res.nodes
     return ProbeRun(run_id, d, [nodes, res.functions] if len(nodes) else [res.functions],

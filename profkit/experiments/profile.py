@@ -25,6 +25,7 @@ from profkit.collect import pyspy
 from profkit.collect.callgrind import collect_callgrind_cluster
 from profkit.collect.gprof import (
     GprofResult,
+    check_collectable,
     collect_gprof,
     gprof_path,
     merged_into,
@@ -49,7 +50,7 @@ from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import SEED_QUERY_NAMES, check_args, workload_label
 from profkit.progress import say as _say
 from profkit.render.flamegraph import demo_views, render, write_svg
-from profkit.rundir import load_run, open_run
+from profkit.rundir import RunDir, open_run
 
 
 def flamegraph_dir(out: str | Path | None = None) -> Path:
@@ -293,18 +294,28 @@ def perf_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.
 def perf_on_cluster(cluster: Cluster, conn: Any, sql: str, *, binary: str | Path,
                     warmup: bool = True, perf: str = "perf",
                     progress: Callable[[str], None] | None = None,
-                    fix_flags: tuple[str, str] | None = None,
+                    fix_flags: tuple[str, str] | None = None, run: RunDir | None = None,
                     **record: Any) -> PerfProfile:
     """Record *sql* on *conn*'s backend of *cluster* with perf, then fold it: the step
     :func:`perf_profile` and a notebook's perf cell share. A warm-up run of the query
     (not recorded) fills the caches first, so the profile shows the steady state.
+    *run*: the run it writes into (opened by the caller through
+    :func:`profkit.rundir.open_run`); without one it opens its own ``perf`` run.
     *record*: :func:`profkit.collect.perf.record_query`'s options (reps, mode, freq...)."""
     say = progress or (lambda _m: None)
+    if run is None:
+        perf_path(perf)  # a missing perf fails before a run is created
+        with open_run("perf", build=cluster.build, workload=record.get("workload"),
+                      mode=record.get("mode"), base=record.pop("base", None),
+                      run_id=record.pop("run_id", None), tools=("gcc",)) as rd:
+            return perf_on_cluster(cluster, conn, sql, binary=binary, warmup=warmup,
+                                   perf=perf, progress=progress, fix_flags=fix_flags,
+                                   run=rd, **record)
     if warmup:
         run_query(conn, sql, 1)
-    rec, _res = record_query(cluster, conn, sql, perf=perf, **record)
+    rec, _res = record_query(cluster, conn, sql, perf=perf, run=run, **record)
     say(f"folding {rec.samples} samples")
-    prof = fold_run(load_run(rec.run_dir), perf=perf, binary=binary)
+    prof = fold_run(run, perf=perf, binary=binary)
     short = sample_shortfall(prof)
     if short is not None and fix_flags is not None:
         say(short.message(freq_flag=fix_flags[0], repeat_flag=fix_flags[1],
@@ -390,12 +401,20 @@ def gprof_profile_with_prediction(
     return res, pred
 
 
-def gprof_on_cluster(cluster: Cluster, sql: str, **collect: Any) -> GprofResult:
+def gprof_on_cluster(cluster: Cluster, sql: str, *, run: RunDir | None = None,
+                     **collect: Any) -> GprofResult:
     """Run *sql* in a fresh backend of *cluster* (a -pg build) and read its gmon.out: the
-    step :func:`gprof_profile` and a notebook's gprof cell share. *collect*:
+    step :func:`gprof_profile` and a notebook's gprof cell share. *run*: the run it
+    writes into (else it opens its own ``gprof`` run). *collect*:
     :func:`profkit.collect.gprof.collect_gprof`'s options (reps, workload, mode...)."""
-    grun, _res = collect_gprof(cluster, sql, **collect)
-    return parse_run(load_run(grun.run_dir))
+    if run is None:
+        check_collectable(cluster.build)  # refused before a run is created
+        with open_run("gprof", build=cluster.build, workload=collect.get("workload"),
+                      mode=collect.get("mode"), base=collect.pop("base", None),
+                      run_id=collect.pop("run_id", None), tools=("gprof", "gcc")) as rd:
+            return gprof_on_cluster(cluster, sql, run=rd, **collect)
+    collect_gprof(cluster, sql, run=run, **collect)
+    return parse_run(run)
 
 
 def gprof_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 1,

@@ -267,8 +267,7 @@ class _Accuracy:
             # one message: not pg_stat_statements, which times with the clock under test
             m = self.session.execute(t, sql, what=f"{mode} of {workload}", stamps=True)
         except harness.ExecFailed as e:  # the caller adds what was kept
-            raise TimingAccuracyError(f"{mode} of {workload} failed on {t.label}: {e.err}"
-                                      ) from e.err
+            raise TimingAccuracyError(self.session.failure(e, "the run")[1]) from e.err
         rows = m.rows
         res: dict[str, Any] = {"client_ms": m.client_ms, "t_start": m.t_start,
                                "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,

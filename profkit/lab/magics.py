@@ -133,13 +133,17 @@ atexit.register(lambda: REGISTRY.stop())
 # Running a cell
 
 
-def parse_options(line: str) -> CellRequest:
-    """``%%profkit`` options → a CellRequest; raises MagicUsageError / _HelpShown."""
+def _split(line: str) -> list[str]:
+    """A magic's line as words (shell quoting), or one usage error."""
     try:
-        argv = shlex.split(line)
+        return shlex.split(line)
     except ValueError as e:
         raise MagicUsageError(f"cannot split the options ({e}): check the quotes") from None
-    ns = make_parser().parse_args(argv)
+
+
+def parse_options(line: str) -> CellRequest:
+    """``%%profkit`` options → a CellRequest; raises MagicUsageError / _HelpShown."""
+    ns = make_parser().parse_args(_split(line))
     if ns.reps < 1:
         raise MagicUsageError("--reps must be >= 1")
     if ns.top < 1:
@@ -257,12 +261,7 @@ def make_export_parser() -> _ExportParser:
 
 def export_line(line: str) -> Path:
     """``%profkit_export`` options → the file written (raises on errors)."""
-
-    try:
-        argv = shlex.split(line)
-    except ValueError as e:
-        raise MagicUsageError(f"cannot split the options ({e}): check the quotes") from None
-    ns = make_export_parser().parse_args(argv)
+    ns = make_export_parser().parse_args(_split(line))
     if ns.freq is not None and not 0 < ns.freq < float("inf"):
         raise MagicUsageError(f"--freq must be a positive number of samples per second, "
                               f"got {ns.freq:g}")

@@ -16,6 +16,7 @@ Nothing here collects: collection lives in :mod:`profkit.collect` and
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import time
@@ -26,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import paths, rundir, tables
+from profkit import rundir, tables
 from profkit.analyze import stats
 from profkit.errors import ProfkitError
 from profkit.pg.build import find_build, get_build, presets
@@ -176,7 +177,7 @@ class Run:
     def builds(self) -> list[str]:
         b = self._prov("builds")
         if b is None and self._prov("build_name"):
-            return [str(self._prov("build_name"))]  # a collector's run (artifacts.new_run)
+            return [str(self._prov("build_name"))]  # a collector's run (one build)
         if isinstance(b, Mapping):
             return list(b)
         if isinstance(b, list):
@@ -248,20 +249,10 @@ class Run:
 
 
 def list_runs(root: str | Path | None = None) -> list[Run]:
-    """Every run directory under *root* (default profiles/), oldest first."""
-    base = Path(root) if root is not None else paths.profiles_dir()
-    if not base.is_dir():
-        return []
-    runs = []
-    for d in base.iterdir():
-        if d.is_symlink() or not d.is_dir() or d.name.startswith("."):
-            continue  # "latest" is a symlink to one of the others
-        if (d / "provenance.json").exists():
-            try:
-                runs.append(Run.load(d))
-            except NotebookError:
-                continue
-    return sorted(runs, key=lambda r: r.created)
+    """Every run under *root* (default profiles/) as :func:`profkit.rundir.list_runs`
+    finds them, oldest written first."""
+    return sorted((Run(rd.path, rd.provenance) for rd in rundir.list_runs(root)),
+                  key=lambda r: r.created)
 
 
 def latest_run(*, need: Sequence[str] = ("timings",), builds: Sequence[str] | None = None,
@@ -290,32 +281,30 @@ def resolve_run(run_dir: str | Path | None, **criteria: Any) -> Run | None:
     return latest_run(**criteria)
 
 
-def new_run_dir(kind: str, root: str | Path | None = None) -> Path:
-    """A fresh ``profiles/<run id>`` run (:func:`profkit.rundir.new_run`: its
-    provenance.json written at once, status ``running``, so ``load_run``/``list_runs``
-    find it) for a notebook's own collection; :func:`save_run` completes it."""
-    return rundir.new_run(kind, base=root, status=rundir.RUNNING).path
+def open_run(kind: str, *, root: str | Path | None = None, path: str | Path | None = None,
+             **facts: Any) -> contextlib.AbstractContextManager[rundir.RunDir]:
+    """A notebook's own collection as a run: :func:`profkit.rundir.open_run` (the one
+    lifecycle: provenance.json at once, status ``running``, then complete / failed /
+    interrupted), under *root* (default profiles/) or exactly at *path*.
+
+    ``with nb.open_run("callgrind-vanilla") as rd: collect(..., rd.path)``
+    """
+    return rundir.open_run(kind, base=root, path=path, **facts)
 
 
-def save_run(directory: Path, provenance: Mapping[str, Any],
-             tables: Mapping[str, pd.DataFrame]) -> Run:
-    """Write a notebook's own tables (parquet + csv) and provenance.json; return the Run."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, df in tables.items():
-        df.to_csv(directory / f"{name}.csv", index=False)
-        try:
-            df.to_parquet(directory / f"{name}.parquet", index=False)
-        except (ValueError, TypeError, ImportError):
-            pass  # object columns (histograms) that pyarrow cannot store: csv only
-    # provenance last, over the one new_run_dir wrote: status complete
-    try:
-        old = rundir.load_run(directory).provenance
-    except rundir.RunDirError:
-        old = {}
-    rundir.RunDir(directory.name, directory, {**old, "run_id": directory.name, **provenance,
-                                              "status": rundir.COMPLETE,
-                                              "ended_at": rundir.now()}).save()
-    return Run.load(directory)
+def save_run(kind: str, tables: Mapping[str, pd.DataFrame], *,
+             root: str | Path | None = None, path: str | Path | None = None,
+             **facts: Any) -> Run:
+    """A notebook's own tables (parquet + csv) as a complete run of *kind* (*facts*: its
+    provenance beside what :func:`open_run` records); return the Run."""
+    with open_run(kind, root=root, path=path, **facts) as rd:
+        for name, df in tables.items():
+            df.to_csv(rd.file(f"{name}.csv"), index=False)
+            try:
+                df.to_parquet(rd.file(f"{name}.parquet"), index=False)
+            except (ValueError, TypeError, ImportError):
+                pass  # object columns (histograms) that pyarrow cannot store: csv only
+    return Run.load(rd.path)
 
 
 # ---------------------------------------------------------------------------
