@@ -29,9 +29,20 @@ def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("flamegraph")
 @click.argument("stacks", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--diff", "diff", nargs=2, type=click.Path(dir_okay=False, exists=True),
+@click.option("--diff", "diff", nargs=2, type=click.Path(exists=True),
               default=None, metavar="A B",
-              help="Differential: widths from B, red/blue = more/fewer samples than A.")
+              help="Differential, widths from B. Two folders of repeated recordings (e.g. "
+                   "<run>/recordings/vanilla and .../step3 of `profkit perf A B`): per "
+                   "execution, coloured only where the bootstrap interval of the change "
+                   "excludes 0. Two files: share-based (red/blue = more/fewer samples than "
+                   "A as a share of each total; no interval).")
+@click.option("--align", is_flag=True,
+              help="With --diff: drop the executor's wrapper frames (ExecProcNodeInstr...) "
+                   "inside the stacks of both sides so plan nodes line up.")
+@click.option("--resamples", type=int, default=4000, show_default=True,
+              help="With --diff of folders: bootstrap resamples.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="With --diff of folders: the bootstrap's seed.")
 @click.option("--merge", is_flag=True,
               help="Merge the STACKS files (runs) into one graph, each run normalised to the "
                    "same total.")
@@ -59,9 +70,12 @@ def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
 def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge: bool,
                    by_run: bool, icicle: bool, output: str | None, title: str | None,
                    subtitle: str | None, meta: tuple[str, ...], meta_json: str | None,
-                   width: float, minwidth: float, diff_basis: str, vdso: str | None) -> None:
+                   width: float, minwidth: float, diff_basis: str, vdso: str | None,
+                   align: bool, resamples: int, seed: int) -> None:
     """Render folded stacks or `perf script` text (STACKS; `-` reads stdin) as an
-    interactive SVG; --diff A B: B against A; --merge A B C: several runs in one graph."""
+    interactive SVG; --diff A B: B against A (two folders of repeated recordings: with
+    bootstrap intervals; two files: share-based); --merge A B C: several runs in one
+    graph."""
     from profkit.render.flamegraph import (
         RenderError,
         check_size,
@@ -87,6 +101,18 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
         raise _Failed("--merge needs at least two inputs")
     if by_run and not merge:
         raise _Failed("--by-run goes with --merge")
+    if align and not diff:
+        raise _Failed("--align goes with --diff")
+    if diff and sum(Path(x).is_dir() for x in diff) == 1:
+        raise _Failed("--diff A B: give two folders of recordings or two files, not one of "
+                      "each")
+    if diff and Path(diff[0]).is_dir():
+        if resamples < 100:
+            raise _Failed(f"--resamples must be at least 100, got {resamples}")
+        _diff_folders(diff, output=output, title=title, subtitle=subtitle, meta=meta,
+                      width=width, minwidth=minwidth, diff_basis=diff_basis, align=align,
+                      resamples=resamples, seed=seed)
+        return
     if stacks.count("-") > 1:
         raise _Failed("stdin (-) can be read once")
     # perf script text is drawn in samples with vDSO frames named (profkit's reading)
@@ -110,6 +136,10 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
     if diff:
         a_path, b_path = diff
         a, b = _load(a_path, kw), _load(b_path, kw)
+        if align:
+            from profkit.analyze.stacks import drop_frames
+
+            a, b = drop_frames(a), drop_frames(b)
         name = f"{_stem(a_path)}-vs-{_stem(b_path)}"
         provenance.setdefault("before (A)", Path(a_path).name)
         provenance.setdefault("after (B)", Path(b_path).name)
@@ -139,6 +169,43 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
 
     out = Path(output) if output else flamegraphs_dir() / f"{name}.svg"
     write_svg(svg, out)
+    click.echo(str(out))
+
+
+def _diff_folders(diff: tuple[str, str], *, output: str | None, title: str | None,
+                  subtitle: str | None, meta: tuple[str, ...], width: float, minwidth: float,
+                  diff_basis: str, align: bool, resamples: int, seed: int) -> None:
+    """--diff A_DIR B_DIR: repeated recordings, the bootstrap, the coloured graph and the
+    flagged functions."""
+    from profkit.analyze.flamediff import mean_profile
+    from profkit.experiments.flamediff import diff_from_dirs, flagged_text
+    from profkit.paths import flamegraphs_dir
+    from profkit.render.flamegraph import render, write_svg
+
+    res = diff_from_dirs(diff[0], diff[1], align=align, n_boot=resamples, seed=seed)
+    a, b = res.labels
+    name = f"{a}-vs-{b}"
+    facts: dict[str, Any] = {"before (A)": f"{diff[0]} ({len(res.a)} recordings)",
+                             "after (B)": f"{diff[1]} ({len(res.b)} recordings)"}
+    if align:
+        facts["aligned"] = "executor wrapper frames removed inside stacks"
+    facts.update(_meta(meta))
+    facts.setdefault("rendered", _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
+    svg = render(mean_profile(res.b), significance=res.diff, title=title or name,
+                 subtitle=subtitle, provenance=facts, width=width, min_width_px=minwidth,
+                 diff_basis=diff_basis,  # type: ignore[arg-type]
+                 count_name=res.diff.unit)
+    out = Path(output) if output else flamegraphs_dir() / f"{name}.svg"
+    write_svg(svg, out)
+    d = res.diff
+    click.echo(d.describe())
+    for key, basis in (("function", "self"), ("function", "total"), ("path", diff_basis)):
+        hits, n = d.flag_rate(key, basis)  # type: ignore[arg-type]
+        click.echo(f"by {key}, {basis}: {hits} of {n} frames flagged (interval excludes 0)")
+        if key == "function":
+            rows = d.flagged(key, basis).head(10)  # type: ignore[arg-type]
+            if len(rows):
+                click.echo(flagged_text(rows, d.unit))
     click.echo(str(out))
 
 
