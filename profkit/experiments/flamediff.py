@@ -313,8 +313,8 @@ def draw(res: DiffRun, path: str | Path, *, title: str, basis: str = "self",
     first = res.perf_runs.get(res.labels[1]) or []
     if first:
         facts.update(first[0].subtitle_facts())
-        facts.pop("run", None)
-        facts.pop("build", None)
+        for k in ("run", "build", "patches", "date"):
+            facts.pop(k, None)
     facts["run"] = res.run.run_id
     facts["before (A)"] = f"{res.labels[0]}: {len(res.a)} recordings"
     facts["after (B)"] = f"{res.labels[1]}: {len(res.b)} recordings"
