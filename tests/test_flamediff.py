@@ -92,16 +92,19 @@ def test_cheaper_and_new_and_gone_frames():
 
 
 def test_a_frame_seen_a_handful_of_times_is_not_flagged():
-    """One sample in each of B's recordings and none in A's: the Poisson layer knows a
-    recording could as well have had 0 (P = e^-1 each), so the interval reaches 0."""
+    """One sample in each of B's recordings and none in A's: the recordings agree, but a
+    recording could as well have had 0 samples (P = e^-1 each); the Poisson floor of the
+    variance keeps the interval over 0, with or without resampling the samples too.
+    30 samples in each of B's recordings is a frame B really has."""
     a = _same({"main;x": 1000.0}, 3)
-    b = _same({"main;x": 1000.0, "main;rare": 1.0}, 3)
-    d = bootstrap_diff(a, b, n_boot=4000, seed=3, keys=("path",), bases=("self",))
-    assert d.lookup()["main;rare"]["flag"] == 0
-    # without the sampling layer the spread between identical recordings is 0: flagged
-    d0 = bootstrap_diff(a, b, n_boot=4000, seed=3, keys=("path",), bases=("self",),
-                        poisson=False)
-    assert d0.lookup()["main;rare"]["flag"] == 1
+    b = _same({"main;x": 1000.0, "main;rare": 1.0, "main;real": 30.0}, 3)
+    for poisson in (False, True):
+        d = bootstrap_diff(a, b, n_boot=4000, seed=3, keys=("path",), bases=("self",),
+                           poisson=poisson)
+        rare, real = d.lookup()["main;rare"], d.lookup()["main;real"]
+        assert rare["flag"] == 0 and rare["low"] < 0 < rare["high"], poisson
+        assert real["flag"] == 1 and real["low"] > 0, poisson
+        assert d.lookup()["main;x"]["flag"] == 0
 
 
 def test_units_time_per_execution():

@@ -14,20 +14,22 @@ nothing says whether a colour is more than sampling noise. This module compares
   function name, each *self* (samples whose leaf it is) or *total* (inclusive: samples
   whose stack passes through it; a recursive function counted once per stack);
 - the change of a frame is the mean over B's recordings minus the mean over A's, and
-  its interval comes from a **two-level bootstrap**: each resample draws every build's
-  recordings with replacement (within the build: A's from A's, B's from B's), and each
-  drawn recording's count of the frame again as Poisson(count) (its samples resampled:
-  the sampling noise of a frame seen a handful of times, which the spread between a few
-  recordings cannot show);
+  its interval comes from a **bootstrap of the recordings**: each resample draws every
+  build's recordings with replacement, within the build (A's from A's, B's from B's),
+  the same draw for every frame (a recording's frames move together);
 - few recordings make a percentile interval too narrow (the bootstrap's variance of a
   mean is (n-1)/n of the unbiased one, and its tails are normal where Student's are
   not). The interval is therefore an **expanded percentile interval** (after Hesterberg
   2015, "What teachers should know about the bootstrap", section 5.1): the resampled
   differences' percentiles taken at the tail level α'/2 = Φ(−t(df, 1 − α/2) ·
-  sqrt(V / V*)), where V is Welch's variance of the difference from the recordings
-  (each recording's variance floored at the Poisson variance of its counts), *df*
-  Welch's degrees of freedom and V* the resamples' variance: a Student-t width with the
-  bootstrap's shape (the skew of small counts);
+  sqrt(V / V*)), where V is Welch's variance of the difference from the recordings,
+  *df* Welch's degrees of freedom and V* the resamples' variance: a Student-t width
+  with the bootstrap's shape (the skew of small counts). Each build's variance is
+  floored at the Poisson variance of its counts: a frame seen a handful of times may
+  agree across a few recordings by chance (1, 1, 1 samples), and its sampling noise
+  must still count. Where that level lies beyond the resamples' reach (no spread at
+  all, or less than one resample in the tail), the interval is Welch's t interval
+  itself;
 - a frame is *flagged* when its interval excludes 0: ``+1`` dearer in B, ``-1``
   cheaper; 0 otherwise (grey in the graph).
 
@@ -204,9 +206,8 @@ class FlameDiff:
     seed: int
     confidence: float
     unit: str
-    method: str = ("two-level bootstrap (recordings within each build, then each "
-                   "recording's samples as Poisson counts), expanded percentile interval "
-                   "(Welch variance and df)")
+    method: str = ("bootstrap of the recordings within each build, expanded percentile "
+                   "interval (Welch variance with a Poisson floor, Welch df)")
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def rows(self, key: Key = "path", basis: Basis = "self") -> pd.DataFrame:
@@ -239,13 +240,15 @@ class FlameDiff:
 def bootstrap_diff(a: Sequence[Recording], b: Sequence[Recording], *,
                    keys: Iterable[Key] = KEYS, bases: Iterable[Basis] = BASES,
                    n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED,
-                   confidence: float = DEFAULT_CONFIDENCE, poisson: bool = True,
+                   confidence: float = DEFAULT_CONFIDENCE, poisson: bool = False,
                    chunk: int = 512) -> FlameDiff:
     """The change of every frame from A's recordings to B's, with its bootstrap interval.
 
     At least two recordings per build (one recording has no spread to resample).
-    *poisson*: resample each drawn recording's samples too (see the module docstring;
-    off: recordings only). *chunk*: frames resampled at once (memory: n_boot × chunk).
+    *poisson*: also resample each drawn recording's samples as Poisson counts (slower:
+    a draw per recording, frame and resample; the variance floor already carries the
+    sampling noise into the width). *chunk*: frames resampled at once (memory: n_boot ×
+    chunk).
     """
     a, b = list(a), list(b)
     if len(a) < 2 or len(b) < 2:
@@ -284,12 +287,12 @@ def bootstrap_diff(a: Sequence[Recording], b: Sequence[Recording], *,
             ma, mb = xa.mean(axis=0), xb.mean(axis=0)
             va = xa.var(axis=0, ddof=1)
             vb = xb.var(axis=0, ddof=1)
-            if poisson:
-                # a recording's count varies at least as a Poisson count does: the floor
-                # for frames seen a handful of times, whose few recordings may agree
-                va = np.maximum(va, (ca * sa[:, None] ** 2).mean(axis=0))
-                vb = np.maximum(vb, (cb * sb[:, None] ** 2).mean(axis=0))
+            # a recording's count varies at least as a Poisson count does: the floor for
+            # frames seen a handful of times, whose few recordings may happen to agree
+            va = np.maximum(va, (ca * sa[:, None] ** 2).mean(axis=0))
+            vb = np.maximum(vb, (cb * sb[:, None] ** 2).mean(axis=0))
             target, df = welch(va, vb, na, nb)
+            half = _t_ppf(1.0 - (1.0 - confidence) / 2, df) * np.sqrt(target)
             lo = np.empty(len(frames))
             hi = np.empty(len(frames))
             plo = np.full(len(frames), np.nan)
@@ -299,7 +302,11 @@ def bootstrap_diff(a: Sequence[Recording], b: Sequence[Recording], *,
                 bma = _resample(rng, wa, ca[:, s:e], sa, poisson) / na
                 bmb = _resample(rng, wb, cb[:, s:e], sb, poisson) / nb
                 d = bmb - bma
-                lev = expanded_levels(target[s:e], d.var(axis=0), df[s:e], confidence)
+                vboot = d.var(axis=0)
+                lev = expanded_levels(target[s:e], vboot, df[s:e], confidence)
+                # beyond the resamples' reach (no spread, or a tail level under one
+                # resample): Welch's t interval itself
+                t_only = (vboot <= 0) | (lev * n_boot < 1)
                 d = np.sort(d, axis=0)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     ratio = np.where(bma > 0, (bmb - bma) / bma * 100.0,
@@ -313,6 +320,13 @@ def bootstrap_diff(a: Sequence[Recording], b: Sequence[Recording], *,
                 has_a = ma[s:e] > 0
                 plo[s:e] = np.where(has_a, ratio[il, cols], np.nan)
                 phi[s:e] = np.where(has_a, ratio[ih, cols], np.nan)
+                if t_only.any():
+                    j = np.arange(s, e)[t_only]
+                    dj = mb[j] - ma[j]
+                    lo[j], hi[j] = dj - half[j], dj + half[j]
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        plo[j] = np.where(ma[j] > 0, lo[j] / ma[j] * 100.0, np.nan)
+                        phi[j] = np.where(ma[j] > 0, hi[j] / ma[j] * 100.0, np.nan)
             change = mb - ma
             with np.errstate(divide="ignore", invalid="ignore"):
                 pct = np.where(ma > 0, change / ma * 100.0, np.nan)
