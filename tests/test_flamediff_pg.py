@@ -116,7 +116,7 @@ def test_known_cost_svg_in_chromium(spin_diff, tmp_path_factory):
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     assert os.path.exists(chromium), "chromium is not installed: run scripts/setup-system.sh"
     svg = spin_diff.svg
-    b = Browser(tmp_path_factory.mktemp("chromium-profile"), size=(1200, 700))
+    b = Browser(tmp_path_factory.mktemp("chromium-profile"), size=(1200, 1000))
     try:
         b.open(svg.resolve().as_uri(), "document.querySelector('g[data-flag]') !== null")
         fills = b.eval("Array.from(document.querySelectorAll('g[data-n]')).map(function(g){"

@@ -15,6 +15,7 @@ import click
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
+from profkit.paths import flamegraphs_dir
 
 
 def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -76,6 +77,7 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
     interactive SVG; --diff A B: B against A (two folders of repeated recordings: with
     bootstrap intervals; two files: share-based); --merge A B C: several runs in one
     graph."""
+    from profkit.experiments.flamediff import aligned, draw_folders
     from profkit.render.flamegraph import (
         RenderError,
         check_size,
@@ -109,9 +111,14 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
     if diff and Path(diff[0]).is_dir():
         if resamples < 100:
             raise _Failed(f"--resamples must be at least 100, got {resamples}")
-        _diff_folders(diff, output=output, title=title, subtitle=subtitle, meta=meta,
-                      width=width, minwidth=minwidth, diff_basis=diff_basis, align=align,
-                      resamples=resamples, seed=seed)
+        a_dir, b_dir = diff
+        out = Path(output) if output else \
+            flamegraphs_dir() / f"{Path(a_dir).name}-vs-{Path(b_dir).name}.svg"
+        _res, _path, text = draw_folders(a_dir, b_dir, out, title=title, subtitle=subtitle,
+                                         facts=_meta(meta), width=width,
+                                         min_width_px=minwidth, basis=diff_basis,
+                                         align=align, n_boot=resamples, seed=seed)
+        click.echo(text)
         return
     if stacks.count("-") > 1:
         raise _Failed("stdin (-) can be read once")
@@ -137,9 +144,7 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
         a_path, b_path = diff
         a, b = _load(a_path, kw), _load(b_path, kw)
         if align:
-            from profkit.analyze.stacks import drop_frames
-
-            a, b = drop_frames(a), drop_frames(b)
+            a, b = aligned(a), aligned(b)
         name = f"{_stem(a_path)}-vs-{_stem(b_path)}"
         provenance.setdefault("before (A)", Path(a_path).name)
         provenance.setdefault("after (B)", Path(b_path).name)
@@ -165,47 +170,8 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
                  provenance=provenance, width=width, min_width_px=minwidth,
                  diff_basis=diff_basis, inverted=icicle,  # type: ignore[arg-type]
                  count_name=count_name)
-    from profkit.paths import flamegraphs_dir
-
     out = Path(output) if output else flamegraphs_dir() / f"{name}.svg"
     write_svg(svg, out)
-    click.echo(str(out))
-
-
-def _diff_folders(diff: tuple[str, str], *, output: str | None, title: str | None,
-                  subtitle: str | None, meta: tuple[str, ...], width: float, minwidth: float,
-                  diff_basis: str, align: bool, resamples: int, seed: int) -> None:
-    """--diff A_DIR B_DIR: repeated recordings, the bootstrap, the coloured graph and the
-    flagged functions."""
-    from profkit.analyze.flamediff import mean_profile
-    from profkit.experiments.flamediff import diff_from_dirs, flagged_text
-    from profkit.paths import flamegraphs_dir
-    from profkit.render.flamegraph import render, write_svg
-
-    res = diff_from_dirs(diff[0], diff[1], align=align, n_boot=resamples, seed=seed)
-    a, b = res.labels
-    name = f"{a}-vs-{b}"
-    facts: dict[str, Any] = {"before (A)": f"{diff[0]} ({len(res.a)} recordings)",
-                             "after (B)": f"{diff[1]} ({len(res.b)} recordings)"}
-    if align:
-        facts["aligned"] = "executor wrapper frames removed inside stacks"
-    facts.update(_meta(meta))
-    facts.setdefault("rendered", _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
-    svg = render(mean_profile(res.b), significance=res.diff, title=title or name,
-                 subtitle=subtitle, provenance=facts, width=width, min_width_px=minwidth,
-                 diff_basis=diff_basis,  # type: ignore[arg-type]
-                 count_name=res.diff.unit)
-    out = Path(output) if output else flamegraphs_dir() / f"{name}.svg"
-    write_svg(svg, out)
-    d = res.diff
-    click.echo(d.describe())
-    for key, basis in (("function", "self"), ("function", "total"), ("path", diff_basis)):
-        hits, n = d.flag_rate(key, basis)  # type: ignore[arg-type]
-        click.echo(f"by {key}, {basis}: {hits} of {n} frames flagged (interval excludes 0)")
-        if key == "function":
-            rows = d.flagged(key, basis).head(10)  # type: ignore[arg-type]
-            if len(rows):
-                click.echo(flagged_text(rows, d.unit))
     click.echo(str(out))
 
 

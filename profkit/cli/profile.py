@@ -70,8 +70,8 @@ def perf_cmd(builds: tuple[str, ...], pid: int | None, dsn: str | None, sql: str
     (red dearer in BUILD_B, blue cheaper, grey otherwise). The same build twice is an
     A/A check."""
     from profkit.experiments.attach import perf_attached_run
-    from profkit.experiments.profile import perf_run
-    from profkit.pg.workloads import workload_label, workload_spec
+    from profkit.experiments.profile import perf_diff_run, perf_run
+    from profkit.pg.workloads import workload_spec
 
     call_graph = "dwarf" if dwarf else "fp"
     if len(builds) > 2:
@@ -86,17 +86,10 @@ def perf_cmd(builds: tuple[str, ...], pid: int | None, dsn: str | None, sql: str
                           "not --pid/--dsn")
         if dwarf:
             raise _Failed("a differential records frame-pointer call graphs: drop --dwarf")
-        from profkit.experiments.flamediff import DEFAULT_RECORDINGS, check_request, record_diff
-        from profkit.experiments.profile import flamegraph_dir
-
-        req = check_request(builds[0], builds[1], workload=workload_spec(workload, query),
-                            scale=scale, mode=mode,
-                            recordings=DEFAULT_RECORDINGS if recordings is None else recordings,
-                            executions=reps, freq=freq, align=not no_align, order_seed=seed)
-        a, b = (arm.label for arm in req.arms)
-        label = workload_label(req.workload)
-        res = record_diff(req, progress=_say, flamegraph=flamegraph_dir(out)
-                          / f"perf-{a}-vs-{b}-{label}-{mode}.svg")
+        res = perf_diff_run(builds[0], builds[1], workload_spec(workload, query),
+                            scale=scale, mode=mode, recordings=recordings, executions=reps,
+                            freq=freq, align=not no_align, order_seed=seed, out=out,
+                            progress=_say)
         click.echo(res.console(top=top_n))
         return
     build = builds[0] if builds else None

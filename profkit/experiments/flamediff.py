@@ -41,7 +41,7 @@ from profkit.errors import ProfkitError
 from profkit.experiments import harness
 from profkit.pg.build import Build, presets
 from profkit.pg.cluster import BENCH_SETTINGS
-from profkit.pg.workloads import check_args, get_workload
+from profkit.pg.workloads import SEED_QUERY_NAMES, check_args, get_workload
 from profkit.render.flamegraph import render, write_svg
 
 Say = Callable[[str], None]
@@ -205,9 +205,8 @@ def record_diff(req: DiffRequest, *, out: str | Path | None = None,
             b = harness.resolve_build(arm, progress=say)
             assert b is not None
             built[arm.label] = b
-    from profkit.experiments.profile import query_name
-
-    qname = query_name(req.workload, req.mode)
+    qname = (SEED_QUERY_NAMES.get(req.mode, req.mode) if req.workload == "nested_loop"
+             else req.mode)
     rows: list[dict[str, Any]] = []
     runs: dict[str, list[rundir.RunDir]] = {a_arm.label: [], b_arm.label: []}
     with rundir.open_run(
@@ -405,5 +404,47 @@ def diff_from_dirs(a_dir: str | Path, b_dir: str | Path, *, align: bool = False,
     return DiffRun(run, None, a, b, diff, perf_runs={la: pa, lb: pb})
 
 
+def aligned(counts: dict[str, float]) -> dict[str, float]:
+    """*counts* with the executor's wrapper frames dropped inside stacks
+    (:func:`profkit.analyze.stacks.drop_frames`): what ``--align`` does to either kind of
+    differential."""
+    return drop_frames(counts)
+
+
+def draw_folders(a_dir: str | Path, b_dir: str | Path, out: Path, *, title: str | None = None,
+                 subtitle: str | None = None, facts: dict[str, Any] | None = None,
+                 width: float = 1200, min_width_px: float = 0.1, basis: str = "self",
+                 align: bool = False, n_boot: int = FD.DEFAULT_N_BOOT,
+                 seed: int = FD.DEFAULT_SEED) -> tuple[DiffRun, Path, str]:
+    """``profkit flamegraph --diff A_DIR B_DIR``: the bootstrap of two folders of
+    recordings, the coloured SVG at *out* and the text the command prints."""
+    import datetime as _dt
+
+    res = diff_from_dirs(a_dir, b_dir, align=align, n_boot=n_boot, seed=seed)
+    a, b = res.labels
+    prov: dict[str, Any] = {"before (A)": f"{a_dir} ({len(res.a)} recordings)",
+                            "after (B)": f"{b_dir} ({len(res.b)} recordings)"}
+    if align:
+        prov["aligned"] = "executor wrapper frames removed inside stacks"
+    prov.update(facts or {})
+    prov.setdefault("rendered", _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
+    svg = render(FD.mean_profile(res.b), significance=res.diff, title=title or f"{a}-vs-{b}",
+                 subtitle=subtitle, provenance=prov, width=width, min_width_px=min_width_px,
+                 diff_basis=basis, count_name=res.diff.unit)  # type: ignore[arg-type]
+    path = write_svg(svg, out)
+    d = res.diff
+    lines = [d.describe()]
+    for key, bs in (("function", "self"), ("function", "total"), ("path", basis)):
+        hits, n = d.flag_rate(key, bs)  # type: ignore[arg-type]
+        lines.append(f"by {key}, {bs}: {hits} of {n} frames flagged (interval excludes 0)")
+        if key == "function":
+            rows = d.flagged(key, bs).head(10)  # type: ignore[arg-type]
+            if len(rows):
+                lines.append(flagged_text(rows, d.unit))
+    lines.append(str(path))
+    return res, path, "\n".join(lines)
+
+
 __all__ = ["DEFAULT_RECORDINGS", "DiffRequest", "DiffRun", "FlameDiffError", "check_request",
-           "diff_from_dirs", "draw", "read_recordings", "record_diff"]
+           "aligned", "diff_from_dirs", "draw", "draw_folders", "read_recordings",
+           "record_diff"]

@@ -42,7 +42,9 @@ from profkit.collect.perf import (
     sample_shortfall,
 )
 from profkit.errors import ProfkitError
+from profkit.experiments import flamediff
 from profkit.parse.callgrind import instr_counts_from_session, parse_callgrind_file
+from profkit.parse.folded import functions_table, instrumentation_share
 from profkit.paths import flamegraphs_dir
 from profkit.pg.build import Build, get_build
 from profkit.pg.cluster import Cluster
@@ -95,9 +97,6 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     then ``query2-vanilla-vs-step3-share-based.svg`` (the share-based differential of the
     pooled samples, labelled so) for the defaults.
     """
-    from profkit.experiments.flamediff import check_request, record_diff
-    from profkit.parse.folded import functions_table, instrumentation_share
-
     say = progress or _say
     if len(builds) != 2:
         raise ProfkitError(f"demo_flamegraphs needs two builds (before, after), got {builds}")
@@ -105,9 +104,9 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     qname = query_name(workload, mode)
     slug = qname.lower().replace("-", "")
     a_name, b_name = builds
-    req = check_request(a_name, b_name, workload=workload, scale=scale, mode=mode,
-                        recordings=recordings, executions=reps)
-    res = record_diff(req, progress=say,
+    req = flamediff.check_request(a_name, b_name, workload=workload, scale=scale, mode=mode,
+                                  recordings=recordings, executions=reps)
+    res = flamediff.record_diff(req, progress=say,
                       title=f"{a_name} → {b_name}: {workload} {qname} (differential, perf, "
                             f"{recordings} recordings each)")
     paths = []
@@ -255,6 +254,23 @@ def perf_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 
                                   f"({', '.join(prof.folding.events)})"],
                       [(f"top {top} functions by self samples:", top_functions(prof, top))],
                       tail, warnings=shortfall_lines(prof, "--freq", "--reps"))
+
+
+def perf_diff_run(a: str, b: str, workload: str, *, scale: float, mode: str,
+                  recordings: int | None = None, executions: int = 1, freq: int = 999,
+                  align: bool = True, order_seed: int | None = None,
+                  out: str | Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> flamediff.DiffRun:
+    """``profkit perf A B``: repeated interleaved recordings of both builds
+    (:func:`profkit.experiments.flamediff.record_diff`), the differential in *out* (or
+    flamegraphs/) as ``perf-A-vs-B-<workload>-<mode>.svg``."""
+    req = flamediff.check_request(
+        a, b, workload=workload, scale=scale, mode=mode,
+        recordings=flamediff.DEFAULT_RECORDINGS if recordings is None else recordings,
+        executions=executions, freq=freq, align=align, order_seed=order_seed)
+    la, lb = (arm.label for arm in req.arms)
+    svg = flamegraph_dir(out) / f"perf-{la}-vs-{lb}-{workload_label(req.workload)}-{mode}.svg"
+    return flamediff.record_diff(req, progress=progress, flamegraph=svg)
 
 
 def shortfall_lines(prof: Any, freq_flag: str, repeat_flag: str | None,
