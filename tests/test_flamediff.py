@@ -352,3 +352,45 @@ def test_check_request_labels_an_aa_pair():
     assert {a.preset for a in req.arms} == {"vanilla"} and req.backends == 3
     with pytest.raises(FlameDiffError, match="backends must be"):
         check_request("vanilla", "step3", recordings=3, backends=4)
+
+
+def _perf_run(folder, rid: str, counts: dict[str, int], *, freq: int = 500,
+              executions: int = 2, query: str = "SELECT 1"):
+    """A folder as record_diff leaves one recording: provenance and folded stacks."""
+    import json
+
+    d = folder / rid
+    d.mkdir(parents=True)
+    (d / "provenance.json").write_text(json.dumps({
+        "run_id": rid, "kind": "perf", "tool": "perf", "executions": executions,
+        "reps": executions, "query": query, "perf": {"freq": freq}}))
+    (d / "stacks.folded").write_text("".join(f"{k} {v}\n" for k, v in counts.items()))
+
+
+def test_read_recordings_of_perf_runs_is_per_execution(tmp_path):
+    from profkit.experiments.flamediff import FlameDiffError, diff_from_dirs, read_recordings
+
+    for i in range(3):
+        _perf_run(tmp_path / "A", f"r{i + 1:02d}",
+                  {"postgres;ExecProcNodeInstr;ExecMaterial": 100, "postgres;x": 50})
+        _perf_run(tmp_path / "B", f"r{i + 1:02d}",
+                  {"postgres;ExecProcNodeInstr;ExecMaterial": 160, "postgres;x": 50})
+    recs, runs = read_recordings(tmp_path / "A", align=True)
+    assert len(recs) == len(runs) == 3
+    # 100 samples at 500 Hz (2 ms each) over 2 executions = 100 ms per execution
+    assert recs[0].scale == 1.0 and recs[0].counts == {"postgres;ExecMaterial": 100.0,
+                                                        "postgres;x": 50.0}
+    res = diff_from_dirs(tmp_path / "A", tmp_path / "B", align=True, n_boot=500)
+    r = res.diff.lookup("function", "self")["ExecMaterial"]
+    assert res.diff.unit == "ms per execution"
+    assert (r["a_mean"], r["b_mean"], r["flag"]) == (100.0, 160.0, 1)
+    assert res.diff.lookup("function", "self")["x"]["flag"] == 0
+    # different queries on the two sides: refused
+    _perf_run(tmp_path / "C", "r01", {"postgres;x": 5}, query="SELECT 2")
+    _perf_run(tmp_path / "C", "r02", {"postgres;x": 5}, query="SELECT 2")
+    with pytest.raises(FlameDiffError, match="same query"):
+        diff_from_dirs(tmp_path / "A", tmp_path / "C")
+    _perf_run(tmp_path / "D", "r01", {"postgres;x": 5}, query="SELECT 2")
+    _perf_run(tmp_path / "D", "r02", {"postgres;x": 5}, query="SELECT 3")
+    with pytest.raises(FlameDiffError, match="different queries"):
+        read_recordings(tmp_path / "D")
