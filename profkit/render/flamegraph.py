@@ -17,13 +17,19 @@ samples of the stacks that pass through it, children sorted by name. What the SV
 - **colours**: a hash of the function name (MD5, so stable across runs and machines)
   picks a colour in a warm palette; the instrumentation family
   (:data:`profkit.parse.folded.INSTRUMENTATION_FUNCTIONS`) is always teal;
-- **differential** (``diff_against=A``): widths from B (the "after" profile), colours
-  from the difference of each frame's samples with A normalised to B's total — red: more
-  samples in B (slower), blue: fewer (faster), intensity proportional to the change, as
-  in FlameGraph's difffolded.pl + flamegraph.pl. By default the difference is of *self*
-  samples (FlameGraph's choice; ``diff_basis="total"`` colours whole subtrees). Frames
-  present only in A cannot be drawn with B's widths; their samples are counted in the
-  subtitle. Instrumentation frames keep a teal outline.
+- **differential from repeated recordings** (``significance=FlameDiff``, *stacks* B's
+  mean profile per execution): a frame is red (dearer in B) or blue (cheaper) only where
+  the bootstrap interval of its change excludes 0, intensity by the size of the change,
+  grey otherwise; the tooltip gives the change with its interval
+  (:mod:`profkit.analyze.flamediff`);
+- **share-based differential** (``diff_against=A``, labelled so in the legend): widths
+  from B (the "after" profile), colours from the difference of each frame's samples with
+  A normalised to B's total — red: more samples in B, blue: fewer, intensity
+  proportional to the change, as in FlameGraph's difffolded.pl + flamegraph.pl. By
+  default the difference is of *self* samples (FlameGraph's choice;
+  ``diff_basis="total"`` colours whole subtrees). Frames present only in A cannot be
+  drawn with B's widths; their samples are counted in the subtitle. Instrumentation
+  frames keep a teal outline.
 
 Several graphs in one HTML page do not interfere: every id, CSS class and the JS API
 object carry a per-graph prefix (a content hash plus a per-process counter). The JS API
