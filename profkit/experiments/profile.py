@@ -83,7 +83,7 @@ def flamegraph_for(counts: dict[str, float], run: Any, path: Path, *, title: str
 def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
                      builds: Sequence[str] = ("vanilla", "step3"),
                      mode: str = "analyze_notiming", workload: str = "nested_loop",
-                     reps: int = 1, recordings: int = 4,
+                     reps: int = 1, recordings: int = 3,
                      progress: Callable[[str], None] | None = None) -> list[Path]:
     """`make demo`'s flamegraphs of *mode* on *builds[0]* (A) and *builds[1]* (B), from
     *recordings* interleaved perf recordings per build (*reps* executions each, each
