@@ -274,7 +274,7 @@ def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
     from profkit.experiments.profile import demo_flamegraphs
 
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path / "profiles"))
-    paths = demo_flamegraphs(tmp_path / "fg", scale=0.01, builds=("vanilla", "vanilla"),
+    paths = demo_flamegraphs(tmp_path / "fg", scale=0.02, builds=("vanilla", "vanilla"),
                              reps=1, recordings=2, progress=lambda _m: None)
     assert [p.name for p in paths] == ["query2-vanilla.svg", "query2-vanilla.svg",
                                        "query2-vanilla-vs-vanilla.svg",
