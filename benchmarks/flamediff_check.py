@@ -43,9 +43,9 @@ TARGET = "ExecMaterial"
 COMBOS = (("path", "self"), ("path", "total"), ("function", "self"), ("function", "total"))
 
 
-def spin_spec() -> BuildSpec:
-    return BuildSpec(SPIN_BUILD, patches=(str(SPIN_PATCH),),
-                     description="vanilla + a known cost in ExecMaterial (test patch)")
+def spin_spec(name: str = SPIN_BUILD, patch: Path = SPIN_PATCH) -> BuildSpec:
+    return BuildSpec(name, patches=(str(patch),),
+                     description="vanilla + a known cost (test patch)")
 
 
 def rate_line(hits: int, n: int) -> str:
@@ -53,19 +53,19 @@ def rate_line(hits: int, n: int) -> str:
     return f"{hits} of {n} = {hits / n:.2%} [Wilson 95 %: {lo:.2%}, {hi:.2%}]" if n else "none"
 
 
-def known_cost_figures(res: DiffRun) -> dict[str, Any]:
-    """What the known-cost check asserts, from one comparison vanilla → spin."""
+def known_cost_figures(res: DiffRun, target: str = TARGET) -> dict[str, Any]:
+    """What the known-cost check asserts, from one comparison vanilla → the patch."""
     d = res.diff
     out: dict[str, Any] = {"run": str(res.run.path)}
     for basis in ("self", "total"):
-        r = d.lookup("function", basis).get(TARGET)
+        r = d.lookup("function", basis).get(target)
         out[f"function_{basis}"] = None if r is None else {
             k: (float(r[k]) if k not in ("flag",) else int(r[k]))
             for k in ("a_mean", "b_mean", "change", "low", "high", "change_pct", "pct_low",
                       "pct_high", "flag")}
     ps = d.rows("path", "self")
-    mine = ps[ps["frame"].str.endswith(";" + TARGET)]
-    other = ps[~ps["frame"].str.endswith(";" + TARGET)]
+    mine = ps[ps["frame"].str.endswith(";" + target)]
+    other = ps[~ps["frame"].str.endswith(";" + target)]
     out["paths_target"] = int(len(mine))
     out["paths_target_dearer"] = int((mine["flag"] > 0).sum())
     out["other_paths"] = int(len(other))
@@ -87,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freq", type=int, default=999)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--cost-patch", type=Path, default=SPIN_PATCH,
+                    help="the known-cost patch (default: material-spin.patch)")
+    ap.add_argument("--cost-build", default=SPIN_BUILD, help="its build's name")
+    ap.add_argument("--target", default=TARGET, help="the function the patch makes dearer")
+    ap.add_argument("--cost-mode", default=None, help="mode of the known-cost runs "
+                    "(default: --mode)")
     args = ap.parse_args(argv)
 
     out = args.out or Path(tempfile.mkdtemp(prefix="flamediff-check-"))
@@ -124,23 +130,25 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{h}/{m}" for h, m in per))
 
     # ---- known cost
-    spin = get_build(spin_spec()) if args.cost_repeats else None
+    spin = get_build(spin_spec(args.cost_build, args.cost_patch)) if args.cost_repeats else None
+    target = args.target
+    cost_common = {**common, "mode": args.cost_mode or args.mode}
     costs = []
     for i in range(args.cost_repeats):
         t0 = time.monotonic()
-        req = check_request("vanilla", f"spin={SPIN_BUILD}", order_seed=2000 + i,
-                            known=[SPIN_BUILD], **common)
+        req = check_request("vanilla", f"spin={args.cost_build}", order_seed=2000 + i,
+                            known=[args.cost_build], **cost_common)
         res = record_diff(req, base=out, builds={"vanilla": vanilla, "spin": spin})
-        fig = known_cost_figures(res)
+        fig = known_cost_figures(res, target)
         costs.append(fig)
         fs = fig["function_self"] or {}
         ft = fig["function_total"] or {}
-        print(f"known cost {i + 1} ({time.monotonic() - t0:.0f} s): {TARGET} self "
+        print(f"known cost {i + 1} ({time.monotonic() - t0:.0f} s): {target} self "
               f"{fs.get('a_mean', 0):.3f} → {fs.get('b_mean', 0):.3f} ms/exec, change "
               f"{fs.get('change', 0):+.3f} [{fs.get('low', 0):+.3f}, {fs.get('high', 0):+.3f}] "
               f"= {fs.get('change_pct', 0):+.1f} %, flag {fs.get('flag')}; total change "
               f"{ft.get('change', 0):+.3f} [{ft.get('low', 0):+.3f}, {ft.get('high', 0):+.3f}]"
-              f", flag {ft.get('flag')}; stack paths ending in {TARGET} dearer "
+              f", flag {ft.get('flag')}; stack paths ending in {target} dearer "
               f"{fig['paths_target_dearer']}/{fig['paths_target']}; other paths flagged "
               f"{fig['other_paths_flagged']}/{fig['other_paths']}", flush=True)
         for line in fig["other_flagged_frames"]:
@@ -150,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         found = sum(1 for c in costs if (c["function_self"] or {}).get("flag") == 1)
         oth = sum(c["other_paths_flagged"] for c in costs)
         n_oth = sum(c["other_paths"] for c in costs)
-        print(f"known cost: {TARGET} (function, self) flagged dearer in {found} of "
+        print(f"known cost: {target} (function, self) flagged dearer in {found} of "
               f"{len(costs)} runs; other stack paths flagged: {rate_line(oth, n_oth)}")
         figures["known_cost_summary"] = {"found": found, "runs": len(costs),
                                          "other_flagged": oth, "other_n": n_oth}
