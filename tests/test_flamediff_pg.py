@@ -106,6 +106,27 @@ def test_known_cost_is_flagged_and_the_rest_mostly_grey(spin_diff):
     assert spin_diff.run.provenance["bootstrap"]["seed"] == 0
 
 
+def test_a_second_clock_read_is_flagged(tmp_path):
+    """Another known cost, on the build test_custom_build.py makes (a second clock read in
+    every InstrStopNode), on Query-3: the extra reads land in the __vdso_clock_gettime
+    frames (frame-pointer unwinding through the vDSO skips InstrStopNode itself), which
+    are flagged dearer; the other frames stay mostly grey."""
+    from profkit.experiments.flamediff import check_request, record_diff
+
+    name = "test-pk15-double-clock"
+    dc = get_build(BuildSpec(name, patches=(str(FIXTURES / "instrstop-double-clock.patch"),)))
+    req = check_request("vanilla", f"dc={name}", scale=0.02, mode="analyze_timing",
+                        recordings=3, executions=2, order_seed=5, known=[name])
+    res = record_diff(req, base=tmp_path, builds={"vanilla": get_build("vanilla"), "dc": dc})
+    r = res.diff.lookup("function", "self")["__vdso_clock_gettime"]
+    print(f"__vdso_clock_gettime self: {r['change']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]"
+          f" ms/exec ({r['change_pct']:+.1f} %)")
+    assert r["flag"] == 1 and r["low"] > 0
+    ps = res.diff.rows("path", "self")
+    other = ps[~ps["frame"].str.endswith("__vdso_clock_gettime")]
+    assert (other["flag"] != 0).mean() <= 0.10, other[other["flag"] != 0]
+
+
 @pytest.mark.browser
 def test_known_cost_svg_in_chromium(spin_diff, tmp_path_factory):
     """The known-cost SVG photographed: grey frames, ExecMaterial red, its hover text in
