@@ -102,7 +102,7 @@ def test_a_frame_seen_a_handful_of_times_is_not_flagged():
         d = bootstrap_diff(a, b, n_boot=4000, seed=3, keys=("path",), bases=("self",),
                            poisson=poisson)
         rare, real = d.lookup()["main;rare"], d.lookup()["main;real"]
-        assert rare["flag"] == 0 and rare["low"] < 0 < rare["high"], poisson
+        assert rare["flag"] == 0 and rare["low"] <= 0 < rare["high"], poisson
         assert real["flag"] == 1 and real["low"] > 0, poisson
         assert d.lookup()["main;x"]["flag"] == 0
 
@@ -394,3 +394,22 @@ def test_read_recordings_of_perf_runs_is_per_execution(tmp_path):
     _perf_run(tmp_path / "D", "r02", {"postgres;x": 5}, query="SELECT 3")
     with pytest.raises(FlameDiffError, match="different queries"):
         read_recordings(tmp_path / "D")
+
+
+def test_svg_draws_what_only_a_had_at_a_width():
+    """union_profile: a frame that vanished (ExecProcNodeInstr in step3) is drawn at A's
+    width and shows blue when its interval excludes 0."""
+    from profkit.analyze.flamediff import union_profile
+
+    a = _same({"main;x": 500.0, "main;gone;deep": 300.0}, 3)
+    b = _same({"main;x": 500.0}, 3)
+    d = bootstrap_diff(a, b, n_boot=500, seed=0)
+    assert union_profile(a, b) == {"main;x": 500.0, "main;gone;deep": 300.0}
+    svg = render(union_profile(a, b), significance=d, min_width_px=0)
+    deep = _frame(svg, "deep")
+    assert 'data-flag="-1"' in deep and "(300.0 samples/rec only in A," in deep
+    import html
+
+    flat = html.unescape(re.sub(r"</?tspan[^>]*>", " ", svg).replace("  ", " "))
+    assert "and A's for the frames only A has (300.0 samples/rec, 1 of them flagged)" in flat
+    assert "not drawn" not in flat

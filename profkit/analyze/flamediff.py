@@ -140,6 +140,16 @@ def mean_profile(recordings: Sequence[Recording]) -> dict[str, float]:
     return out
 
 
+def union_profile(a: Sequence[Recording], b: Sequence[Recording]) -> dict[str, float]:
+    """What a differential draws: B's mean per stack, plus A's mean for the stacks B never
+    has (so a frame that vanished is drawn, at A's width, and can show as cheaper)."""
+    out = mean_profile(b)
+    for stack, v in mean_profile(a).items():
+        if stack not in out:
+            out[stack] = v
+    return out
+
+
 def _matrix(recs: Sequence[Recording], frames: Sequence[str], key: Key, basis: Basis
             ) -> np.ndarray:
     idx = {f: i for i, f in enumerate(frames)}
@@ -327,6 +337,9 @@ def bootstrap_diff(a: Sequence[Recording], b: Sequence[Recording], *,
                     with np.errstate(divide="ignore", invalid="ignore"):
                         plo[j] = np.where(ma[j] > 0, lo[j] / ma[j] * 100.0, np.nan)
                         phi[j] = np.where(ma[j] > 0, hi[j] / ma[j] * 100.0, np.nan)
+            # B's time cannot go below 0: a frame is at most 100 % cheaper
+            lo, hi = np.maximum(lo, -ma), np.maximum(hi, -ma)
+            plo, phi = np.fmax(plo, -100.0), np.fmax(phi, -100.0)
             change = mb - ma
             with np.errstate(divide="ignore", invalid="ignore"):
                 pct = np.where(ma > 0, change / ma * 100.0, np.nan)

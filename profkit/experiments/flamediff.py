@@ -321,7 +321,7 @@ def draw(res: DiffRun, path: str | Path, *, title: str, basis: str = "self",
         facts["aligned"] = ("wrapper frames " + "/".join(sorted(EXECUTOR_WRAPPERS))
                             + " removed inside stacks")
     facts.update(extra or {})
-    svg = render(FD.mean_profile(res.b), title=title, provenance=facts,
+    svg = render(FD.union_profile(res.a, res.b), title=title, provenance=facts,
                  significance=res.diff, diff_basis=basis,  # type: ignore[arg-type]
                  count_name=("ms per execution" if res.diff.unit == "ms per execution"
                              else "samples per recording"))
@@ -428,7 +428,8 @@ def draw_folders(a_dir: str | Path, b_dir: str | Path, out: Path, *, title: str 
         prov["aligned"] = "executor wrapper frames removed inside stacks"
     prov.update(facts or {})
     prov.setdefault("rendered", _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
-    svg = render(FD.mean_profile(res.b), significance=res.diff, title=title or f"{a}-vs-{b}",
+    svg = render(FD.union_profile(res.a, res.b), significance=res.diff,
+                 title=title or f"{a}-vs-{b}",
                  subtitle=subtitle, provenance=prov, width=width, min_width_px=min_width_px,
                  diff_basis=basis, count_name=res.diff.unit)  # type: ignore[arg-type]
     path = write_svg(svg, out)

@@ -419,15 +419,13 @@ class _SigView:
         self.rows = {b: diff.lookup("path", b) for b in ("self", "total")}
         self.unit = "ms/exec" if diff.unit == "ms per execution" else "samples/rec"
         total = self.rows["total"]
-        # paths only A has, counted at their top-most missing frame
-        self.only_a = 0.0
-        self.only_a_flagged = 0
-        for path, r in total.items():
-            if r["b_present"] == 0 and r["a_mean"] > 0:
-                parent = path.rpartition(";")[0]
-                if not parent or total.get(parent, {}).get("b_present", 0) > 0:
-                    self.only_a += float(r["a_mean"])
-                    self.only_a_flagged += int(r["flag"] != 0)
+        # paths only A has, at their top-most missing frame (drawn or not: see legend)
+        self.only_a_tops = [
+            path for path, r in total.items()
+            if r["b_present"] == 0 and r["a_mean"] > 0 and (
+                not path.rpartition(";")[0]
+                or total.get(path.rpartition(";")[0], {}).get("b_present", 0) > 0)]
+        self.drawn: set[str] = set()
 
     def max_abs(self, keys: Sequence[str | None]) -> float:
         rows = self.rows[self.basis]
@@ -436,13 +434,22 @@ class _SigView:
 
     def legend(self) -> str:
         d = self.diff
+        total = self.rows["total"]
+        drawn = [p for p in self.only_a_tops if p in self.drawn]
+        missing = [p for p in self.only_a_tops if p not in self.drawn]
         text = (f"repeated recordings, {d.n_a} A + {d.n_b} B, {d.unit}: red = dearer in B, "
                 f"blue = cheaper, coloured only where the {d.confidence:.0%} bootstrap "
                 f"interval of the {self.basis} change excludes 0, grey otherwise "
                 f"({d.n_boot} resamples, seed {d.seed}); widths: B's mean")
-        if self.only_a > 0:
-            text += (f"; {_plain(self.only_a)} {self.unit} only in A, not drawn"
-                     f" ({self.only_a_flagged} of those frames flagged)")
+        if drawn:
+            ms = sum(float(total[p]["a_mean"]) for p in drawn)
+            text += (f", and A's for the frames only A has ({_plain(ms)} {self.unit}, "
+                     f"{sum(int(total[p]['flag'] != 0) for p in drawn)} of them flagged)")
+        if missing:
+            ms = sum(float(total[p]["a_mean"]) for p in missing)
+            text += (f"; {_plain(ms)} {self.unit} only in A, not drawn"
+                     f" ({sum(int(total[p]['flag'] != 0) for p in missing)} of those frames "
+                     "flagged)")
         return text
 
     def meta(self) -> dict[str, Any]:
@@ -471,7 +478,9 @@ class _SigView:
             r = self.rows[self.basis].get(f.key or "")
             fill = (significance_color(float(r["change"]), int(r["flag"]), max_abs)
                     if r is not None else NOT_SIGNIFICANT_COLOR)
-        head = f"{name} ({_plain(f.w)} {self.unit} in B, {pct:.2f}%)"
+        tot = self.rows["total"].get(f.key or "")
+        where = "only in A" if tot is not None and tot["b_present"] == 0 else "in B"
+        head = f"{name} ({_plain(f.w)} {self.unit} {where}, {pct:.2f}%)"
         if f.depth == 0:
             return fill, head, ""
         tip = f"{head}; {self._part('self', f.key)}; {self._part('total', f.key)}"
@@ -521,12 +530,12 @@ def render(
     ``inverted``: an icicle graph (the root at the top, callees below).
 
     ``significance``: a :class:`profkit.analyze.flamediff.FlameDiff` of repeated
-    recordings; *stacks* is then B's mean profile (:func:`~profkit.analyze.flamediff.
-    mean_profile`, ms per execution) and each frame is coloured only where the
-    interval of its change on *diff_basis* (by stack path) excludes 0: red dearer in B,
-    blue cheaper, intensity by the size of the change; grey otherwise. Its tooltip gives
-    the change with its interval, in the unit and in %, self and total. Not together
-    with ``diff_against`` (the share-based differential).
+    recordings; *stacks* is then B's mean profile, with A's for the stacks only A has
+    (:func:`~profkit.analyze.flamediff.union_profile`, ms per execution), and each
+    frame is coloured only where the interval of its change on *diff_basis* (by stack
+    path) excludes 0: red dearer in B, blue cheaper, intensity by the size of the
+    change; grey otherwise. Its tooltip gives the change with its interval, in the unit
+    and in %, self and total. Not together with ``diff_against`` (the share-based differential).
     """
     width = check_size("width", width, minimum=100)
     frame_height = check_size("frame height", frame_height, minimum=1)
@@ -574,6 +583,7 @@ def render(
         if lost_a > 0:
             legend += f"; {_num(round(lost_a, 1))} only before, not drawn"
     if sig is not None:
+        sig.drawn = {f.key for f in frames if f.key}
         max_abs = sig.max_abs([f.key for f in frames if f.depth > 0 and not f.merged])
         legend = sig.legend()
     if merged:
