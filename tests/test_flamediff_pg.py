@@ -106,18 +106,26 @@ def test_known_cost_is_flagged_and_the_rest_mostly_grey(spin_diff):
     assert spin_diff.run.provenance["bootstrap"]["seed"] == 0
 
 
-def test_a_second_clock_read_is_flagged(tmp_path):
-    """Another known cost, on the build test_custom_build.py makes (a second clock read in
-    every InstrStopNode), on Query-3: the extra reads land in the __vdso_clock_gettime
-    frames (frame-pointer unwinding through the vDSO skips InstrStopNode itself), which
-    are flagged dearer; the other frames stay mostly grey."""
+@pytest.fixture(scope="module")
+def clock_diff(tmp_path_factory):
+    """vanilla → the build test_custom_build.py makes (a second clock read in every
+    InstrStopNode), Query-3, 3 recordings each of 2 executions."""
     from profkit.experiments.flamediff import check_request, record_diff
 
     name = "test-pk15-double-clock"
     dc = get_build(BuildSpec(name, patches=(str(FIXTURES / "instrstop-double-clock.patch"),)))
     req = check_request("vanilla", f"dc={name}", scale=0.02, mode="analyze_timing",
                         recordings=3, executions=2, order_seed=5, known=[name])
-    res = record_diff(req, base=tmp_path, builds={"vanilla": get_build("vanilla"), "dc": dc})
+    return record_diff(req, base=tmp_path_factory.mktemp("flamediff-clock"),
+                       builds={"vanilla": get_build("vanilla"), "dc": dc},
+                       flamegraph=ARTIFACTS / "flamediff-double-clock.svg")
+
+
+def test_a_second_clock_read_is_flagged(clock_diff):
+    """Another known cost: the extra reads land in the __vdso_clock_gettime frames
+    (frame-pointer unwinding through the vDSO skips InstrStopNode itself), which are
+    flagged dearer; the other frames stay mostly grey."""
+    res = clock_diff
     r = res.diff.lookup("function", "self")["__vdso_clock_gettime"]
     print(f"__vdso_clock_gettime self: {r['change']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]"
           f" ms/exec ({r['change_pct']:+.1f} %)")
@@ -127,38 +135,61 @@ def test_a_second_clock_read_is_flagged(tmp_path):
     assert (other["flag"] != 0).mean() <= 0.10, other[other["flag"] != 0]
 
 
-@pytest.mark.browser
-def test_known_cost_svg_in_chromium(spin_diff, tmp_path_factory):
-    """The known-cost SVG photographed: grey frames, ExecMaterial red, its hover text in
-    the details line."""
+def _photograph(svg: Path, target: str, png: Path, profile: Path) -> tuple[list, str]:
+    """Open *svg* in headless Chromium, hover the widest flagged *target* frame, take a
+    screenshot; (every frame's [name, flag, fill], the details line)."""
     import websocket  # noqa: F401  (dev extra: websocket-client)
     from test_flamegraph import Browser
 
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     assert os.path.exists(chromium), "chromium is not installed: run scripts/setup-system.sh"
-    svg = spin_diff.svg
-    b = Browser(tmp_path_factory.mktemp("chromium-profile"), size=(1200, 1000))
+    b = Browser(profile, size=(1200, 1000))
     try:
         b.open(svg.resolve().as_uri(), "document.querySelector('g[data-flag]') !== null")
         fills = b.eval("Array.from(document.querySelectorAll('g[data-n]')).map(function(g){"
                        "return [g.getAttribute('data-n'), g.getAttribute('data-flag'),"
                        "g.querySelector('rect').getAttribute('fill')]})")
         box = b.eval("(function(){var g=Array.from(document.querySelectorAll("
-                     "'g[data-n=\"ExecMaterial\"][data-flag=\"1\"]')).sort(function(a,c){"
+                     f"'g[data-n=\"{target}\"][data-flag=\"1\"]')).sort(function(a,c){{"
                      "return c.getBoundingClientRect().width-a.getBoundingClientRect().width})[0];"
                      "var r=g.querySelector('rect').getBoundingClientRect();"
                      "return [r.left+Math.min(r.width/2, 20), r.top+r.height/2];})()")
         assert isinstance(box, list)
         b.call("Input.dispatchMouseEvent", type="mouseMoved", x=box[0], y=box[1])
         details = b.eval("document.querySelector('[id$=\"-details\"]').textContent")
-        png = b.screenshot(ARTIFACTS / "flamediff-material-spin.png")
+        shot = b.screenshot(png)
     finally:
         b.close()
-    assert png.stat().st_size > 10_000
-    assert isinstance(fills, list)
+    assert shot.stat().st_size > 10_000
+    assert isinstance(fills, list) and isinstance(details, str)
+    return fills, details
+
+
+@pytest.mark.browser
+def test_clock_cost_svg_in_chromium(clock_diff, tmp_path_factory):
+    """The double-clock differential photographed (tests/artifacts/flamediff-double-clock.png):
+    grey frames, the __vdso_clock_gettime frames red, the hover text in the details line."""
+    fills, details = _photograph(clock_diff.svg, "__vdso_clock_gettime",
+                                 ARTIFACTS / "flamediff-double-clock.png",
+                                 tmp_path_factory.mktemp("chromium-profile"))
+    grey = [f for f in fills if f[2] == "rgb(221,221,221)"]
+    red = [f for f in fills if f[1] == "1"]
+    assert any(f[0] == "__vdso_clock_gettime" and f[2].startswith("rgb(255,") for f in red)
+    assert len(grey) > 3 * len(red)
+    assert details.startswith("__vdso_clock_gettime")
+    assert "ms/exec" in details and "dearer" in details and "%" in details
+
+
+@pytest.mark.browser
+def test_known_cost_svg_in_chromium(spin_diff, tmp_path_factory):
+    """The known-cost SVG photographed (tests/artifacts/flamediff-material-spin.png): grey
+    frames, ExecMaterial red, its hover text in the details line."""
+    fills, details = _photograph(spin_diff.svg, "ExecMaterial",
+                                 ARTIFACTS / "flamediff-material-spin.png",
+                                 tmp_path_factory.mktemp("chromium-profile"))
     grey = [f for f in fills if f[2] == "rgb(221,221,221)"]
     red = [f for f in fills if f[1] == "1"]
     assert any(f[0] == "ExecMaterial" and f[2].startswith("rgb(255,") for f in red)
     assert len(grey) > 3 * len(red)
-    assert isinstance(details, str) and details.startswith("ExecMaterial")
+    assert details.startswith("ExecMaterial")
     assert "ms/exec" in details and "dearer" in details and "%" in details
