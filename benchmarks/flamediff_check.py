@@ -16,6 +16,24 @@ Everything goes through :func:`profkit.experiments.flamediff.record_diff` (the e
 that ``profkit perf A B`` and ``make demo`` use). The runs stay in *--out* (default a
 temporary folder); the figures are written as JSON with ``--json``.
 
+Measured here (taken under load: a 2-vCPU VM shared with other work and PostgreSQL
+builds; 4 + 4 recordings of 2 executions of Query-2, nested_loop at scale 0.02, perf at
+999 Hz; ~90 s per comparison, most of it cluster starts):
+
+- A/A, ``--aa-repeats 4 --cost-repeats 0`` (``results/flamediff_check_aa.json``): no
+  frame flagged in any repeat: 0 of 249 stack paths (self) [Wilson 95 %: 0, 1.5 %], 0 of
+  776 (total), 0 of 157 functions (self) [0, 2.4 %], 0 of 555 (total);
+- known cost, the cached double-clock build (``--cost-build test-pk15-double-clock
+  --cost-patch tests/fixtures/patches/instrstop-double-clock.patch --target
+  InstrStopNode --cost-mode analyze_timing --cost-repeats 2``,
+  ``results/flamediff_check_double_clock.json``): the second clock read shows in the
+  ``__vdso_clock_gettime`` frames (frame-pointer unwinding through the vDSO skips
+  InstrStopNode), flagged dearer in both runs, +23 to +27 ms per execution with
+  intervals excluding 0; InstrStopNode's own frame unchanged; 5 of 176 other stack
+  paths flagged (2.8 %);
+- known cost, material-spin.patch: not measured yet (its build waited behind other
+  builds past the deadline).
+
 Usage::
 
     .venv/bin/python benchmarks/flamediff_check.py --aa-repeats 4 --cost-repeats 3 \\
