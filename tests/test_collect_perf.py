@@ -267,25 +267,31 @@ def test_cli_perf(monkeypatch, tmp_path, vanilla_build) -> None:
 
 
 def test_demo_flamegraphs(monkeypatch, tmp_path, vanilla_build) -> None:
-    """`make demo`'s three SVGs. The demo's builds are vanilla and step3; here vanilla
-    twice (the step3 build is the patch library's, built by `make demo`), which checks
-    the plumbing: two recordings, two plain graphs, one differential."""
+    """`make demo`'s SVGs. The demo's builds are vanilla and step3; here vanilla twice
+    (the step3 build is the patch library's, built by `make demo`), which checks the
+    plumbing: one run of interleaved recordings, two pooled graphs, the differential from
+    repeated recordings, the icicle, the merge and the share-based differential."""
     from profkit.experiments.profile import demo_flamegraphs
 
     monkeypatch.setenv("PROFKIT_PROFILES", str(tmp_path / "profiles"))
-    paths = demo_flamegraphs(tmp_path / "fg", scale=0.01, builds=("vanilla", "vanilla"),
-                             reps=1, progress=lambda _m: None)
+    paths = demo_flamegraphs(tmp_path / "fg", scale=0.02, builds=("vanilla", "vanilla"),
+                             reps=1, recordings=2, progress=lambda _m: None)
     assert [p.name for p in paths] == ["query2-vanilla.svg", "query2-vanilla.svg",
                                        "query2-vanilla-vs-vanilla.svg",
-                                       "query2-vanilla-icicle.svg", "query2-merged.svg"]
+                                       "query2-vanilla-icicle.svg", "query2-merged.svg",
+                                       "query2-vanilla-vs-vanilla-share-based.svg"]
     assert "(icicle)" in paths[3].read_text()
     merged = paths[4].read_text()
     assert "merged runs: vanilla (" in merged and "each run scaled to the mean total" in merged
     diff = paths[2].read_text()
-    assert 'data-diff="1"' in diff and "before (A)" in diff
+    assert 'data-diff="2"' in diff and "before (A)" in diff and "2 A + 2 B" in diff
+    assert "bootstrap interval of the self change excludes 0" in diff
+    shares = paths[5].read_text()
+    assert 'data-diff="1"' in shares and "share-based differential" in shares
     plain = paths[0].read_text()
-    assert "Query-2" in plain and "instrumentation" in plain
-    assert len(list((tmp_path / "profiles").iterdir())) == 2
+    assert "Query-2" in plain and "instrumentation" in plain and "2 recordings pooled" in plain
+    runs = list((tmp_path / "profiles").iterdir())
+    assert len(runs) == 1 and len(list((runs[0] / "recordings").iterdir())) == 2
 
 
 @pytest.mark.browser

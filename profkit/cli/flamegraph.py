@@ -15,6 +15,7 @@ import click
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
+from profkit.paths import flamegraphs_dir
 
 
 def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -29,9 +30,20 @@ def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("flamegraph")
 @click.argument("stacks", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--diff", "diff", nargs=2, type=click.Path(dir_okay=False, exists=True),
+@click.option("--diff", "diff", nargs=2, type=click.Path(exists=True),
               default=None, metavar="A B",
-              help="Differential: widths from B, red/blue = more/fewer samples than A.")
+              help="Differential, widths from B. Two folders of repeated recordings (e.g. "
+                   "<run>/recordings/vanilla and .../step3 of `profkit perf A B`): per "
+                   "execution, coloured only where the bootstrap interval of the change "
+                   "excludes 0. Two files: share-based (red/blue = more/fewer samples than "
+                   "A as a share of each total; no interval).")
+@click.option("--align", is_flag=True,
+              help="With --diff: drop the executor's wrapper frames (ExecProcNodeInstr...) "
+                   "inside the stacks of both sides so plan nodes line up.")
+@click.option("--resamples", type=int, default=4000, show_default=True,
+              help="With --diff of folders: bootstrap resamples.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="With --diff of folders: the bootstrap's seed.")
 @click.option("--merge", is_flag=True,
               help="Merge the STACKS files (runs) into one graph, each run normalised to the "
                    "same total.")
@@ -59,9 +71,13 @@ def _meta(pairs: tuple[str, ...]) -> dict[str, str]:
 def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge: bool,
                    by_run: bool, icicle: bool, output: str | None, title: str | None,
                    subtitle: str | None, meta: tuple[str, ...], meta_json: str | None,
-                   width: float, minwidth: float, diff_basis: str, vdso: str | None) -> None:
+                   width: float, minwidth: float, diff_basis: str, vdso: str | None,
+                   align: bool, resamples: int, seed: int) -> None:
     """Render folded stacks or `perf script` text (STACKS; `-` reads stdin) as an
-    interactive SVG; --diff A B: B against A; --merge A B C: several runs in one graph."""
+    interactive SVG; --diff A B: B against A (two folders of repeated recordings: with
+    bootstrap intervals; two files: share-based); --merge A B C: several runs in one
+    graph."""
+    from profkit.experiments.flamediff import aligned, draw_folders
     from profkit.render.flamegraph import (
         RenderError,
         check_size,
@@ -87,6 +103,23 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
         raise _Failed("--merge needs at least two inputs")
     if by_run and not merge:
         raise _Failed("--by-run goes with --merge")
+    if align and not diff:
+        raise _Failed("--align goes with --diff")
+    if diff and sum(Path(x).is_dir() for x in diff) == 1:
+        raise _Failed("--diff A B: give two folders of recordings or two files, not one of "
+                      "each")
+    if diff and Path(diff[0]).is_dir():
+        if resamples < 100:
+            raise _Failed(f"--resamples must be at least 100, got {resamples}")
+        a_dir, b_dir = diff
+        out = Path(output) if output else \
+            flamegraphs_dir() / f"{Path(a_dir).name}-vs-{Path(b_dir).name}.svg"
+        _res, _path, text = draw_folders(a_dir, b_dir, out, title=title, subtitle=subtitle,
+                                         facts=_meta(meta), width=width,
+                                         min_width_px=minwidth, basis=diff_basis,
+                                         align=align, n_boot=resamples, seed=seed)
+        click.echo(text)
+        return
     if stacks.count("-") > 1:
         raise _Failed("stdin (-) can be read once")
     from profkit.experiments.stacks import perf_reading
@@ -107,6 +140,8 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
     if diff:
         a_path, b_path = diff
         a, b = _load(a_path, kw), _load(b_path, kw)
+        if align:
+            a, b = aligned(a), aligned(b)
         name = f"{_stem(a_path)}-vs-{_stem(b_path)}"
         provenance.setdefault("before (A)", Path(a_path).name)
         provenance.setdefault("after (B)", Path(b_path).name)
@@ -132,8 +167,6 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
                  provenance=provenance, width=width, min_width_px=minwidth,
                  diff_basis=diff_basis, inverted=icicle,  # type: ignore[arg-type]
                  count_name=count_name)
-    from profkit.paths import flamegraphs_dir
-
     out = Path(output) if output else flamegraphs_dir() / f"{name}.svg"
     write_svg(svg, out)
     click.echo(str(out))

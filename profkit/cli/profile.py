@@ -20,7 +20,7 @@ MODES = tuple(EXPLAIN_PREFIX)
 
 
 @click.command("perf")
-@click.argument("build", required=False)
+@click.argument("builds", nargs=-1, metavar="[BUILD [BUILD_B]]")
 @click.option("--pid", type=int, default=None,
               help="Record this backend of a server profkit did not start, for --seconds.")
 @click.option("--dsn", default=None,
@@ -41,25 +41,59 @@ MODES = tuple(EXPLAIN_PREFIX)
 @click.option("--freq", type=int, default=999, show_default=True, help="Samples per second.")
 @click.option("--dwarf", is_flag=True, help="--call-graph dwarf instead of frame pointers.")
 @click.option("--reps", type=int, default=1, show_default=True,
-              help="Run the query this many times while recording.")
+              help="Run the query this many times while recording (with two builds: in "
+                   "each recording).")
+@click.option("--recordings", type=int, default=None, metavar="N",
+              help="With two builds: recordings per build, interleaved, each on a fresh "
+                   "cluster and backend (default 4).")
+@click.option("--no-align", is_flag=True,
+              help="With two builds: keep the executor's wrapper frames inside stacks "
+                   "(default: dropped so plan nodes line up).")
+@click.option("--seed", type=int, default=None,
+              help="With two builds: the seed of the recording order (default: random).")
 @click.option("--no-stat", is_flag=True, help="Skip perf stat.")
 @click.option("--top", "top_n", type=int, default=10, show_default=True,
               help="Functions printed (by self share).")
 @click.option("--out", default=None, help="Flamegraph directory (default: flamegraphs/).")
 @_friendly
-def perf_cmd(build: str | None, pid: int | None, dsn: str | None, sql: str | None,
+def perf_cmd(builds: tuple[str, ...], pid: int | None, dsn: str | None, sql: str | None,
              seconds: float, workload: str, query: str | None, scale: float, mode: str,
-             freq: int, dwarf: bool, reps: int, no_stat: bool, top_n: int,
-             out: str | None) -> None:
+             freq: int, dwarf: bool, reps: int, recordings: int | None, no_align: bool,
+             seed: int | None, no_stat: bool, top_n: int, out: str | None) -> None:
     """Record a backend running a workload's query with perf; flamegraph + top functions.
 
     BUILD: a profkit build (its own throwaway cluster); or --pid / --dsn: a backend of a
-    server profkit did not start (nothing on it is changed)."""
+    server profkit did not start (nothing on it is changed).
+
+    BUILD BUILD_B: a differential from repeated recordings (--recordings N per build,
+    interleaved, each on its own cluster and backend), compared in time per execution: a
+    frame is coloured only where the bootstrap interval of its change excludes 0
+    (red dearer in BUILD_B, blue cheaper, grey otherwise). The same build twice is an
+    A/A check."""
     from profkit.experiments.attach import perf_attached_run
-    from profkit.experiments.profile import perf_run
+    from profkit.experiments.profile import perf_diff_run, perf_run
     from profkit.pg.workloads import workload_spec
 
     call_graph = "dwarf" if dwarf else "fp"
+    if len(builds) > 2:
+        raise _Failed(f"{len(builds)} builds: give one BUILD, or two (BUILD BUILD_B) for a "
+                      "differential")
+    two = len(builds) == 2
+    if not two and (recordings is not None or no_align or seed is not None):
+        raise _Failed("--recordings, --no-align and --seed go with two builds (BUILD BUILD_B)")
+    if two:
+        if pid is not None or dsn is not None:
+            raise _Failed("a differential records builds profkit starts: give two builds, "
+                          "not --pid/--dsn")
+        if dwarf:
+            raise _Failed("a differential records frame-pointer call graphs: drop --dwarf")
+        res = perf_diff_run(builds[0], builds[1], workload_spec(workload, query),
+                            scale=scale, mode=mode, recordings=recordings, executions=reps,
+                            freq=freq, align=not no_align, order_seed=seed, out=out,
+                            progress=_say)
+        click.echo(res.console(top=top_n))
+        return
+    build = builds[0] if builds else None
     if pid is not None or dsn is not None:
         if build:
             raise _Failed("give BUILD (a cluster profkit starts) or --pid/--dsn, not both")

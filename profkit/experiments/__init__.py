@@ -7,6 +7,8 @@
 - :mod:`~profkit.experiments.observers` — the slowdown each profiler causes;
 - :mod:`~profkit.experiments.correction` — TIMING ON corrected for the clock vs plain;
 - :mod:`~profkit.experiments.profile` — one backend under perf or gprof, flamegraphs;
+- :mod:`~profkit.experiments.flamediff` — two builds recorded again and again, interleaved:
+  a differential flamegraph coloured only where a bootstrap interval excludes 0;
 - :mod:`~profkit.experiments.probe` — clock reads per query and per plan node (eBPF);
 - :mod:`~profkit.experiments.attach` — the same, and perf, on a server profkit did not start;
 - :mod:`~profkit.experiments.probe_runs` — the clock-calls and probe runs (target, folder,

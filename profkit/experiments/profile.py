@@ -43,7 +43,9 @@ from profkit.collect.perf import (
     sample_shortfall,
 )
 from profkit.errors import ProfkitError
+from profkit.experiments import flamediff
 from profkit.parse.callgrind import instr_counts_from_session, parse_callgrind_file
+from profkit.parse.folded import functions_table, instrumentation_share
 from profkit.paths import flamegraphs_dir
 from profkit.pg.build import Build, get_build
 from profkit.pg.cluster import Cluster
@@ -82,14 +84,19 @@ def flamegraph_for(counts: dict[str, float], run: Any, path: Path, *, title: str
 def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
                      builds: Sequence[str] = ("vanilla", "step3"),
                      mode: str = "analyze_notiming", workload: str = "nested_loop",
-                     reps: int = 3, progress: Callable[[str], None] | None = None
-                     ) -> list[Path]:
-    """`make demo`'s flamegraphs: Query-2 on *builds[0]* and *builds[1]*, and the
-    differential builds[0] → builds[1] (red: more samples in builds[1], blue: fewer).
+                     reps: int = 1, recordings: int = 3,
+                     progress: Callable[[str], None] | None = None) -> list[Path]:
+    """`make demo`'s flamegraphs of *mode* on *builds[0]* (A) and *builds[1]* (B), from
+    *recordings* interleaved perf recordings per build (*reps* executions each, each
+    recording on its own cluster and backend:
+    :func:`profkit.experiments.flamediff.record_diff`).
 
-    Returns the SVG paths (``query2-vanilla.svg``, ``query2-step3.svg``,
-    ``query2-vanilla-vs-step3.svg``, then ``query2-vanilla-icicle.svg`` and
-    ``query2-merged.svg`` (both runs, each normalised) for the defaults).
+    Returns the SVG paths: ``query2-vanilla.svg`` and ``query2-step3.svg`` (each build's
+    recordings pooled), ``query2-vanilla-vs-step3.svg`` (the differential per execution:
+    a frame is red or blue only where the bootstrap interval of its change excludes 0),
+    ``query2-vanilla-icicle.svg``, ``query2-merged.svg`` (both builds, each normalised),
+    then ``query2-vanilla-vs-step3-share-based.svg`` (the share-based differential of the
+    pooled samples, labelled so) for the defaults.
     """
     say = progress or _say
     if len(builds) != 2:
@@ -98,35 +105,46 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     qname = query_name(workload, mode)
     slug = qname.lower().replace("-", "")
     a_name, b_name = builds
-    profs = [perf_profile(b, workload, scale=scale, mode=mode, reps=reps, progress=say)
-             for b in builds]
+    req = flamediff.check_request(a_name, b_name, workload=workload, scale=scale, mode=mode,
+                                  recordings=recordings, executions=reps)
+    res = flamediff.record_diff(req, progress=say,
+                      title=f"{a_name} → {b_name}: {workload} {qname} (differential, perf, "
+                            f"{recordings} recordings each)")
     paths = []
-    for name, prof in zip(builds, profs, strict=True):
-        short = sample_shortfall(prof)
-        share = "withheld" if short else f"{prof.instrumentation_share:.1%}"
+    shares: list[float] = []
+    pooled = []
+    for side, name in (("a", a_name), ("b", b_name)):
+        counts = res.pooled(side)
+        pooled.append(counts)
+        share = instrumentation_share(functions_table(counts))
+        shares.append(share)
+        total = sum(counts.values())
+        shown = "withheld" if total < MIN_SAMPLES else f"{share:.1%}"
+        first = res.perf_runs[req.arms[0 if side == "a" else 1].label][0]
         paths.append(flamegraph_for(
-            prof.counts, prof.run, out / f"{slug}-{name}.svg",
-            title=f"{name}: {workload} {qname} (perf)",
-            extra={"instrumentation": share}))
-        say(f"{name}: {prof.folding.samples} samples, instrumentation {share}")
-    a, b = profs
-    # Stacks are matched by their whole path: drop the executor's wrapper frames
-    # (ExecProcNodeInstr...) inside the stacks of both builds so the plan nodes line up
-    # even when one build has no wrapper (step3); leaf wrapper time is kept.
-    diff = flamegraph_for(
-        drop_frames(b.counts), b.run, out / f"{slug}-{a_name}-vs-{b_name}.svg",
-        title=f"{a_name} → {b_name}: {workload} {qname} (differential, perf)",
-        diff_against=drop_frames(a.counts),
-        copy_name="flamegraph-diff-vs-" + a_name + ".svg",
-        extra={"aligned": "wrapper frames " + "/".join(sorted(EXECUTOR_WRAPPERS))
+            counts, first, out / f"{slug}-{name}.svg",
+            title=f"{name}: {workload} {qname} (perf, {recordings} recordings pooled)",
+            extra={"instrumentation": shown, "run": res.run.run_id,
+                   "recordings": f"{recordings} of {reps} execution(s) each"},
+            copy_name=None))
+        say(f"{name}: {int(total)} samples in {recordings} recordings, "
+            f"instrumentation {shown}")
+    diff_path = out / f"{slug}-{a_name}-vs-{b_name}.svg"
+    assert res.svg is not None
+    paths.append(write_svg(res.svg.read_text(), diff_path))
+    hits, n = res.diff.flag_rate("path", "self")
+    say(f"differential: {hits} of {n} frames flagged (self, by stack path)")
+    paths += demo_views(list(zip(builds, pooled, strict=True)), out, slug=slug,
+                        what=f"{workload} {qname} (perf)")
+    # the old reading, kept for comparison and labelled: shares of each pooled total
+    paths.append(flamegraph_for(
+        drop_frames(pooled[1]), None, out / f"{slug}-{a_name}-vs-{b_name}-share-based.svg",
+        title=f"{a_name} → {b_name}: {workload} {qname} (share-based differential, perf)",
+        diff_against=drop_frames(pooled[0]),
+        extra={"run": res.run.run_id,
+               "aligned": "wrapper frames " + "/".join(sorted(EXECUTOR_WRAPPERS))
                           + " removed inside stacks",
-               "before (A)": f"{a_name} run {a.run.run_id}",
-               "after (B)": f"{b_name} run {b.run.run_id}",
-               "instrumentation A→B": f"{a.instrumentation_share:.1%} → "
-                                      f"{b.instrumentation_share:.1%}"})
-    paths.append(diff)
-    paths += demo_views([(n, p.counts) for n, p in zip(builds, profs, strict=True)], out,
-                        slug=slug, what=f"{workload} {qname} (perf)")
+               "instrumentation A→B": f"{shares[0]:.1%} → {shares[1]:.1%}"}))
     return paths
 
 
@@ -237,6 +255,23 @@ def perf_run(build: str, workload: str, *, scale: float, mode: str, reps: int = 
                                   f"({', '.join(prof.folding.events)})"],
                       [(f"top {top} functions by self samples:", top_functions(prof, top))],
                       tail, warnings=shortfall_lines(prof, "--freq", "--reps"))
+
+
+def perf_diff_run(a: str, b: str, workload: str, *, scale: float, mode: str,
+                  recordings: int | None = None, executions: int = 1, freq: int = 999,
+                  align: bool = True, order_seed: int | None = None,
+                  out: str | Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> flamediff.DiffRun:
+    """``profkit perf A B``: repeated interleaved recordings of both builds
+    (:func:`profkit.experiments.flamediff.record_diff`), the differential in *out* (or
+    flamegraphs/) as ``perf-A-vs-B-<workload>-<mode>.svg``."""
+    req = flamediff.check_request(
+        a, b, workload=workload, scale=scale, mode=mode,
+        recordings=flamediff.DEFAULT_RECORDINGS if recordings is None else recordings,
+        executions=executions, freq=freq, align=align, order_seed=order_seed)
+    la, lb = (arm.label for arm in req.arms)
+    svg = flamegraph_dir(out) / f"perf-{la}-vs-{lb}-{workload_label(req.workload)}-{mode}.svg"
+    return flamediff.record_diff(req, progress=progress, flamegraph=svg)
 
 
 def shortfall_lines(prof: Any, freq_flag: str, repeat_flag: str | None,

@@ -17,13 +17,19 @@ samples of the stacks that pass through it, children sorted by name. What the SV
 - **colours**: a hash of the function name (MD5, so stable across runs and machines)
   picks a colour in a warm palette; the instrumentation family
   (:data:`profkit.parse.folded.INSTRUMENTATION_FUNCTIONS`) is always teal;
-- **differential** (``diff_against=A``): widths from B (the "after" profile), colours
-  from the difference of each frame's samples with A normalised to B's total — red: more
-  samples in B (slower), blue: fewer (faster), intensity proportional to the change, as
-  in FlameGraph's difffolded.pl + flamegraph.pl. By default the difference is of *self*
-  samples (FlameGraph's choice; ``diff_basis="total"`` colours whole subtrees). Frames
-  present only in A cannot be drawn with B's widths; their samples are counted in the
-  subtitle. Instrumentation frames keep a teal outline.
+- **differential from repeated recordings** (``significance=FlameDiff``, *stacks* B's
+  mean profile per execution): a frame is red (dearer in B) or blue (cheaper) only where
+  the bootstrap interval of its change excludes 0, intensity by the size of the change,
+  grey otherwise; the tooltip gives the change with its interval
+  (:mod:`profkit.analyze.flamediff`);
+- **share-based differential** (``diff_against=A``, labelled so in the legend): widths
+  from B (the "after" profile), colours from the difference of each frame's samples with
+  A normalised to B's total — red: more samples in B, blue: fewer, intensity
+  proportional to the change, as in FlameGraph's difffolded.pl + flamegraph.pl. By
+  default the difference is of *self* samples (FlameGraph's choice;
+  ``diff_basis="total"`` colours whole subtrees). Frames present only in A cannot be
+  drawn with B's widths; their samples are counted in the subtitle. Instrumentation
+  frames keep a teal outline.
 
 Several graphs in one HTML page do not interfere: every id, CSS class and the JS API
 object carry a per-graph prefix (a content hash plus a per-process counter). The JS API
@@ -102,6 +108,7 @@ class Frame:
     a_norm: float | None = None     # differential: A's value, normalised to B's total
     delta: float | None = None      # differential: B − A_norm on the chosen basis
     merged: int = 0
+    key: str | None = None          # the stack path (only when layout(keys=True))
 
 
 def _sort_key(stack: str) -> str:
@@ -130,7 +137,8 @@ def _trie(counts: Mapping[str, float]) -> list:
 
 def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0,
            diff_against: Mapping[str, float] | None = None,
-           diff_basis: Literal["self", "total"] = "self") -> list[Frame]:
+           diff_basis: Literal["self", "total"] = "self", keys: bool = False
+           ) -> list[Frame]:
     """Frames of the merged stack tree: the root first, then by depth and offset;
     children side by side in name order. Consecutive sibling frames narrower than
     *min_fraction* of the total are merged into one box (``merged`` = how many), drawn
@@ -143,7 +151,8 @@ def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0,
     the sorted stacks plus what is drawn, never a path per frame (which grows with the
     square of the depth). With *diff_against*, each frame also gets A's value on
     *diff_basis* normalised to this profile's total (``a_norm``) and the difference
-    (``delta``)."""
+    (``delta``). *keys*: every frame also carries its stack path (``key``; memory then
+    grows with the depth)."""
     sk = sorted(_sort_key(k) for k, v in counts.items() if v > 0)
     if not sk:
         return []
@@ -196,13 +205,14 @@ def layout(counts: Mapping[str, float], *, min_fraction: float = 0.0,
                 child = anode[2].get(name)
                 if child is not None:
                     child[3] = True
+            path = key[:stop].replace("\x00", ";") if keys else None
             if a_root is not None:
                 at, aself = (child[0], child[1]) if child is not None else (0.0, 0.0)
                 a_norm = (aself if self_basis else at) * scale
                 append(Frame(name, depth + 1, x, width, slf, a_norm,
-                             (slf if self_basis else width) - a_norm))
+                             (slf if self_basis else width) - a_norm, key=path))
             else:
-                append(Frame(name, depth + 1, x, width, slf))
+                append(Frame(name, depth + 1, x, width, slf, key=path))
             todo.append((pos, end, stop, depth + 1, child))
             pos = end
         if run_n:
@@ -320,6 +330,22 @@ def _disp(name: str) -> str:
     return name.translate(_CONTROL) if any(ord(c) < 32 for c in name) else name
 
 
+def _wrap(text: str, n: int) -> list[str]:
+    """*text* in lines of at most *n* characters, broken at spaces (a longer word
+    stays whole)."""
+    lines: list[str] = []
+    cur = ""
+    for word in text.split(" "):
+        if cur and len(cur) + 1 + len(word) > max(n, 20):
+            lines.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    if cur:
+        lines.append(cur)
+    return lines
+
+
 def _label(name: str, width_px: float, font_size: float) -> str:
     n = int(width_px / (font_size * _FONT_WIDTH))
     if n < 3:
@@ -349,6 +375,122 @@ def _prefix(payload: str, id_prefix: str | None) -> str:
     return "fg" + h[:10]
 
 
+NOT_SIGNIFICANT_COLOR = "rgb(221,221,221)"
+
+
+def significance_color(change: float, flag: int, max_abs: float) -> str:
+    """A frame of a repeated-recordings differential: grey unless flagged; red (dearer
+    in B) or blue (cheaper), from pale to full by |change| / *max_abs* — never as pale as
+    the grey, so a flagged frame always shows."""
+    if flag == 0:
+        return NOT_SIGNIFICANT_COLOR
+    k = min(1.0, abs(change) / max_abs) if max_abs > 0 else 1.0
+    fade = round(200 * (1.0 - k))
+    return f"rgb(255,{fade},{fade})" if flag > 0 else f"rgb({fade},{fade},255)"
+
+
+def _signed(v: float) -> str:
+    a = abs(v)
+    if not math.isfinite(v):
+        return "new" if v > 0 else "?"
+    return f"{v:+.1f}" if a >= 10 else f"{v:+.2f}" if a >= 0.1 else f"{v:+.3f}"
+
+
+def _plain(v: float) -> str:
+    a = abs(v)
+    return f"{v:.1f}" if a >= 10 else f"{v:.2f}" if a >= 0.1 else f"{v:.3f}"
+
+
+def _pct_text(row: Mapping[str, Any]) -> str:
+    pct = row["change_pct"]
+    if not math.isfinite(pct):
+        return "new in B"
+    lo, hi = row["pct_low"], row["pct_high"]
+    his = "+inf" if math.isinf(hi) else f"{hi:+.0f}"
+    return f"{pct:+.1f} % [{lo:+.0f}, {his}]"
+
+
+class _SigView:
+    """What render() needs of a FlameDiff: each drawn frame's rows, colour and tooltip."""
+
+    def __init__(self, diff: Any, basis: str) -> None:
+        self.diff = diff
+        self.basis = basis
+        self.rows = {b: diff.lookup("path", b) for b in ("self", "total")}
+        self.unit = "ms/exec" if diff.unit == "ms per execution" else "samples/rec"
+        total = self.rows["total"]
+        # paths only A has, at their top-most missing frame (drawn or not: see legend)
+        self.only_a_tops = [
+            path for path, r in total.items()
+            if r["b_present"] == 0 and r["a_mean"] > 0 and (
+                not path.rpartition(";")[0]
+                or total.get(path.rpartition(";")[0], {}).get("b_present", 0) > 0)]
+        self.drawn: set[str] = set()
+
+    def max_abs(self, keys: Sequence[str | None]) -> float:
+        rows = self.rows[self.basis]
+        return max((abs(float(rows[k]["change"])) for k in keys
+                    if k in rows and rows[k]["flag"] != 0), default=0.0)
+
+    def legend(self) -> str:
+        d = self.diff
+        total = self.rows["total"]
+        drawn = [p for p in self.only_a_tops if p in self.drawn]
+        missing = [p for p in self.only_a_tops if p not in self.drawn]
+        text = (f"repeated recordings, {d.n_a} A + {d.n_b} B, {d.unit}: red = dearer in B, "
+                f"blue = cheaper, coloured only where the {d.confidence:.0%} bootstrap "
+                f"interval of the {self.basis} change excludes 0, grey otherwise "
+                f"({d.n_boot} resamples, seed {d.seed}); widths: B's mean")
+        if drawn:
+            ms = sum(float(total[p]["a_mean"]) for p in drawn)
+            text += (f", and A's for the frames only A has ({_plain(ms)} {self.unit}, "
+                     f"{sum(int(total[p]['flag'] != 0) for p in drawn)} of them flagged)")
+        if missing:
+            ms = sum(float(total[p]["a_mean"]) for p in missing)
+            text += (f"; {_plain(ms)} {self.unit} only in A, not drawn"
+                     f" ({sum(int(total[p]['flag'] != 0) for p in missing)} of those frames "
+                     "flagged)")
+        return text
+
+    def meta(self) -> dict[str, Any]:
+        d = self.diff
+        return {"recordings_a": d.n_a, "recordings_b": d.n_b, "n_boot": d.n_boot,
+                "seed": d.seed, "confidence": d.confidence, "unit": d.unit,
+                "method": d.method, "basis": self.basis}
+
+    def _part(self, basis: str, key: str | None) -> str:
+        r = self.rows[basis].get(key or "")
+        if r is None:
+            return f"{basis}: none"
+        word = ("dearer" if r["flag"] > 0 else "cheaper" if r["flag"] < 0
+                else "no clear change: the interval includes 0")
+        return (f"{basis} {_plain(r['a_mean'])} → {_plain(r['b_mean'])} {self.unit}, "
+                f"change {_signed(r['change'])} [{_signed(r['low'])}, {_signed(r['high'])}]"
+                f" {self.unit} = {_pct_text(r)}: {word}")
+
+    def frame(self, f: Frame, name: str, pct: float, max_abs: float
+              ) -> tuple[str, str, str]:
+        """(fill, tooltip, extra data- attributes) of a drawn frame."""
+        if f.depth == 0:
+            r = None
+            fill = "rgb(245,245,245)"
+        else:
+            r = self.rows[self.basis].get(f.key or "")
+            fill = (significance_color(float(r["change"]), int(r["flag"]), max_abs)
+                    if r is not None else NOT_SIGNIFICANT_COLOR)
+        tot = self.rows["total"].get(f.key or "")
+        where = "only in A" if tot is not None and tot["b_present"] == 0 else "in B"
+        head = f"{name} ({_plain(f.w)} {self.unit} {where}, {pct:.2f}%)"
+        if f.depth == 0:
+            return fill, head, ""
+        tip = f"{head}; {self._part('self', f.key)}; {self._part('total', f.key)}"
+        attrs = ""
+        if r is not None:
+            attrs = (f' data-flag="{int(r["flag"])}" data-change="{float(r["change"]):.6g}" '
+                     f'data-low="{float(r["low"]):.6g}" data-high="{float(r["high"]):.6g}"')
+        return fill, tip, attrs
+
+
 def check_size(name: str, v: Any, *, minimum: float, allow_zero: bool = False) -> float:
     try:
         f = float(v)
@@ -375,6 +517,7 @@ def render(
     count_name: str = "samples",
     id_prefix: str | None = None,
     inverted: bool = False,
+    significance: Any = None,
 ) -> str:
     """Render folded stacks (mapping, ``stacks`` DataFrame, folded path or a PerfFolding)
     as an SVG string. See the module docstring for what the graph does.
@@ -385,6 +528,14 @@ def render(
     sibling frames narrower than this are merged into one box (flamegraph.pl's
     ``--minwidth``), which keeps a profile of a million stacks light in a browser.
     ``inverted``: an icicle graph (the root at the top, callees below).
+
+    ``significance``: a :class:`profkit.analyze.flamediff.FlameDiff` of repeated
+    recordings; *stacks* is then B's mean profile, with A's for the stacks only A has
+    (:func:`~profkit.analyze.flamediff.union_profile`, ms per execution), and each
+    frame is coloured only where the interval of its change on *diff_basis* (by stack
+    path) excludes 0: red dearer in B, blue cheaper, intensity by the size of the
+    change; grey otherwise. Its tooltip gives the change with its interval, in the unit
+    and in %, self and total. Not together with ``diff_against`` (the share-based differential).
     """
     width = check_size("width", width, minimum=100)
     frame_height = check_size("frame height", frame_height, minimum=1)
@@ -395,6 +546,10 @@ def render(
         raise RenderError(f"diff_basis must be 'self' or 'total', not {diff_basis!r}")
     counts = _counts_of(stacks)
     a_counts = _counts_of(diff_against) if diff_against is not None else None
+    if significance is not None and a_counts is not None:
+        raise RenderError("give diff_against (a share-based differential) or significance "
+                          "(repeated recordings), not both")
+    sig = _SigView(significance, diff_basis) if significance is not None else None
     provenance = dict(provenance or {})
     title = _disp(title)
     subtitle = _disp(subtitle) if subtitle is not None else None
@@ -402,7 +557,7 @@ def render(
     plot_w = width - 2 * pad
     min_fraction = min_width_px / plot_w
     frames = layout(counts, min_fraction=min_fraction, diff_against=a_counts,
-                    diff_basis=diff_basis)
+                    diff_basis=diff_basis, keys=sig is not None)
     total = frames[0].w if frames else 0.0
     merged = sum(f.merged for f in frames)
 
@@ -415,24 +570,30 @@ def render(
 
     h = hashlib.sha1()
     for part in (title, json.dumps(provenance, default=str, sort_keys=True), subtitle or "",
-                 f"{width}:{total!r}:{len(counts)}:{len(frames)}:{inverted}"):
+                 f"{width}:{total!r}:{len(counts)}:{len(frames)}:{inverted}:{sig is not None}"):
         h.update(part.encode("utf-8", "surrogatepass"))
     p = _prefix(h.hexdigest(), id_prefix)
     if subtitle is None:
         subtitle = " · ".join(f"{k}: {v}" for k, v in provenance.items())
     legend = ""
     if a_counts is not None:
-        legend = (f"differential ({diff_basis} {count_name}): red = more than before (slower), "
-                  "blue = fewer (faster); before normalised to this total")
+        legend = (f"share-based differential ({diff_basis} {count_name}, each profile as a "
+                  "share of its own total; no interval: a colour may be noise): red = more "
+                  "than before, blue = fewer; before normalised to this total")
         if lost_a > 0:
             legend += f"; {_num(round(lost_a, 1))} only before, not drawn"
+    if sig is not None:
+        sig.drawn = {f.key for f in frames if f.key}
+        max_abs = sig.max_abs([f.key for f in frames if f.depth > 0 and not f.merged])
+        legend = sig.legend()
     if merged:
         legend += ("; " if legend else "") + (
             f"{merged:,} frames narrower than {min_width_px:g} px merged into grey boxes")
 
     max_depth = max((f.depth for f in frames), default=0)
     legend_y = 3 * font_size + 24     # below title and subtitle
-    ctl_y = legend_y + (font_size + 8 if legend else 0)
+    legend_lines = _wrap(legend, int(plot_w / (font_size * _FONT_WIDTH))) if legend else []
+    ctl_y = legend_y + (font_size + 4) * len(legend_lines) + (4 if legend_lines else 0)
     top = ctl_y + 10                  # frames start below the controls
     bottom = 2 * font_size + 10       # details line
     height = int(top + (max_depth + 1) * frame_height + bottom)
@@ -447,11 +608,16 @@ def render(
       f'viewBox="0 0 {_fmt(width)} {height}" xmlns="http://www.w3.org/2000/svg" '
       f'xmlns:xlink="http://www.w3.org/1999/xlink" data-profkit-flamegraph="{p}" '
       f'data-total="{_fmt(total)}" data-width="{_fmt(width)}" data-pad="{_fmt(pad)}" '
-      f'data-fontsize="{_fmt(font_size)}" data-diff="{1 if a_counts is not None else 0}">\n')
-    meta = json.dumps({"title": title, "provenance": provenance, "total": total,
-                       "count_name": count_name, "differential": a_counts is not None,
-                       "diff_basis": diff_basis if a_counts is not None else None},
-                      default=str, sort_keys=True)
+      f'data-fontsize="{_fmt(font_size)}" '
+      f'data-diff="{2 if sig is not None else 1 if a_counts is not None else 0}">\n')
+    meta_d: dict[str, Any] = {
+        "title": title, "provenance": provenance, "total": total, "count_name": count_name,
+        "differential": ("repeated recordings" if sig is not None else
+                         "share-based" if a_counts is not None else False),
+        "diff_basis": diff_basis if a_counts is not None or sig is not None else None}
+    if sig is not None:
+        meta_d["bootstrap"] = sig.meta()
+    meta = json.dumps(meta_d, default=str, sort_keys=True)
     w(f'<metadata id="{p}-provenance">{e(meta, quote=False)}</metadata>\n')
     w(f"<style>\n"
       f"#{p}-svg text {{ font-family: Verdana, 'DejaVu Sans', sans-serif; "
@@ -476,8 +642,13 @@ def render(
       f'y="{2 * font_size + 16:.1f}" text-anchor="middle"><title>{e(subtitle)}</title>'
       f'{e(sub_text)}</text>\n')
     if legend:
+        # one text element (its id is the legend's); a long legend wraps into tspans
         w(f'<text class="{p}-sub" id="{p}-legend" x="{width / 2:.1f}" y="{legend_y:.1f}" '
-          f'text-anchor="middle">{e(legend)}</text>\n')
+          f'text-anchor="middle">')
+        for i, line in enumerate(legend_lines):
+            w(e(line) if i == 0 else
+              f'<tspan x="{width / 2:.1f}" dy="{_fmt(font_size + 4)}">{e(line)}</tspan>')
+        w("</text>\n")
     w(f'<text class="{p}-ctl {p}-hide" id="{p}-reset" x="{pad:.1f}" y="{ctl_y:.1f}">'
       f'Reset Zoom</text>\n')
     w(f'<text class="{p}-ctl" id="{p}-search" x="{width - pad:.1f}" y="{ctl_y:.1f}" '
@@ -504,6 +675,8 @@ def render(
             fill = MERGED_COLOR
             tip = (f"{f.merged:,} frames narrower than {min_width_px:g} px, merged "
                    f"({_num(f.w)} {count_name}, {pct:.2f}%)")
+        elif sig is not None:
+            fill, tip, extra_attrs = sig.frame(f, name, pct, max_abs)
         elif a_counts is not None:
             fill = diff_color(f.delta or 0.0, max_abs) if f.depth else "rgb(245,245,245)"
             an = f.a_norm or 0.0
@@ -515,13 +688,16 @@ def render(
         else:
             fill = "rgb(235,235,235)" if f.depth == 0 else frame_color(f.name)
             tip = f"{name} ({_num(f.w)} {count_name}, {pct:.2f}%)"
-        cls = f"{p}-f" + (f" {p}-instr" if instr and a_counts is not None else "")
+        cls = f"{p}-f" + (f" {p}-instr" if instr and (a_counts is not None or sig is not None)
+                          else "")
         attrs = (f'class="{cls}" id="{p}-f{i}" data-n="{e(name)}" data-x="{_fmt(f.x)}" '
                  f'data-w="{_fmt(f.w)}" data-d="{f.depth}" data-s="{_fmt(f.self)}"')
         if f.merged:
             attrs += f' data-m="{f.merged}"'
         if a_counts is not None:
             attrs += f' data-delta="{(f.delta or 0.0):.3f}"'
+        if sig is not None and not f.merged:
+            attrs += extra_attrs
         w(f"<g {attrs}><title>{e(tip)}</title>"
           f'<rect x="{x:.2f}" y="{y:.1f}" width="{fw:.2f}" height="{_fmt(frame_height - 1)}" '
           f'fill="{fill}" rx="2" ry="2"/>'
