@@ -113,7 +113,7 @@ def render(rows: pd.DataFrame, run: Path, min_node_ms: float) -> str:
         f"(`{cmd}`): {prov.get('reps')} interleaved repetitions (seed "
         f"{prov.get('order_seed')}), workloads "
         + ", ".join(f"{w} @ {s:g}" for w, s in (prov.get("scales") or {}).items())
-        + f"; load average {prov.get('loadavg_start')} → {prov.get('loadavg_end')}. "
+        + f"; load average {_load(prov.get('loadavg_start'))} → {_load(prov.get('loadavg_end'))}. "
         "Times taken under load on a shared 2-vCPU VM.", "",
         f"Yardstick `{YARDSTICK}`: tsc_clock's TIMING TRUE inclusive time minus its own clock "
         "reads at their in-situ cost (TIMING TRUE − FALSE over its reads, per workload); "
@@ -134,6 +134,13 @@ def render(rows: pd.DataFrame, run: Path, min_node_ms: float) -> str:
                      f"| {r.yard_mean_ms:.3g} | {r.bias_pct:+.1f} % | {r.se_pct:.1f} | "
                      f"{r.ci_low_pct:+.1f} … {r.ci_high_pct:+.1f} % |")
     return "\n".join(lines) + "\n"
+
+
+def _load(v: object) -> str:
+    """A load-average triple as 1-decimal numbers."""
+    if isinstance(v, list | tuple):
+        return "/".join(f"{float(x):.1f}" for x in v)
+    return str(v)
 
 
 def main(argv: list[str] | None = None) -> int:
