@@ -4,8 +4,8 @@ One ``profkit timing-accuracy`` run of the three seed workloads (plain, TIMING F
 TIMING TRUE, interleaved) on the arms
 
 - ``vanilla`` and ``tsc_clock``: exact timing (clock_gettime, profkit's TSC clock);
-- ``sampled_timing`` at its default rate (100), and ``sampled_timing_n1`` (the same
-  build and cluster setting at rate 1: PostgreSQL's own code path);
+- ``sampled_timing`` at its default rate (100), and with ``--twin``
+  ``sampled_timing_n1`` (the same build at rate 1: PostgreSQL's own code path);
 - with ``--before NAME``, ``before``: a named build of an earlier sampled_timing patch,
   measured in the same run (``profkit build NAME --patch OLD.patch``).
 
@@ -23,8 +23,7 @@ both).  The figures are times taken under load on a shared 2-vCPU VM.
 
 Usage::
 
-    .venv/bin/python benchmarks/sampled_timing_bias.py --reps 15 --seed 20261201 \\
-        --before sampled_before
+    .venv/bin/python benchmarks/sampled_timing_bias.py --reps 9 --seed 20261201
     .venv/bin/python benchmarks/sampled_timing_bias.py --run profiles/<run>   # re-read
 """
 from __future__ import annotations
@@ -43,8 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CSV = RESULTS / "sampled_timing_bias.csv"
 MD = RESULTS / "sampled_timing_bias.md"
-ARMS = ["vanilla", "tsc_clock", "sampled_timing",
-        "sampled_timing_n1=sampled_timing:explain_timing_sample_rate=1"]
+ARMS = ["vanilla", "tsc_clock", "sampled_timing"]
+TWIN = "sampled_timing_n1=sampled_timing:explain_timing_sample_rate=1"
 YARDSTICK = "corrected:tsc_clock"
 OTHER_YARDSTICKS = ("corrected", "corrected:sampled_timing_n1")
 ESTIMATORS = ("sampled_timing", "before")
@@ -147,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, help="re-read this run directory instead of measuring")
     ap.add_argument("--out", type=Path, help="run directory (default profiles/<run_id>)")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--before", default="",
                     help="named build of an earlier sampled_timing patch (adds arm before)")
+    ap.add_argument("--twin", action="store_true",
+                    help="add sampled_timing at rate 1 (PostgreSQL's own code path) as an arm")
     ap.add_argument("--min-node-ms", type=float, default=1.0)
     ap.add_argument("--no-write", action="store_true",
                     help="print only; leave benchmarks/results/ as it is")
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         run = args.run
     else:
-        arms = list(ARMS) + ([f"before={args.before}"] if args.before else [])
+        arms = (list(ARMS) + ([TWIN] if args.twin else [])
+                + ([f"before={args.before}"] if args.before else []))
         res = run_timing_accuracy(arms, None, reps=args.reps, seed=args.seed,
                                   out_dir=args.out, min_node_ms=args.min_node_ms,
                                   progress=lambda s: print(s, file=sys.stderr))
