@@ -8,13 +8,18 @@
  *   sampled_timing_probe('leaf', calls, 0, work)
  *       calls of one node, every call timed with weight 1 (an exact call); returns
  *       each call's contribution in ns, unclamped.
+ *   sampled_timing_probe('shifted', calls, 0, ticks)
+ *       the same with nothing inside, each call's start moved `ticks` later (as if
+ *       the call took less than nothing): its contribution must come out negative,
+ *       as it is, not floored at 0.
  *   sampled_timing_probe('rows' | 'untimed' | 'timed', calls, inner, work)
  *       calls of a parent node (timed, weight 1), each wrapping `inner` calls of a
  *       child: under TIMING FALSE ('rows'), sampled and never timed ('untimed'), or
  *       sampled and timed on every call ('timed'); returns the parent's contribution
  *       per call in ns.
  *
- * work: iterations of a few ns of dependent arithmetic inside each innermost call.
+ * work: iterations of a few ns of dependent arithmetic inside each innermost call
+ * (for 'leaf', 0 = nothing between the start and the stop, not even a call).
  */
 #include "postgres.h"
 
@@ -64,13 +69,14 @@ sampled_timing_probe(PG_FUNCTION_ARGS)
 	Datum	   *out;
 	volatile uint64 sink;
 	uint64		x = 1;
-	bool		leaf = strcmp(mode, "leaf") == 0;
+	bool		shifted = strcmp(mode, "shifted") == 0;
+	bool		leaf = shifted || strcmp(mode, "leaf") == 0;
 	bool		timed = strcmp(mode, "timed") == 0;
 
 	if (calls < 1 || inner < 0 || work < 0)
 		elog(ERROR, "calls must be >= 1, inner and work >= 0");
 	if (!leaf && !timed && strcmp(mode, "rows") != 0 && strcmp(mode, "untimed") != 0)
-		elog(ERROR, "mode must be leaf, rows, untimed or timed");
+		elog(ERROR, "mode must be leaf, shifted, rows, untimed or timed");
 
 	/* the measured node: every call timed, weight 1 (as a node's first calls are) */
 	sampled(&parent, INSTRUMENT_TIMER);
@@ -94,8 +100,13 @@ sampled_timing_probe(PG_FUNCTION_ARGS)
 		instr_time	delta;
 
 		start(&parent);
-		if (leaf)
-			x = probe_work(x, work);
+		if (shifted)
+			parent.starttime.ticks += work;	/* as if started `work` ticks later */
+		else if (leaf)
+		{
+			if (work > 0)		/* 0: nothing at all between start and stop */
+				x = probe_work(x, work);
+		}
 		else
 			for (int i = 0; i < inner; i++)
 			{
