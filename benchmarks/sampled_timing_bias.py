@@ -93,6 +93,41 @@ def bias_rows(run: Path, min_node_ms: float) -> pd.DataFrame:
                                   ignore_index=True)
 
 
+def paired_rows(run: Path, min_node_ms: float) -> pd.DataFrame:
+    """The same bias, paired by repetition (the arms of one repetition ran interleaved, so
+    drift of the shared machine cancels in their ratio): per node, the mean over
+    repetitions of sampled_timing / (tsc_clock minus its reads) − 1, in %, its standard
+    error and 95 % interval."""
+    from profkit.analyze import timing_accuracy as ta
+
+    nodes = pd.read_parquet(run / "nodes.parquet")
+    prov = json.loads((run / "provenance.json").read_text())
+    ns = ((prov.get("analysis") or {}).get("in_situ_read_ns_twins") or {}).get(YARDSTICK, {})
+    t = nodes[nodes["mode"] == ta.TIMING_MODE]
+    out = []
+    for wl, w in t.groupby("workload", sort=True):
+        if str(wl) not in ns:
+            continue
+        ref = pd.concat([ta.corrected_times(g, ns[str(wl)])
+                         for _, g in w[w["arm"] == "tsc_clock"].groupby("rep", sort=True)])
+        est = w[w["arm"] == "sampled_timing"]
+        j = est.merge(ref[["rep", "node_id", ta.INCLUSIVE]], on=["rep", "node_id"],
+                      suffixes=("", "_yard"))
+        for nid, g in j.groupby("node_id", sort=True):
+            if g[f"{ta.INCLUSIVE}_yard"].mean() < min_node_ms:
+                continue
+            r = (g[ta.INCLUSIVE] / g[f"{ta.INCLUSIVE}_yard"] - 1.0) * 100.0
+            n = len(r)
+            se = float(r.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+            q = float(stats.t.ppf(0.975, max(n - 1, 1)))
+            out.append({"workload": wl, "node_id": int(nid),
+                        "node_type": g["node_type"].iloc[0], "n": n,
+                        "paired_bias_pct": float(r.mean()), "paired_se_pct": se,
+                        "paired_ci_low_pct": float(r.mean()) - q * se,
+                        "paired_ci_high_pct": float(r.mean()) + q * se})
+    return pd.DataFrame(out)
+
+
 def summarize(rows: pd.DataFrame, arm: str, yardstick: str = YARDSTICK) -> Summary | None:
     r = rows[(rows["arm"] == arm) & (rows["yardstick"] == yardstick)]
     if r.empty:
@@ -132,6 +167,20 @@ def render(rows: pd.DataFrame, run: Path, min_node_ms: float) -> str:
         lines.append(f"| {r.arm} | {r.yardstick} | {r.workload} | {r.node_id} {r.node_type} "
                      f"| {r.yard_mean_ms:.3g} | {r.bias_pct:+.1f} % | {r.se_pct:.1f} | "
                      f"{r.ci_low_pct:+.1f} … {r.ci_high_pct:+.1f} % |")
+    p = paired_rows(run, min_node_ms)
+    if not p.empty:
+        lines += ["", "Paired by repetition (sampled_timing / yardstick − 1 per repetition, mean "
+                  "± se, 95 % interval; the arms of a repetition ran interleaved):", "",
+                  "| workload | node | n | paired bias | ± se | 95 % interval |",
+                  "|---|---|---|---|---|---|"]
+        for r in p.itertuples():
+            lines.append(f"| {r.workload} | {r.node_id} {r.node_type} | {r.n} | "
+                         f"{r.paired_bias_pct:+.1f} % | {r.paired_se_pct:.1f} | "
+                         f"{r.paired_ci_low_pct:+.1f} … {r.paired_ci_high_pct:+.1f} % |")
+        lines += ["", f"Paired, over these nodes: {p['paired_bias_pct'].min():+.1f} % to "
+                  f"{p['paired_bias_pct'].max():+.1f} % (95 % intervals from "
+                  f"{p['paired_ci_low_pct'].min():+.1f} % to "
+                  f"{p['paired_ci_high_pct'].max():+.1f} %)."]
     return "\n".join(lines) + "\n"
 
 
