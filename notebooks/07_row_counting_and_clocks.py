@@ -200,7 +200,8 @@ for b, r in clocks.iterrows():
     assert r.overhead_pct > 0, b  # timing every row is never free
 
 # %% [markdown]
-# Per-node accuracy of these clocks against vanilla's is what `profkit timing-accuracy`
+# How far these clocks' per-node times are from vanilla's, and from vanilla's and the TSC
+# arm's minus their own clock reads (its bias table), is what `profkit timing-accuracy`
 # measures, with the same arm syntax, e.g.
 # `profkit timing-accuracy --arm vanilla --arm pg19sys=pg19/vanilla:timing_clock_source=system
 # --arm pg19tsc=pg19/vanilla:timing_clock_source=tsc --arm tsc_clock`.

@@ -330,19 +330,20 @@ def _verdict(arms, t_arms, reps=7, **kw):
     return ta.verdicts(acc, truth, cost, "vanilla", **kw).set_index("arm")
 
 
-def test_verdict_accurate_for_an_identical_arm():
+def test_verdict_agrees_for_an_identical_arm():
     v = _verdict({"vanilla": _jitter, "same": _jitter},
                  {"vanilla": (8, 10, 16), "same": (8, 10, 16)})
-    assert v.loc["same", "verdict"] == "accurate"
+    assert v.loc["same", "verdict"] == "agrees"
     assert v.loc["same", "max_err_pct"] == pytest.approx(0.0, abs=1e-9)
-    assert v.loc["same", "text"].startswith("accurate within 0.0% of vanilla")
+    assert v.loc["same", "text"].startswith("agrees within 0.0% with vanilla")
 
 
 def test_verdict_lower_when_a_cheaper_clock_removes_overhead():
     # every node 30 % lower, the total closer to the plain query, the clock agrees
     v = _verdict({"vanilla": _jitter, "cheap": lambda r: _jitter(r, 0.7)},
                  {"vanilla": (5.0, 6.0, 10.0), "cheap": (5.0, 6.0, 7.0)})
-    assert v.loc["cheap", "verdict"] == "lower (less overhead)"
+    # only "lower": the verdict has no yardstick without clock reads to say "closer"
+    assert v.loc["cheap", "verdict"] == "lower"
     assert v.loc["cheap", "max_err_pct"] == pytest.approx(30.0)
 
 

@@ -661,13 +661,16 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
     A node whose own (exclusive) time is negative beyond rounding makes the arm
     ``wrong`` whatever else holds: its children took longer than it did.
 
-    - ``accurate``: every node ``within``: "accurate within X %" (medians; single runs
-      within the tolerance beyond the baseline's own noise).
-    - ``lower (less overhead)``: some nodes ``outside``, all of them below the baseline,
-      no node ``scatter``, none reading 0 where the baseline has time, the EXPLAIN total
-      closer to the plain query's time than the baseline's, and the arm's clock
-      agreeing with the wall clock (|clock_err_pct| ≤ *tol_pct* / 2): what a cheaper
-      but correct clock shows, since the baseline's own times include its clock reads.
+    - ``agrees``: every node ``within``: "agrees within X % with the baseline" (medians;
+      single runs within the tolerance beyond the baseline's own noise).  Agreement with
+      the baseline, not accuracy: the baseline's own times hold its clock reads.
+    - ``lower``: some nodes ``outside``, all of them below the baseline, no node
+      ``scatter``, none reading 0 where the baseline has time, the EXPLAIN total closer
+      to the plain query's time than the baseline's, and the arm's clock agreeing with
+      the wall clock (|clock_err_pct| ≤ *tol_pct* / 2): what a cheaper but correct
+      clock shows.  Only lower: whether each node is closer to its true time needs a
+      yardstick without clock reads (the run's ``bias.csv``: the baseline and the
+      reference minus their own reads), which this verdict does not consult.
     - ``wrong``: any other ``outside`` or ``scatter`` node: the text says by how much
       (the worst systematic error, and what single runs get wrong).
     - ``inconclusive (noise)``: only ``unclear`` nodes besides ``within``: the
@@ -728,20 +731,20 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
         if not neg.empty:
             verdict = "wrong"
         elif off.empty and scatter.empty and unclear.empty:
-            verdict = "accurate"
+            verdict = "agrees"
         elif not off.empty or not scatter.empty:
             lower = (scatter.empty and not judged["scattered"].any()
                      and (off["direction"] < 0).all() and read_zero == 0
                      and not (judged["rel_err_pct"] > tol_pct).any()
                      and not math.isnan(rvt) and not math.isnan(brvt) and abs(rvt) < abs(brvt)
                      and not math.isnan(cerr) and abs(cerr) <= tol_pct / 2)
-            verdict = "lower (less overhead)" if lower else "wrong"
+            verdict = "lower" if lower else "wrong"
         else:
             verdict = "inconclusive (noise)"
 
         parts: list[str] = []
-        if verdict == "accurate":
-            parts.append(f"accurate within {_fmt_pct(max_err)} of {baseline} on nodes ≥ "
+        if verdict == "agrees":
+            parts.append(f"agrees within {_fmt_pct(max_err)} with {baseline} on nodes ≥ "
                          f"{min_node_ms:g} ms"
                          + (f" (own time within {_fmt_pct(max_ex)})" if not exc.empty else "")
                          + (f", within {small_max:.3f} ms on {len(small)} shorter node(s)"

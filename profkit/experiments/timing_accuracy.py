@@ -685,6 +685,10 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     twins = {f"{ta.CORRECTED}:{a['label']}": a["label"] for a in prov.get("arms", [])
              if str((a.get("settings") or {}).get("explain_timing_sample_rate")) == "1"
              and a["label"] in same_major}
+    # the second yardstick minus its own (cheaper) clock reads, in situ, as for the
+    # baseline: "corrected:tsc_clock" holds the least clock cost of the exact yardsticks
+    if ref and ref in same_major:
+        twins[f"{ta.CORRECTED}:{ref}"] = ref
     more = {name: (lab, ta.in_situ_read_ns(timings, nodes, lab,
                                            metric="cpu_ms" if have_cpu else "server_ms"))
             for name, lab in twins.items()} if not nodes.empty else {}
