@@ -335,6 +335,8 @@ def disagreements(df: pd.DataFrame, pts: float = DISAGREE_PTS) -> list[Disagreem
     are more than *pts* percentage points apart, in the matrix's order."""
     out = []
     for r in compiler_pairs(df).itertuples():
+        if math.isnan(r.pct_gcc) or math.isnan(r.pct_clang):
+            continue  # a compiler's vanilla is not counted yet: nothing to compare
         d = Disagreement(str(r.pg_major), str(r.build), str(r.workload), str(r.mode),
                          float(r.pct_gcc), float(r.pct_clang), r.verdict_gcc, r.verdict_clang)
         if d.verdicts_differ or abs(d.gap_pts) > pts:
