@@ -24,8 +24,12 @@ work is not counted: the TIMING TRUE column understates what timing costs.  CPU 
 not measured here (``cpu_ms`` stays empty); ``profkit bench`` measures it with intervals.
 
 The results go to ``benchmarks/results/headline.csv`` (one row per cell) and
-``headline.md`` (one table per compiler and major); a later run replaces the cells it
-measured and keeps the others, so the matrix can be filled in parts.  Numbers the README
+``headline.md`` (one table per compiler and major; where both compilers counted a cell,
+a table per major with GCC's and clang's figures side by side, and the list of cells where
+the compilers disagree: a different met/missed, or overheads more than
+:data:`DISAGREE_PTS` percentage points apart); a later run replaces the cells it
+measured and keeps the others (any compiler, major, variant, workload or mode it did not
+count), so the matrix can be filled in parts.  Numbers the README
 or a patch header quotes carry a tag that names their cell,
 ``+0.32 % [headline: pg18 gcc step5 join_sum plain]``, and
 ``tests/test_headline_quotes.py`` fails when a tagged number is not the committed one.
@@ -79,6 +83,11 @@ SHORT_MODE = {"plain": "plain", "analyze_notiming": "rows only",
               "analyze_buffers": "default, TIMING FALSE", "analyze_timing_buffers": "default"}
 # the goals, against vanilla's plain query of the same major and compiler (percent)
 GOALS: dict[str, float] = {"plain": 0.3, "analyze_notiming": 1.0}
+# GCC's and clang's overheads of one cell (percent of each compiler's own vanilla plain
+# query) further apart than this, in percentage points, are listed as a disagreement in
+# headline.md, as is every cell whose met/missed differs.  Half the rows-only goal: a gap
+# that size moves a cell a long way towards or past its goal.
+DISAGREE_PTS = 0.5
 # the variants of each major, in table order (vanilla first: the reference)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "18": ("vanilla", "step1", "step2", "step3", "step4", "step5", "coarse_clock",
@@ -268,9 +277,125 @@ def fmt_pct(v: float) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.2f} %"
 
 
+PAIR_KEY = ["pg_major", "build", "workload", "scale", "mode"]
+
+
+def compiler_pairs(df: pd.DataFrame) -> pd.DataFrame:
+    """The cells counted with both GCC and clang, one row each, in the matrix's order:
+    ``pg_version``, the key, then ``pct_gcc``/``pct_clang`` (each against its own
+    compiler's vanilla plain query), ``verdict_gcc``/``verdict_clang`` and
+    ``instructions_gcc``/``instructions_clang``."""
+    df = _order(df)
+    cols = [*PAIR_KEY, "pg_version", "vs_vanilla_plain_pct", "verdict", "instructions"]
+    g = df[df["compiler"] == "gcc"][cols]
+    c = df[df["compiler"] == "clang"][cols].drop(columns=["pg_version"])
+    both = g.merge(c, on=PAIR_KEY, how="inner", suffixes=("_gcc", "_clang"))
+    both = both.rename(columns={"vs_vanilla_plain_pct_gcc": "pct_gcc",
+                                "vs_vanilla_plain_pct_clang": "pct_clang"})
+    for col in ("verdict_gcc", "verdict_clang"):
+        both[col] = both[col].fillna("").astype(str)
+    return both.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """One cell where GCC and clang tell different stories."""
+
+    major: str
+    build: str
+    workload: str
+    mode: str
+    pct_gcc: float
+    pct_clang: float
+    verdict_gcc: str
+    verdict_clang: str
+
+    @property
+    def gap_pts(self) -> float:
+        """clang's overhead minus GCC's, in percentage points."""
+        return self.pct_clang - self.pct_gcc
+
+    @property
+    def verdicts_differ(self) -> bool:
+        return self.verdict_gcc != self.verdict_clang
+
+    def line(self) -> str:
+        why = []
+        if self.verdicts_differ:
+            why.append(f"GCC {self.verdict_gcc}, clang {self.verdict_clang}")
+        if abs(self.gap_pts) > DISAGREE_PTS:
+            why.append(f"{abs(self.gap_pts):.2f} points apart")
+        return (f"pg{self.major} {self.build} {self.workload} {SHORT_MODE[self.mode]}: "
+                f"GCC {fmt_pct(self.pct_gcc)}{_mark(self.verdict_gcc)}, clang "
+                f"{fmt_pct(self.pct_clang)}{_mark(self.verdict_clang)} ({'; '.join(why)})")
+
+
+def disagreements(df: pd.DataFrame, pts: float = DISAGREE_PTS) -> list[Disagreement]:
+    """The cells counted with both compilers whose met/missed differs or whose overheads
+    are more than *pts* percentage points apart, in the matrix's order."""
+    out = []
+    for r in compiler_pairs(df).itertuples():
+        if math.isnan(r.pct_gcc) or math.isnan(r.pct_clang):
+            continue  # a compiler's vanilla is not counted yet: nothing to compare
+        d = Disagreement(str(r.pg_major), str(r.build), str(r.workload), str(r.mode),
+                         float(r.pct_gcc), float(r.pct_clang), r.verdict_gcc, r.verdict_clang)
+        if d.verdicts_differ or abs(d.gap_pts) > pts:
+            out.append(d)
+    return out
+
+
+def _mark(verdict: str) -> str:
+    return {"met": " ✓", "missed": " ✗"}.get(verdict, "")
+
+
+def compilers_markdown(df: pd.DataFrame) -> list[str]:
+    """Where both compilers counted a cell: a table per major with GCC's and clang's
+    figures side by side, vanilla's plain query of each, and the disagreements."""
+    pairs = compiler_pairs(df)
+    if pairs.empty:
+        return []
+    out: list[str] = []
+    for _major, g in pairs.groupby("pg_major", sort=False):
+        version = g["pg_version"].dropna().iloc[0]
+        out += [f"## PostgreSQL {version}, gcc and clang side by side", "",
+                "Each cell: GCC / clang, each against vanilla's plain query of its own "
+                "compiler.", ""]
+        modes = [m for m in MODES if (g["mode"] == m).any()]
+        head = ["workload", "variant", *[SHORT_MODE[m] for m in modes]]
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for (b, w), rows in g.groupby(["build", "workload"], sort=False):
+            cells = [str(w), str(b)]
+            for m in modes:
+                r = rows[rows["mode"] == m]
+                if r.empty:
+                    cells.append("–")
+                    continue
+                r0 = r.iloc[0]
+                cells.append(f"{fmt_pct(r0['pct_gcc'])}{_mark(r0['verdict_gcc'])} / "
+                             f"{fmt_pct(r0['pct_clang'])}{_mark(r0['verdict_clang'])}")
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+        vp = g[(g["build"] == "vanilla") & (g["mode"] == "plain")]
+        if not vp.empty:
+            out.append("vanilla's plain query, clang against GCC: " + ", ".join(
+                f"{r.workload} {int(r.instructions_clang):,} vs {int(r.instructions_gcc):,} "
+                f"({fmt_pct((r.instructions_clang - r.instructions_gcc) / r.instructions_gcc * 100)})"
+                for r in vp.itertuples()) + " instructions.")
+            out.append("")
+    found = disagreements(df)
+    out += ["## Where the compilers disagree", "",
+            f"The cells counted with both compilers whose met/missed differs, or whose "
+            f"overheads are more than {DISAGREE_PTS:g} percentage points apart: "
+            f"{len(found)} of {len(pairs)}.", ""]
+    out += [f"- {d.line()}" for d in found] or ["- none"]
+    out.append("")
+    return out
+
+
 def markdown(df: pd.DataFrame) -> str:
     """One table per compiler and major: rows = variants, columns = workload × mode
-    (percent against vanilla's plain query; met/missed where the mode has a goal)."""
+    (percent against vanilla's plain query; met/missed where the mode has a goal); then,
+    where both compilers counted cells, :func:`compilers_markdown`."""
     out = ["# Headline matrix: instructions against vanilla's plain query", "",
            "Generated by `benchmarks/headline.py` (callgrind, one execution per mode after a "
            "warm-up; scope exec_simple_query). Each figure is the cell's instructions against "
@@ -297,14 +422,14 @@ def markdown(df: pd.DataFrame) -> str:
                     cells.append("–")
                     continue
                 r0 = r.iloc[0]
-                mark = {"met": " ✓", "missed": " ✗"}.get(str(r0["verdict"]), "")
-                cells.append(fmt_pct(r0["vs_vanilla_plain_pct"]) + mark)
+                cells.append(fmt_pct(r0["vs_vanilla_plain_pct"]) + _mark(str(r0["verdict"])))
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
         vp = g[(g["build"] == "vanilla") & (g["mode"] == "plain")]
         out.append("vanilla's plain query: " + ", ".join(
             f"{r.workload} {int(r.instructions):,}" for r in vp.itertuples()) + " instructions.")
         out.append("")
+    out += compilers_markdown(df)
     return "\n".join(out)
 
 
