@@ -168,6 +168,31 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def header_lines(df: pd.DataFrame, major: str) -> str:
+    """The patch header's cost paragraph for *major*, from the committed results."""
+    g = with_reference(df)
+    g = g[g["pg_major"].astype(str) == major]
+    out = ["callgrind instructions against vanilla's plain query "
+           "(benchmarks/nodetime_cost.py, results in benchmarks/results/nodetime_cost.csv; "
+           "GCC, one execution after a warm-up), setting off / on:"]
+    for w in dict.fromkeys(g["workload"]):
+        cell = {}
+        for arm in ("node_marker off", "node_marker on"):
+            for m in MODES:
+                r = g[(g["arm"] == arm) & (g["workload"] == w) & (g["mode"] == m)]
+                cell[(arm, m)] = fmt(float(r["vs_vanilla_plain_pct"].iloc[0])) if len(r) else "n/a"
+        on = g[(g["arm"] == "node_marker on") & (g["workload"] == w) & (g["mode"] == "plain")]
+        verdict = f" ({on['verdict'].iloc[0]})" if len(on) and on["verdict"].iloc[0] else ""
+        out.append(f"  {w}: plain {cell[('node_marker off', 'plain')]} / "
+                   f"{cell[('node_marker on', 'plain')]}{verdict}; rows-only EXPLAIN ANALYZE "
+                   f"{cell[('node_marker off', 'analyze_notiming')]} / "
+                   f"{cell[('node_marker on', 'analyze_notiming')]}; default EXPLAIN ANALYZE "
+                   f"{cell[('node_marker off', 'analyze_timing_buffers')]} / "
+                   f"{cell[('node_marker on', 'analyze_timing_buffers')]}")
+    out.append(f"The goal for the plain query with the setting on is <= +{GOAL_PCT:.1f} %.")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--majors", default="18")
@@ -175,10 +200,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--check", action="store_true", help="print the committed results")
+    ap.add_argument("--header", default=None, metavar="MAJOR",
+                    help="print the patch header's cost paragraph for MAJOR (18 or 19) from "
+                         "the committed results")
     args = ap.parse_args(argv)
     out: Path = args.out
     old = (pd.read_csv(out / CSV_NAME, dtype={"pg_major": str})
            if (out / CSV_NAME).exists() else None)
+    if args.header:
+        if old is None:
+            raise SystemExit(f"nodetime_cost.py: no {out / CSV_NAME}: run it first")
+        print(header_lines(old, args.header))
+        return 0
     if args.check:
         if old is None:
             raise SystemExit(f"nodetime_cost.py: no {out / CSV_NAME}: run it first")
