@@ -310,14 +310,22 @@ def run(query_names: Sequence[str] | None, reps: int, seconds: float, frequency:
             say(f"{a.name}: loading")
             load_everything(a.conn)
         frames, infos = [], []
+        failed: list[str] = []
         for q in qs:
             say(f"{q.name}: {reps} repetitions on each build, then the marker ({seconds:g} s)")
-            df, info = measure_query(q, arms, reps, seconds, frequency, say)
+            try:
+                df, info = measure_query(q, arms, reps, seconds, frequency, say)
+            except Exception as e:  # noqa: BLE001 - one query's failure is reported, not fatal
+                say(f"{q.name}: FAILED: {type(e).__name__}: {e}")
+                failed.append(f"{q.name}: {type(e).__name__}: {e}")
+                continue
             frames.append(df)
             infos.append(info)
         # sampling's own cost, on the longest seed query
         bare, sampled = sampling_overhead(arms["node_marker"].conn, qs[0].sql, reps, frequency)
         infos.append({"query": "_sampler", "cpu bare": bare, "cpu sampled": sampled})
+        for f in failed:
+            infos.append({"query": "_failed", "error": f})
     finally:
         for a in arms.values():
             if a.conn is not None:
@@ -416,7 +424,7 @@ def markdown(df: pd.DataFrame, info: pd.DataFrame, front: pd.DataFrame, meta: di
     for r in front.itertuples():
         cpu = fmtf(r.cpu_overhead_pct, "+.1f", " %")
         if r.key == "marker" and not math.isnan(r.sampler_cpu_pct):
-            cpu += f" (setting on) + {r.sampler_cpu_pct:+.1f} % (sampler)"
+            cpu = f"setting on {cpu}; the sampler {r.sampler_cpu_pct:+.1f} %"
         out.append(f"| {r.method} | {r.nodes} | {r.within_2pp} | {fmtf(r.max_abs_err_pp, '.2f')}"
                    f" | {fmtf(r.mean_abs_err_pp, '.2f')} | {cpu} | "
                    f"{fmtf(r.instr_overhead_pct, '+.2f', ' %')} |")
@@ -460,6 +468,10 @@ def markdown(df: pd.DataFrame, info: pd.DataFrame, front: pd.DataFrame, meta: di
         out.append(f"| {r['query']} | {r['ns_per_read']:.1f} | {int(r['marker_executions'])} | "
                    f"{int(r['marker_samples'])} | {r['marker_outside_share'] * 100:.1f} % | "
                    f"{int(r['marker_worker_samples'])} | {r['cpu vanilla plain']:.1f} |")
+    if "error" in info:
+        out.append("")
+        for e in info["error"].dropna():
+            out.append(f"- not measured: {e}")
     out += ["", f"Goals: every node with ≥ 5 % within ±{GOAL_PP:g} pp of (a): "
             f"{meta['goal_accuracy']}; overhead ≤ {GOAL_OVERHEAD_PCT:g} %: "
             f"{meta['goal_overhead']}.", ""]
