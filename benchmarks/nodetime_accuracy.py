@@ -69,7 +69,7 @@ PARALLEL = {"max_parallel_workers_per_gather": "2", "parallel_setup_cost": "0",
 SEED_SCALES = {"nested_loop": 0.02, "join_sum": 0.2, "count_star": 0.1}
 OWN_SETUP = [
     "DROP TABLE IF EXISTS acc_t, acc_u",
-    "CREATE TABLE acc_t AS SELECT g AS a, (g * 7919) % 100000 AS b FROM "
+    "CREATE TABLE acc_t AS SELECT g AS a, ((g::bigint * 7919) % 100000)::int AS b FROM "
     "generate_series(1, 300000) g",
     "CREATE TABLE acc_u AS SELECT g * 3 AS a, g % 97 AS c FROM generate_series(1, 100000) g",
     "VACUUM ANALYZE acc_t, acc_u",
