@@ -52,7 +52,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,11 +123,12 @@ class Count:
 
 
 def measure(build: str, workload: str, scale: float, modes: Sequence[str] = MODES,
-            say: Say | None = None) -> Count:
+            say: Say | None = None, settings: Mapping[str, str] | None = None) -> Count:
     """Count the instructions of one execution of *workload*'s query in each of *modes*
     on *build* (built first if it is not cached): a fresh cluster loaded at *scale*,
     stopped, then one single-user backend under callgrind runs a warm-up plain execution
-    (not counted) and each mode once (scope: exec_simple_query)."""
+    (not counted) and each mode once (scope: exec_simple_query).  *settings* are given to
+    that backend (``-c name=value``), e.g. a patch's GUC."""
     from profkit.collect.callgrind import collect_callgrind
     from profkit.parse.callgrind import instr_counts_from_session
     from profkit.pg.build import get_build
@@ -147,7 +148,7 @@ def measure(build: str, workload: str, scale: float, modes: Sequence[str] = MODE
             session = collect_callgrind(
                 postgres=b.postgres, datadir=c.datadir, os_user=c.os_user,
                 queries={m: wl.query(m) for m in modes}, out_dir=scratch / "callgrind",
-                warmup_sql="")
+                warmup_sql="", settings=settings)
         df = instr_counts_from_session(session, build=build, workload=workload)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -33,7 +33,7 @@ def _source() -> Path:
 
 def test_library_has_every_variant():
     assert ALL == sorted(["step1", "step2", "step3", "step4", "step5", "coarse_clock",
-                          "tsc_clock", "sampled_timing", "fast_timing"])
+                          "tsc_clock", "sampled_timing", "fast_timing", "node_marker"])
     # every preset names patches that exist for some version, cumulative chains in order
     every = {n for v in patches.versions() for n in patches.list_patches(v)}
     for preset, names in patches.PRESETS.items():
@@ -173,8 +173,8 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
 
 def test_library_is_version_aware():
     assert patches.versions() == ["18", "19"]
-    assert patches.list_patches("19") == ["fast_timing", "step1", "step2", "step3", "step4",
-                                          "step5"]
+    assert patches.list_patches("19") == ["fast_timing", "node_marker", "step1", "step2",
+                                          "step3", "step4", "step5"]
     # PostgreSQL 19's step1 only moves the functions (19 already inlines them in instrument.c)
     pg19 = patches.read_patch("step1", "19")
     assert "NodeInstrumentation" in pg19 and "PostgreSQL 19" in patches.patch_header("step1", "19")
@@ -186,7 +186,7 @@ def test_library_is_version_aware():
     msg = str(exc.value)
     assert "variant 'tsc_clock' has no patch for PostgreSQL 19" in msg
     assert "tsc_clock (exists for: pg18)" in msg
-    assert "fast_timing, step1, step2, step3, step4, step5" in msg
+    assert "fast_timing, node_marker, step1, step2, step3, step4, step5" in msg
     assert "vanilla, step1, step2, step3, step4, step5, fast_timing" in msg
     with pytest.raises(PatchError, match=r"'tsc_clock' exists for: pg18"):
         patches.patch_file("tsc_clock", "19")

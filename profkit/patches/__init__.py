@@ -48,6 +48,8 @@ PRESETS: dict[str, list[str]] = {
     # lean TIMING wrappers: pg19/ on upstream's TSC clock, pg18/ on clock_gettime (or on
     # tsc_clock's TSC when built on top of it)
     "fast_timing": ["fast_timing"],
+    # the running plan node published for samplers (GUC track_executor_node, default off)
+    "node_marker": ["node_marker"],
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -66,12 +68,15 @@ DESCRIPTIONS: dict[str, str] = {
                       "(GUC explain_timing_sample_rate, default 100)",
     "fast_timing": "lean ExecProcNode wrappers for TIMING (BUFFERS/WAL too): start time in a "
                    "register, choices made once per node; on 19 RDTSC read directly",
+    "node_marker": "the running plan node's EXPLAIN number in a global (pg_node_marker) for "
+                   "samplers, with GUC track_executor_node on (default off)",
 }
 
 # GUCs a patch adds: patch -> {name: default}.  Lets callers record them in provenance.
 PATCH_GUCS: dict[str, dict[str, str]] = {
     "tsc_clock": {"instr_clock_source": "auto"},
     "sampled_timing": {"explain_timing_sample_rate": "100"},
+    "node_marker": {"track_executor_node": "off"},
 }
 
 _DIFF_START = re.compile(r"^(diff |--- )")
