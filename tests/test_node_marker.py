@@ -1,7 +1,8 @@
 """node_marker: the running plan node published by the backend, sampled with bcc.
 
 Static: the patch applies to both majors' sources and says what it changes and costs.
-Live (node_marker and pg19/node_marker builds, bcc on a software clock): the ids the
+Live (the node_marker build of PostgreSQL 18; pg19/node_marker is only applied, not yet
+built here; bcc on a software clock): the ids the
 samples carry are exactly the plan's node ids in EXPLAIN's order (InitPlan, SubPlan,
 Append and parallel workers included), the exclusive shares sum to 1, a synthetic query's
 dominant node gets the share it must, queries started inside a node and errors leave the
@@ -115,7 +116,6 @@ def _load(conn) -> None:
 
 @pytest.fixture(scope="module", params=[
     pytest.param("node_marker", marks=pytest.mark.builds("node_marker")),
-    pytest.param("pg19/node_marker", marks=pytest.mark.builds("pg19/node_marker")),
 ])
 def marker_conn(request):
     from profkit.pg.build import get_build
