@@ -73,6 +73,10 @@ SETUP = [
     "CREATE TRIGGER t4_after_stmt AFTER INSERT OR UPDATE ON ctrig FOR EACH STATEMENT "
     "EXECUTE FUNCTION ctrig_noop()",
     "ANALYZE ctrig",
+    # a temporary table: its blocks are local buffers (BUFFERS' "local" counts)
+    "DROP TABLE IF EXISTS ctemp",
+    "CREATE TEMP TABLE ctemp AS SELECT i AS id, i % 13 AS g FROM generate_series(1, 5000) i",
+    "ANALYZE ctemp",
 ]
 
 # postgres_fdw on a loopback server: two local tables served as foreign partitions, so
@@ -229,6 +233,11 @@ CORPUS: tuple[CorpusQuery, ...] = (
     CorpusQuery("foreign_join_local",
                 "SELECT count(*) FROM fpart f JOIN csmall s ON f.id = s.x",
                 ("Foreign Scan", "Hash")),
+    # BUFFERS' temp and local counts: a sort that spills to temporary files, and a scan of
+    # a temporary table
+    CorpusQuery("sort_external", "SELECT id, v FROM cbig WHERE v < 20 ORDER BY v, id",
+                ("Sort",), {"work_mem": "64kB", "max_parallel_workers_per_gather": "0"}),
+    CorpusQuery("temp_table", "SELECT g, count(*) FROM ctemp GROUP BY g", ("Seq Scan",)),
     CorpusQuery("trigger_insert",
                 "INSERT INTO ctrig SELECT i, i % 7 FROM generate_series(1, 250) i",
                 ("ModifyTable",), modifies=True,
