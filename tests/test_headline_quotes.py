@@ -96,7 +96,7 @@ def test_committed_matrix_is_what_its_numbers_say():
     assert (van["vs_vanilla_plain_pct"] == 0).all()
     assert (mod.RESULTS / mod.MD_NAME).read_text() == mod.markdown(again)
     # the goals are the project's, per mode, never loosened to pass
-    assert mod.GOALS == {"plain": 0.3, "analyze_notiming": 1.0}
+    assert mod.GOALS == {"plain": 0.3, "analyze_notiming": 1.0, "analyze_buffers": 3.0}
     for r in df.itertuples():
         if r.mode in mod.GOALS:
             assert r.verdict == ("met" if r.vs_vanilla_plain_pct <= mod.GOALS[r.mode]
@@ -109,9 +109,9 @@ def test_the_matrix_covers_gcc_on_both_majors():
     mod = headline_module()
     df = mod.read_results()
     gcc = df[df["compiler"] == "gcc"]
-    held = {"18": ("vanilla", "step4", "step5", "coarse_clock", "tsc_clock", "sampled_timing",
-                   "fast_timing"),
-            "19": ("vanilla", "step4", "step5", "fast_timing")}
+    held = {"18": ("vanilla", "step4", "step5", "step6", "coarse_clock", "tsc_clock",
+                   "sampled_timing", "fast_timing"),
+            "19": ("vanilla", "step4", "step5", "step6", "fast_timing")}  # step6: NOT_YET_COUNTED
     missing = set()
     for major, variants in held.items():
         for variant in variants:

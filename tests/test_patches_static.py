@@ -32,7 +32,7 @@ def _source() -> Path:
 
 
 def test_library_has_every_variant():
-    assert ALL == sorted(["step1", "step2", "step3", "step4", "step5", "coarse_clock",
+    assert ALL == sorted(["step1", "step2", "step3", "step4", "step5", "step6", "coarse_clock",
                           "tsc_clock", "sampled_timing", "fast_timing", "node_marker"])
     # every preset names patches that exist for some version, cumulative chains in order
     every = {n for v in patches.versions() for n in patches.list_patches(v)}
@@ -42,6 +42,8 @@ def test_library_has_every_variant():
     assert patches.PRESETS["fast_timing"] == ["fast_timing"]
     assert patches.versions_with("fast_timing") == ["18", "19"]
     assert patches.PRESETS["step3"] == ["step1", "step2", "step3"]
+    assert patches.PRESETS["step6"] == ["step1", "step4", "step5", "step6"]
+    assert patches.versions_with("step6") == ["18", "19"]
     assert patches.PRESETS["vanilla"] == []
 
 
@@ -59,7 +61,7 @@ def test_patch_has_header(name):
         assert not line.startswith(("--- ", "+++ ", "*** ", "@@", "Index:")), line
 
 
-@pytest.mark.parametrize("name", ["step2", "step3", "step4", "step5"])
+@pytest.mark.parametrize("name", ["step2", "step3", "step4", "step5", "step6"])
 def test_cumulative_patches_say_so(name):
     assert "CUMULATIVE" in patches.patch_header(name)
 
@@ -174,7 +176,7 @@ def test_broken_patch_names_patch_file_and_hunk(tmp_path, monkeypatch):
 def test_library_is_version_aware():
     assert patches.versions() == ["18", "19"]
     assert patches.list_patches("19") == ["fast_timing", "node_marker", "step1", "step2",
-                                          "step3", "step4", "step5"]
+                                          "step3", "step4", "step5", "step6"]
     # PostgreSQL 19's step1 only moves the functions (19 already inlines them in instrument.c)
     pg19 = patches.read_patch("step1", "19")
     assert "NodeInstrumentation" in pg19 and "PostgreSQL 19" in patches.patch_header("step1", "19")
@@ -186,8 +188,8 @@ def test_library_is_version_aware():
     msg = str(exc.value)
     assert "variant 'tsc_clock' has no patch for PostgreSQL 19" in msg
     assert "tsc_clock (exists for: pg18)" in msg
-    assert "fast_timing, node_marker, step1, step2, step3, step4, step5" in msg
-    assert "vanilla, step1, step2, step3, step4, step5, fast_timing" in msg
+    assert "fast_timing, node_marker, step1, step2, step3, step4, step5, step6" in msg
+    assert "vanilla, step1, step2, step3, step4, step5, step6, fast_timing" in msg
     with pytest.raises(PatchError, match=r"'tsc_clock' exists for: pg18"):
         patches.patch_file("tsc_clock", "19")
 
@@ -246,7 +248,7 @@ def test_parse_patch_output_without_failures():
 
 
 @pytest.mark.source
-@pytest.mark.parametrize("preset", ["step1", "step2", "step3", "step4", "step5"])
+@pytest.mark.parametrize("preset", ["step1", "step2", "step3", "step4", "step5", "step6"])
 def test_pg19_presets_apply_to_pg19_source(preset):
     """The pg19/ patches apply, in order, to the PostgreSQL 19 source (major read from it)."""
     from profkit.pg.build import resolve_source
@@ -258,3 +260,67 @@ def test_pg19_presets_apply_to_pg19_source(preset):
     with pytest.raises(PatchError, match=r"patch 'step1' does not apply: .*pg18 patches were "
                                          r"written for PostgreSQL 18\.6"):
         patches.check_applies(src.path, ["step1"], major="18")
+
+
+# ---------------------------------------------------------------------------------------
+# step6: every plan node counts its buffer usage where it happens.  If an increment of
+# pgBufferUsage were left as it was, EXPLAIN would miss that usage in every node (only
+# the totals would have it); if an init function set ExecProcNodeCounted without the
+# buffer twin, that node would silently take the generic wrapper under BUFFERS.
+
+_INCREMENT = re.compile(r"pgBufferUsage\.\w+\s*(\+\+|\+=)|"
+                        r"INSTR_TIME_(ADD|ACCUM_DIFF)\(pgBufferUsage\.")
+
+
+@pytest.mark.parametrize("major", ["18", "19"])
+def test_step6_gives_every_counting_twin_a_buffer_twin(major):
+    def added(name: str, pattern: str) -> list[str]:
+        return [m.group(1) for m in re.finditer(pattern, patches.read_patch(name, major))]
+
+    counted = sorted(added("step4", r"(?m)^\+\s*\S+\.ExecProcNodeCounted = (\w+)Counted;$"))
+    buf = sorted(added("step6", r"(?m)^\+\s*\S+\.ExecProcNodeCountedBuf = (\w+)CountedBuf;$"))
+    assert len(counted) >= 40 and buf == counted
+    text = patches.read_patch("step6", major)
+    # the third instance of every node function sets pgBufferUsageNode around the body
+    assert "fn##CountedBuf(PlanState *pstate)" in text
+    assert "+\tpgBufferUsageNode = pstate; \\" in text
+    assert "+\tpgBufferUsageNode = pstate->instr_parent; \\" in text
+    # no pgBufferUsage increment is removed without its replacement
+    removed = [ln for ln in text.splitlines() if ln.startswith("-") and not ln.startswith("---")
+               and _INCREMENT.search(ln)]
+    replaced = [ln for ln in text.splitlines() if ln.startswith("+")
+                and re.search(r"INSTR_BUFUSAGE_(INCR|ADD|TIME_ADD|TIME_ACCUM_DIFF)\((?!fld\b)\w+", ln)]
+    assert len(removed) == len(replaced) >= 20, (removed, replaced)
+
+
+@pytest.mark.source
+@pytest.mark.parametrize("major", ["18", "19"])
+def test_step6_leaves_no_buffer_increment_uncounted(major, tmp_path):
+    """Applied to the real source, step6 leaves no direct increment of pgBufferUsage in
+    the backend outside instrument.c (every one also counts for the running node)."""
+    from profkit.pg.build import resolve_source
+    from profkit.processes import run
+
+    src = Path(resolve_source("step6" if major == "18" else f"pg{major}/step6").path)
+    sites = {}
+    for f in sorted((src / "src" / "backend").rglob("*.c")):
+        rel = str(f.relative_to(src))
+        if rel.endswith("executor/instrument.c"):
+            continue
+        n = sum(1 for ln in f.read_text(errors="replace").splitlines() if _INCREMENT.search(ln))
+        if n:
+            sites[rel] = n
+    assert sum(sites.values()) >= 20, sites
+    touched = {f for name in patches.PRESETS["step6"]
+               for f in patches.target_files(patches.read_patch(name, major))}
+    assert set(sites) <= touched, sorted(set(sites) - touched)
+    tree = tmp_path / "src"
+    for rel in touched:
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, tree / rel)
+    for name in patches.PRESETS["step6"]:
+        run(["patch", "-p1", "--batch", "--forward", "-d", str(tree),
+             "-i", str(patches.patch_file(name, major))])
+    left = {rel: [ln for ln in (tree / rel).read_text().splitlines() if _INCREMENT.search(ln)]
+            for rel in sites}
+    assert not any(left.values()), left

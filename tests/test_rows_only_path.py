@@ -9,6 +9,9 @@ unbiased version broke this: its Query-2 ran +5.9 points of vanilla's plain quer
 because the sampler inlined into InstrStopNode made every call save three more
 registers.) Each count is also held to the committed headline matrix
 (benchmarks/results/headline.csv) within 0.05 % (why that tolerance: tests/test_headline.py).
+
+step6 (buffer usage counted where it happens) must likewise leave the plain query and
+rows only as step5 has them: see the last test.
 """
 from __future__ import annotations
 
@@ -53,3 +56,37 @@ def test_timing_variants_count_rows_like_vanilla(major, workload):
             assert abs(n - want) / want * 100 <= TOLERANCE_PCT, \
                 (f"pg{major} {b} {workload} {mode}: {n:,} instructions, committed {want:,}: "
                  "a regression, or rerun benchmarks/headline.py and commit its results")
+
+
+# ---------------------------------------------------------------------------------------
+# step6 changes the BUFFERS path only (each plan node counts its buffer usage where it
+# happens): its plain query and its rows-only EXPLAIN (the counting twins of step5) must
+# cost what step5's do.  What step6 adds on those paths is three instructions per buffer
+# access (the running node's counter next to pgBufferUsage's), a few thousand accesses
+# here: within 0.05 % of step5's counts.  Its default EXPLAIN (ANALYZE, TIMING FALSE)
+# (BUFFERS on) is held to the committed matrix like every other count.
+
+# PostgreSQL 19's step6 applies (test_patches_static) but is not built or counted yet
+@pytest.mark.builds("step5", "step6")
+@pytest.mark.parametrize("major", ["18"])
+@pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
+def test_step6_leaves_plain_and_rows_only_as_step5_has_them(major, workload):
+    mod = headline_module()
+    committed = mod.read_results()
+    scale = mod.SCALES[workload]
+    counts = {b: mod.measure_once(mod.build_name(b, major, "gcc"), workload, scale, MODES).instructions
+              for b in ["step5", "step6"]}
+    for mode in ("plain", "analyze_notiming"):
+        s5, s6 = counts["step5"][mode], counts["step6"][mode]
+        assert abs(s6 - s5) / s5 * 100 <= TOLERANCE_PCT, (major, workload, mode, s6, s5)
+    # BUFFERS on: step6 takes the counting twins, step5 the wrapper
+    assert counts["step6"]["analyze_buffers"] < counts["step5"]["analyze_buffers"] * 0.9
+    for mode, n in counts["step6"].items():
+        row = mod.committed(committed, compiler="gcc", major=major, build="step6",
+                            workload=workload, mode=mode)
+        if row is None:
+            continue
+        want = int(row["instructions"])
+        assert abs(n - want) / want * 100 <= TOLERANCE_PCT, \
+            (f"pg{major} step6 {workload} {mode}: {n:,} instructions, committed {want:,}: "
+             "a regression, or rerun benchmarks/headline.py and commit its results")

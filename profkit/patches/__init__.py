@@ -42,6 +42,8 @@ PRESETS: dict[str, list[str]] = {
     # step4 replaces step2/step3 (it does not build on them): the plain path stays vanilla's
     "step4": ["step1", "step4"],
     "step5": ["step1", "step4", "step5"],
+    # step6: step5 + buffer usage counted where it happens (BUFFERS on without the wrapper)
+    "step6": ["step1", "step4", "step5", "step6"],
     "coarse_clock": ["coarse_clock"],
     "tsc_clock": ["tsc_clock"],
     "sampled_timing": ["sampled_timing"],
@@ -60,6 +62,8 @@ DESCRIPTIONS: dict[str, str] = {
     "step4": "step1 + a row-counting twin of every node function, installed only under "
              "EXPLAIN ANALYZE rows-only; rows in one integer word",
     "step5": "step4 + the row word in PlanState: the per-row path never reads instrument",
+    "step6": "step5 + each plan node's buffer usage counted where it happens (no snapshot per "
+             "call): EXPLAIN ANALYZE's default BUFFERS on takes the counting twins too",
     "coarse_clock": "instr_time reads CLOCK_MONOTONIC_COARSE (4 ms ticks here)",
     "tsc_clock": "instr_time reads the TSC (GUC instr_clock_source, default auto = rdtsc)",
     "sampled_timing": "EXPLAIN ANALYZE times ~1 of N calls per node (geometric skips, exact first "

@@ -3,11 +3,13 @@
 Every patch variant must report exactly vanilla's actual rows and loops for
 every plan node under ``EXPLAIN (ANALYZE, FORMAT JSON)`` in each instrumentation
 mode of :data:`MODES` (rows only: the variants' fast path; BUFFERS on or TIMING
-on: the instrumentation wrapper, where the seed's step3 reported rows=0), the
+on: the instrumentation wrapper, where the seed's step3 reported rows=0), vanilla's
+buffer counts of every node where BUFFERS is on (:data:`BUFFER_COLUMNS`), the
 calls of every trigger (several per relation, statement and row level), and a
 non-negative time for every node under TIMING TRUE.  :func:`plan_rows` runs
 the corpus on one cluster; :func:`auto_explain_rows` runs it as plain statements under
-auto_explain (``log_analyze``, rows only); :func:`compare` diffs two results.
+auto_explain (``log_analyze``, rows only, or with ``log_buffers``); :func:`compare` diffs
+two results.
 
 The corpus covers, besides the plan node types: Hash and Bitmap Index Scan
 (MultiExecProcNode nodes, counted outside ExecProcNode), an async Foreign Scan
@@ -71,6 +73,10 @@ SETUP = [
     "CREATE TRIGGER t4_after_stmt AFTER INSERT OR UPDATE ON ctrig FOR EACH STATEMENT "
     "EXECUTE FUNCTION ctrig_noop()",
     "ANALYZE ctrig",
+    # a temporary table: its blocks are local buffers (BUFFERS' "local" counts)
+    "DROP TABLE IF EXISTS ctemp",
+    "CREATE TEMP TABLE ctemp AS SELECT i AS id, i % 13 AS g FROM generate_series(1, 5000) i",
+    "ANALYZE ctemp",
 ]
 
 # postgres_fdw on a loopback server: two local tables served as foreign partitions, so
@@ -102,6 +108,15 @@ MODES: dict[str, tuple[bool, bool]] = {
     "buffers": (False, True),
     "timing": (True, False),
     "timing_buffers": (True, True),
+}
+
+# EXPLAIN's per-node buffer counts (JSON key -> column), compared where BUFFERS is on
+BUFFER_COLUMNS: dict[str, str] = {
+    "Shared Hit Blocks": "shared_hit", "Shared Read Blocks": "shared_read",
+    "Shared Dirtied Blocks": "shared_dirtied", "Shared Written Blocks": "shared_written",
+    "Local Hit Blocks": "local_hit", "Local Read Blocks": "local_read",
+    "Local Dirtied Blocks": "local_dirtied", "Local Written Blocks": "local_written",
+    "Temp Read Blocks": "temp_read", "Temp Written Blocks": "temp_written",
 }
 
 _OFF = "off"
@@ -218,6 +233,11 @@ CORPUS: tuple[CorpusQuery, ...] = (
     CorpusQuery("foreign_join_local",
                 "SELECT count(*) FROM fpart f JOIN csmall s ON f.id = s.x",
                 ("Foreign Scan", "Hash")),
+    # BUFFERS' temp and local counts: a sort that spills to temporary files, and a scan of
+    # a temporary table
+    CorpusQuery("sort_external", "SELECT id, v FROM cbig WHERE v < 20 ORDER BY v, id",
+                ("Sort",), {"work_mem": "64kB", "max_parallel_workers_per_gather": "0"}),
+    CorpusQuery("temp_table", "SELECT g, count(*) FROM ctemp GROUP BY g", ("Seq Scan",)),
     CorpusQuery("trigger_insert",
                 "INSERT INTO ctrig SELECT i, i % 7 FROM generate_series(1, 250) i",
                 ("ModifyTable",), modifies=True,
@@ -286,6 +306,8 @@ def plan_rows(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS,
             # flatten_plan's "order" is EXPLAIN's print order: the JSON's pre-order
             nodes["async_capable"] = [flags[o] if 0 <= o < len(flags) else None
                                       for o in nodes["order"]]
+            if b:
+                nodes = _with_buffers(nodes, explain)
             if t:
                 plan = node_total_times(explain)
                 nodes["total_time_ms"] = (plan[: len(nodes)] if len(plan) >= len(nodes)
@@ -297,12 +319,26 @@ def plan_rows(conn: psycopg.Connection, queries: Iterable[CorpusQuery] = CORPUS,
     return pd.concat(frames, ignore_index=True)
 
 
+def _with_buffers(nodes: pd.DataFrame, explain: object) -> pd.DataFrame:
+    """*nodes* (flatten_plan's, with its print ``order``) with a column per
+    :data:`BUFFER_COLUMNS` (0 where EXPLAIN printed nothing, as the text format does)."""
+    dicts = explain_order(explain[0]["Plan"])  # type: ignore[index]
+    nodes = nodes.copy()
+    for key, col in BUFFER_COLUMNS.items():
+        nodes[col] = [float(dicts[o].get(key, 0)) if 0 <= o < len(dicts) else float("nan")
+                      for o in nodes["order"]]
+    return nodes
+
+
 def auto_explain_rows(conn: psycopg.Connection,
-                      queries: Iterable[CorpusQuery] = CORPUS) -> pd.DataFrame:
+                      queries: Iterable[CorpusQuery] = CORPUS,
+                      buffers: bool = False) -> pd.DataFrame:
     """The corpus run as plain statements under auto_explain with ``log_analyze`` on and
     ``log_timing`` off (rows only: the variants' fast path, the way a server that logs slow
     plans runs it), every plan sent to this session as a NOTICE.  Same columns as
-    :func:`plan_rows`, mode ``auto_explain``; triggers appear as there."""
+    :func:`plan_rows`, mode ``auto_explain``; triggers appear as there.  With *buffers*,
+    ``log_buffers`` is on too (auto_explain's default EXPLAIN with TIMING off): mode
+    ``auto_explain_buffers``, with the buffer columns."""
     notices: list[str] = []
 
     def on_notice(diag: psycopg.errors.Diagnostic) -> None:
@@ -317,7 +353,7 @@ def auto_explain_rows(conn: psycopg.Connection,
             for k, v in q.settings.items():
                 conn.execute(f"SET {k} = '{v}'")
             for k, v in (("log_min_duration", "0"), ("log_analyze", "on"),
-                         ("log_timing", "off"), ("log_buffers", "off"),
+                         ("log_timing", "off"), ("log_buffers", "on" if buffers else "off"),
                          ("log_triggers", "on"), ("log_format", "json"),
                          ("log_level", "notice")):
                 conn.execute(f"SET auto_explain.{k} = '{v}'")
@@ -336,9 +372,11 @@ def auto_explain_rows(conn: psycopg.Connection,
             explain = [json.loads(notices[0].split("plan:", 1)[1])]
             nodes = flatten_plan(explain)
             nodes.insert(0, "query", q.name)
+            if buffers:
+                nodes = _with_buffers(nodes, explain)
             if q.triggers:
                 nodes = pd.concat([nodes, _trigger_rows(explain, q.name)], ignore_index=True)
-            nodes.insert(0, "mode", "auto_explain")
+            nodes.insert(0, "mode", "auto_explain_buffers" if buffers else "auto_explain")
             frames.append(nodes)
     finally:
         conn.remove_notice_handler(on_notice)
@@ -379,7 +417,8 @@ def missing_node_types(rows: pd.DataFrame) -> list[str]:
 
 
 def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
-    """Rows where *other* differs from *reference* in node type, rows or loops.
+    """Rows where *other* differs from *reference* in node type, rows, loops or (where
+    both have them: BUFFERS on) any buffer count of :data:`BUFFER_COLUMNS`.
 
     Nodes under a Gather run in workers whose per-loop rows are printed rounded
     to two decimals, so their totals may differ by rounding: a tolerance of 1
@@ -387,11 +426,13 @@ def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     participants that ran the node, which varies from run to run in vanilla too
     (a worker that starts after a Parallel Hash Join's build and probe phases
     are over never runs the nodes below it): loops are not compared there, the
-    total rows are.
+    total rows are.  Buffer counts must be exact everywhere: a parallel scan reads each
+    block once, whichever participant reads it.
     """
     key = ["mode", "query", "node_id"] if "mode" in reference and "mode" in other else [
         "query", "node_id"]
-    cols = ["node_type", "rows", "loops", "parent_id"]
+    bufs = [c for c in BUFFER_COLUMNS.values() if c in reference and c in other]
+    cols = ["node_type", "rows", "loops", "parent_id", *bufs]
     m = reference[key + cols].merge(other[key + cols], on=key, how="outer",
                                     suffixes=("_ref", "_got"), indicator=True)
     bad = m["_merge"] != "both"
@@ -402,4 +443,7 @@ def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     diff = (m["rows_ref"] - m["rows_got"]).abs()
     bad |= (diff > 0) & ~under_gather
     bad |= (diff > 1) & under_gather
+    for c in bufs:
+        a, b = m[f"{c}_ref"], m[f"{c}_got"]
+        bad |= (a != b) & ~(a.isna() & b.isna())
     return m[bad].reset_index(drop=True)
