@@ -39,6 +39,7 @@ from profkit.analyze.stacks import EXECUTOR_WRAPPERS, drop_frames
 from profkit.collect import perf as perf_mod
 from profkit.errors import ProfkitError
 from profkit.experiments import harness
+from profkit.parse.folded import read_folded
 from profkit.pg.build import Build, presets
 from profkit.pg.cluster import BENCH_SETTINGS
 from profkit.pg.workloads import SEED_QUERY_NAMES, check_args, get_workload
@@ -335,8 +336,6 @@ def read_recordings(folder: str | Path, *, align: bool = False
     """The recordings in *folder*: the perf runs directly under it (folded; their
     provenance gives executions and frequency: ms per execution), else its ``*.folded``
     files (samples per recording: each file one recording of the same length)."""
-    from profkit.parse.folded import read_folded
-
     d = Path(folder)
     if not d.is_dir():
         raise FlameDiffError(f"{d}: not a folder of recordings (give the folder holding one "

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from profkit.analyze import nodetime as stack_method
 from profkit.collect import node_marker as nm
 from profkit.errors import ProbeError
 
@@ -128,12 +129,8 @@ def shares_table(nodes: Sequence[PlanShape], node_samples: Mapping[int, float],
 
 def node_table(plan_json: Any, node_samples: Mapping[int, float], outside: float
                ) -> pd.DataFrame:
-    """The stack method's table builder when it is there (profkit.analyze.nodetime), else
-    :func:`shares_table`; both number nodes in EXPLAIN's pre-order."""
-    try:
-        from profkit.analyze import nodetime as stack_method  # type: ignore[attr-defined]
-    except ImportError:
-        return shares_table(plan_shape(plan_json), node_samples, outside)
+    """The per-node table of the stack method's builder (profkit.analyze.nodetime), so both
+    methods give the same columns; nodes numbered in EXPLAIN's pre-order."""
     return stack_method.shares_from_node_samples(stack_method.plan_nodes(plan_json),
                                                  node_samples, outside)
 
