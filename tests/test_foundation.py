@@ -209,6 +209,21 @@ def test_patch_that_does_not_apply():
     assert Path(ei.value.log_path).exists()
 
 
+def test_patch_that_does_not_apply_is_said_before_waiting_for_another_build():
+    """While another build holds the cache's compile lock, a patch that does not apply
+    fails at once (not after the other build), with its rejected hunks and a log."""
+    import fcntl
+
+    spec = BuildSpec("test-broken", patches=(str(FIXTURES / "patches" / "broken.patch"),))
+    with open(paths.sub("builds") / ".compile.lock", "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)  # "another build"
+        with pytest.raises(PatchError) as ei:
+            get_build(spec)
+    assert "hunk #2" in str(ei.value) and "broken.patch" in str(ei.value)
+    assert Path(ei.value.log_path).exists()
+    assert _no_entry_for("test-broken")
+
+
 def test_configure_failure():
     spec = BuildSpec("test-badcflags", cflags="-O2 -fno-such-flag-profkit")
     with pytest.raises(BuildError) as ei:

@@ -643,9 +643,29 @@ def get_build(
             try:
                 fcntl.flock(compile_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                # a patch that does not apply is said now, not after the other build
+                _check_patches_apply(src, files, root / f".{d.name}.patch.log")
                 say(f"{spec.name}: waiting for another build in {root} to finish")
                 fcntl.flock(compile_lock, fcntl.LOCK_EX)
             return _do_build(spec, src, files, compiler, key, d, say, jobs or os.cpu_count() or 2)
+
+
+def _check_patches_apply(src: Source, files: Sequence[Path], log_path: Path) -> None:
+    """Apply *files* in order to a scratch copy of the source files they touch (what a
+    build does first): :class:`PatchError` with the rejected hunks, its log at *log_path*."""
+    if not files:
+        return
+    touched = sorted({f for pf in files
+                      for f in patches.target_files(pf.read_text(errors="replace"))})
+    log_path.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="profkit-check-") as tmp:
+        tree = Path(tmp) / "src"
+        tree.mkdir()
+        for rel in touched:
+            if (Path(src.path) / rel).is_file():
+                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(src.path) / rel, tree / rel)
+        _apply_patches(tree, files, log_path, src)
 
 
 def _is_users_patch(pf: Path) -> bool:
@@ -911,13 +931,7 @@ def check_build(name_or_spec: str | BuildSpec, *, source: str | None = None) -> 
     files = [patch_path(p, src.major) for p in spec.patches]
     touched = sorted({f for pf in files for f in patches.target_files(pf.read_text(errors="replace"))})
     with tempfile.TemporaryDirectory(prefix="profkit-check-") as tmp:
-        tree = Path(tmp) / "src"
-        tree.mkdir()
-        for rel in touched:
-            if (Path(src.path) / rel).is_file():
-                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(Path(src.path) / rel, tree / rel)
-        _apply_patches(tree, files, Path(tmp) / "patch.log", src)
+        _check_patches_apply(src, files, Path(tmp) / "patch.log")
     key = cache_key(spec, src, files, compiler_identity())
     cached = (paths.sub("builds") / f"{_safe_name(spec.name)}-{key[:12]}" / "COMPLETE").exists()
     return PatchCheck(name=spec.name, version=src.version, source=src.spec,
