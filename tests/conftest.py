@@ -13,7 +13,7 @@ import pytest
 
 # Every build the suite uses, in the order they are made: vanilla first, then the
 # variants that share most of its objects (ccache hits), the -pg build (all misses) last.
-BUILD_ORDER = ("vanilla", "step1", "step2", "step3", "step4", "step5", "coarse_clock",
+BUILD_ORDER = ("vanilla", "step1", "step2", "step3", "step4", "step5", "step6", "coarse_clock",
                "tsc_clock", "sampled_timing", "fast_timing", "node_marker", "gprof",
                "step3+gprof", "pg19/vanilla", "pg19/step1", "pg19/step2", "pg19/step3",
                "pg19/step4", "pg19/step5", "pg19/fast_timing")
