@@ -29,6 +29,10 @@ from profkit.analyze.stats import aa_check
 from profkit.experiments import bench
 
 
+def _instr(pct: float) -> str:
+    return "not counted" if pct != pct else f"{pct:+.4f} %"  # NaN: no instructions counted
+
+
 def one(design: str, args: argparse.Namespace, root: Path) -> str:
     t0 = time.monotonic()
     layouts = args.layouts if design == "layouts" else 0
@@ -47,7 +51,7 @@ def one(design: str, args: argparse.Namespace, root: Path) -> str:
             f"[{step2['vs_ref_ci_low_pct']:+.2f}, {step2['vs_ref_ci_high_pct']:+.2f}] | "
             f"{'yes' if step2['vs_ref_ci_low_pct'] > 0 or step2['vs_ref_ci_high_pct'] < 0 else 'no'}"
             f" | {aa.diff_pct:+.2f} % [{aa.ci_low_pct:+.2f}, {aa.ci_high_pct:+.2f}]"
-            f" | {step2['vs_ref_instr_pct']:+.4f} % | {time.monotonic() - t0:.0f} s | "
+            f" | {_instr(step2['vs_ref_instr_pct'])} | {time.monotonic() - t0:.0f} s | "
             f"{res.out_dir} |") if aa is not None else f"| {design} | no A/A interval |"
     return line
 
