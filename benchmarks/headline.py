@@ -254,7 +254,7 @@ def read_results(folder: Path = RESULTS) -> pd.DataFrame:
 #: ways (a counted cell must leave it, a cell may not vanish into it), and the live
 #: checks (a variant's counts against vanilla's) still run for these builds.  A run of
 #: this script that counts them empties it.
-NOT_YET_COUNTED: frozenset[tuple[str, str, str]] = frozenset({("gcc", "19", "step6")})
+NOT_YET_COUNTED: frozenset[tuple[str, str, str]] = frozenset()
 
 
 def committed(df: pd.DataFrame, *, compiler: str, major: str, build: str, workload: str,

@@ -66,9 +66,8 @@ def test_timing_variants_count_rows_like_vanilla(major, workload):
 # here: within 0.05 % of step5's counts.  Its default EXPLAIN (ANALYZE, TIMING FALSE)
 # (BUFFERS on) is held to the committed matrix like every other count.
 
-# PostgreSQL 19's step6 applies (test_patches_static) but is not built or counted yet
-@pytest.mark.builds("step5", "step6")
-@pytest.mark.parametrize("major", ["18"])
+@pytest.mark.builds("step5", "step6", "pg19/step5", "pg19/step6")
+@pytest.mark.parametrize("major", ["18", "19"])
 @pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
 def test_step6_leaves_plain_and_rows_only_as_step5_has_them(major, workload):
     mod = headline_module()

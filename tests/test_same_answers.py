@@ -31,13 +31,12 @@ pytestmark = pytest.mark.pg
 PG18_VARIANTS = [name for name in PRESETS if name != "vanilla"
                  and all(has_patch(p, "18") for p in PRESETS[name])]
 # PostgreSQL 19 in `make test`: the variants that carry every row-counting change (step5 =
-# step1 + step4 + step5) and the timing variant (fast_timing) against pg19/vanilla (the
-# buffer counting, pg19/step6, applies but is not built here yet), to keep a cold suite
-# inside its time budget;
+# step1 + step4 + step5), the buffer counting (step6 = step5 + step6) and the timing
+# variant (fast_timing) against pg19/vanilla, to keep a cold suite inside its time budget;
 # the others run with PROFKIT_TEST_PG19_VARIANTS=step1,step2,step3,step4,step5,step6,fast_timing
 # (and `profkit regress`).
 PG19_VARIANTS = [f"pg19/{name}" for name in
-                 os.environ.get("PROFKIT_TEST_PG19_VARIANTS", "step5,fast_timing").split(",")
+                 os.environ.get("PROFKIT_TEST_PG19_VARIANTS", "step5,step6,fast_timing").split(",")
                  if name]
 MODES = list(corpus.MODES)
 ALL_MODES = [*MODES, "auto_explain", "auto_explain_buffers"]
