@@ -136,6 +136,7 @@ README_COMMANDS = {
     "import": "test_import_error (success: tests/test_pk_record.py)",
     "export": "test_export_command",
     "record-script": "test_record_script_command",
+    "nodetime": "test_nodetime_command (more: tests/test_nodetime.py)",
 }
 
 
@@ -414,6 +415,24 @@ def test_perf_command(tmp_path: Path) -> None:
     assert "too few" not in cp.stderr
     assert re.search(r"instrumentation share \(self\): \d+\.\d%", cp.stdout), cp.stdout
     assert "unknown build" in message(profkit("perf", "no-such-build", code=1))
+
+
+@pytest.mark.pg
+@pytest.mark.builds("vanilla")
+def test_nodetime_command(tmp_path: Path) -> None:
+    env = {"PROFKIT_PROFILES": str(tmp_path / "profiles")}
+    cp = profkit("nodetime", "vanilla", "--workload", "nested_loop", "--scale", str(SCALE),
+                 "--min-samples", "150", "--json", "--out", str(tmp_path / "run"), env=env)
+    doc = json.loads(cp.stdout)
+    nodes = doc["nodes"]
+    assert doc["method"] == "stacks" and doc["total_samples"] >= 100
+    assert [n["node_type"] for n in nodes][:2] == ["Aggregate", "Nested Loop"]
+    assert [n["node_id"] for n in nodes] == list(range(len(nodes)))
+    assert sum(n["exclusive_share"] for n in nodes) == pytest.approx(1.0, abs=1e-9)
+    assert (tmp_path / "run" / "nodetime.csv").is_file()
+    assert "unknown build" in message(profkit("nodetime", "no-such-build", "--workload",
+                                              "nested_loop", code=1))
+    assert "give the query" in message(profkit("nodetime", "vanilla", code=2))
 
 
 @pytest.mark.pg
