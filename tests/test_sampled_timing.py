@@ -64,6 +64,7 @@ def test_rows_and_loops_exact_at_every_rate(plans):
 
 
 def test_times_positive_finite_and_consistent(plans):
+    notiming_ms = plans[0][0].attrs["execution_ms"]
     for rate in RATES:
         for df in plans[rate]:
             t = df["inclusive_ms"]
@@ -71,9 +72,15 @@ def test_times_positive_finite_and_consistent(plans):
             assert (df["startup_ms"] >= 0).all()
             root, exec_ms = t.iloc[0], df.attrs["execution_ms"]
             # the root (2 calls: exact) holds everything; at N > 1 minus the sampled
-            # nodes' clock reads inside it, never more than EXPLAIN's own Execution Time
+            # nodes' clock reads and bookkeeping inside it (calibrated and subtracted), so
+            # it estimates the query without them: never more than EXPLAIN's own Execution
+            # Time, and near the TIMING FALSE run's (measured here: 0.9-1.1 of it, while
+            # 0.64-0.69 of the instrumented Execution Time)
             assert 0 < root <= exec_ms * 1.001, (rate, root, exec_ms)
-            assert root >= exec_ms * (0.9 if rate == 1 else 0.6), (rate, root, exec_ms)
+            if rate == 1:
+                assert root >= exec_ms * 0.9, (rate, root, exec_ms)
+            else:
+                assert root >= notiming_ms * 0.5, (rate, root, notiming_ms)
 
 
 def test_heavy_last_call_is_always_timed(plans):

@@ -418,7 +418,7 @@ def missing_node_types(rows: pd.DataFrame) -> list[str]:
 
 def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     """Rows where *other* differs from *reference* in node type, rows, loops or (where
-    both have them: BUFFERS on) any buffer count of :data:`BUFFER_COLUMNS`.
+    the reference has them: BUFFERS on) any buffer count of :data:`BUFFER_COLUMNS`.
 
     Nodes under a Gather run in workers whose per-loop rows are printed rounded
     to two decimals, so their totals may differ by rounding: a tolerance of 1
@@ -444,6 +444,8 @@ def compare(reference: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     bad |= (diff > 0) & ~under_gather
     bad |= (diff > 1) & under_gather
     for c in bufs:
+        # where the reference printed buffers (BUFFERS on there), the other must print the
+        # same; a reference without them (BUFFERS off) has nothing to compare
         a, b = m[f"{c}_ref"], m[f"{c}_got"]
-        bad |= (a != b) & ~(a.isna() & b.isna())
+        bad |= a.notna() & (a != b)
     return m[bad].reset_index(drop=True)
