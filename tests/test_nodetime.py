@@ -2,8 +2,13 @@
 (pure, on hand-made and on recorded real stacks), and the real thing on a vanilla cluster."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -375,8 +380,6 @@ def test_nested_loop_query1_per_node_vs_explain_analyze(nested_loop_conn, tmp_pa
 @pytest.mark.pg
 @pytest.mark.builds("vanilla")
 def test_cli_json(pg_cluster, _nested_loop_loaded, tmp_path) -> None:
-    import json
-    import subprocess
     import sys
 
     cp = subprocess.run([sys.executable, "-m", "profkit", "nodetime", "--dsn", pg_cluster.dsn,
@@ -397,39 +400,43 @@ def test_cli_json(pg_cluster, _nested_loop_loaded, tmp_path) -> None:
     assert (tmp_path / "run" / "nodetime.csv").is_file()
 
 
-@pytest.mark.pg
-@pytest.mark.builds("vanilla")
-def test_pid_of_a_query_started_elsewhere(pg_cluster, vanilla_build, _nested_loop_loaded,
-                                          tmp_path) -> None:
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from profkit.experiments.nodetime import nodetime_pid
-
-    long_sql = "SELECT count(*) FROM test1 a, test2 b, test2 c WHERE a.data = b.data"
-    psql = subprocess.Popen([str(vanilla_build.bindir / "psql"), "-X", "-q", "-d",
-                             pg_cluster.dsn, "-c", long_sql], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
+@contextlib.contextmanager
+def _query_started_elsewhere(psql_bin, cluster, args: list[str], marker: str):
+    """A psql (its own session, stopped by pid in the end) running a query profkit did not
+    start; yields (connection, backend pid) once pg_stat_activity shows it active."""
+    psql = subprocess.Popen([str(psql_bin), "-X", "-q", "-d", cluster.dsn, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True,
                             env={**os.environ, "PGOPTIONS": "-c statement_timeout=60s"})
     try:
-        with pg_cluster.connect() as conn:
+        with cluster.connect() as conn:
             pid = None
             for _ in range(100):
                 row = conn.execute("SELECT pid FROM pg_stat_activity WHERE state = 'active' "
-                                   "AND query LIKE '%test2 c WHERE%' AND pid <> "
-                                   "pg_backend_pid()").fetchone()
+                                   "AND query LIKE %s AND pid <> pg_backend_pid()",
+                                   (f"%{marker}%",)).fetchone()
                 if row:
                     pid = int(row[0])
                     break
                 time.sleep(0.1)
             assert pid is not None, "the psql query did not start"
-            res = nodetime_pid(pid, seconds=3, out=tmp_path / "run")
+            yield conn, pid
             conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
     finally:
         os.killpg(psql.pid, signal.SIGTERM)
         psql.wait(timeout=30)
+
+
+@pytest.mark.pg
+@pytest.mark.builds("vanilla")
+def test_pid_of_a_query_started_elsewhere(pg_cluster, vanilla_build, _nested_loop_loaded,
+                                          tmp_path) -> None:
+    from profkit.experiments.nodetime import nodetime_pid
+
+    long_sql = "SELECT count(*) FROM test1 a, test2 b, test2 c WHERE a.data = b.data"
+    with _query_started_elsewhere(vanilla_build.bindir / "psql", pg_cluster,
+                                  ["-c", long_sql], "test2 c WHERE") as (_conn, pid):
+        res = nodetime_pid(pid, seconds=3, out=tmp_path / "run")
     assert res.has_plan
     df = res.df
     assert abs(df["exclusive_share"].sum() - 1.0) < 1e-9
@@ -446,37 +453,14 @@ def test_pid_without_a_plan_gives_node_types(pg_cluster, vanilla_build, _nested_
                                              tmp_path) -> None:
     """A query with a parameter ($1, extended protocol): EXPLAIN of its text cannot plan
     it, so the samples are given per node TYPE, and the result says so."""
-    import os
-    import signal
-    import subprocess
-    import time
-
     from profkit.experiments.nodetime import nodetime_pid
 
     script = tmp_path / "bind.sql"
     script.write_text("SELECT count(*) FROM test1 a, test2 b, test2 c "
                       "WHERE a.data = b.data AND c.id > $1 \\bind 0 \\g\n")
-    psql = subprocess.Popen([str(vanilla_build.bindir / "psql"), "-X", "-q", "-d",
-                             pg_cluster.dsn, "-f", str(script)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "PGOPTIONS": "-c statement_timeout=60s"})
-    try:
-        with pg_cluster.connect() as conn:
-            pid = None
-            for _ in range(100):
-                row = conn.execute("SELECT pid FROM pg_stat_activity WHERE state = 'active' "
-                                   "AND query LIKE '%c.id > $1%' AND pid <> "
-                                   "pg_backend_pid()").fetchone()
-                if row:
-                    pid = int(row[0])
-                    break
-                time.sleep(0.1)
-            assert pid is not None, "the psql query did not start"
-            res = nodetime_pid(pid, seconds=2, out=tmp_path / "run")
-            conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
-    finally:
-        os.killpg(psql.pid, signal.SIGTERM)
-        psql.wait(timeout=30)
+    with _query_started_elsewhere(vanilla_build.bindir / "psql", pg_cluster,
+                                  ["-f", str(script)], "c.id > $1") as (_conn, pid):
+        res = nodetime_pid(pid, seconds=2, out=tmp_path / "run")
     assert not res.has_plan
     assert any("no plan for its query" in n and "$1" in n for n in res.notes), res.notes
     df = res.df
