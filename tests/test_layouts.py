@@ -67,9 +67,10 @@ def test_same_instructions_under_callgrind(layouts):
     modes = ("plain", "analyze_notiming")
     c1, c2 = (mod.measure_once(n, "nested_loop", 0.01, modes).instructions for n in LAYOUTS)
     # the same code: the counts agree within the scatter of one binary counted twice
-    # (< 0.001 %: paths, pids and EXPLAIN's numbers differ between clusters)
+    # (paths, pids and the digits EXPLAIN prints differ between clusters: a CI run saw
+    # 1,549 of 113.9 M instructions, 0.0014 %, so the bound is 0.01 %)
     for m in modes:
-        assert abs(c1[m] - c2[m]) / c1[m] < 1e-5, (m, c1, c2)
+        assert abs(c1[m] - c2[m]) / c1[m] < 1e-4, (m, c1, c2)
 
 
 def test_bench_with_layouts_runs_each_backend_on_its_layout(layouts, tmp_path, monkeypatch):

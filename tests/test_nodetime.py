@@ -490,7 +490,9 @@ def test_hash_join(join_sum_conn, tmp_path) -> None:
     hash_ = types.index("Hash")
     assert df.loc[hj, "exclusive_share"] + df.loc[outer_scan, "exclusive_share"] > 0.5
     assert df.loc[hash_, "inclusive_share"] < 0.1
-    assert df["ambiguous_samples"].sum() == 0
+    # the join's two children are told apart by call site; a sample taken in a prologue
+    # (before the frame pointer is set up) can still lose a frame and be shared: rare
+    assert df["ambiguous_samples"].sum() <= 0.02 * res.executor_samples
 
 
 @pytest.mark.pg
