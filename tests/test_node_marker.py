@@ -11,6 +11,7 @@ the rows the queries return) are vanilla's with the setting on.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from profkit import patches
 from profkit.collect import node_marker as nm
-from profkit.errors import ProbeError
+from profkit.errors import ProbeError, ProfkitError
 from profkit.experiments import nodetime_marker as exp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,18 +78,18 @@ def test_patch_applies_to_pg19_source():
     patches.check_applies(src.path, patches.preset_patches("node_marker", "19"))
 
 
-def test_shares_table_numbering_and_sums():
+def test_node_table_numbering_and_sums():
     plan = [{"Plan": {"Node Type": "Aggregate", "Actual Loops": 1, "Actual Rows": 1,
                       "Plans": [{"Node Type": "Sort", "Actual Loops": 1, "Actual Rows": 5,
                                  "Plans": [{"Node Type": "Seq Scan", "Actual Loops": 1,
                                             "Actual Rows": 5, "Relation Name": "t"}]}]}}]
-    df = exp.shares_table(exp.plan_shape(plan), {0: 10, 1: 30, 2: 60}, outside=25)
+    df = exp.node_table(plan, {0: 10, 1: 30, 2: 60}, outside=25)
     assert df["node_type"].tolist() == ["Aggregate", "Sort", "Seq Scan"]
     assert df["exclusive_share"].tolist() == pytest.approx([0.1, 0.3, 0.6])
     assert df["inclusive_share"].tolist() == pytest.approx([1.0, 0.9, 0.6])
     assert df.attrs["outside_executor_share"] == pytest.approx(0.2)
-    with pytest.raises(ProbeError, match="node ids \\[3\\]"):
-        exp.shares_table(exp.plan_shape(plan), {3: 1}, outside=0)
+    with pytest.raises(ProfkitError, match="names node 3, but the plan has nodes 0..2"):
+        exp.node_table(plan, {3: 1}, outside=0)
 
 
 def test_marker_symbol_missing_is_a_clear_error(tmp_path):
@@ -268,3 +269,40 @@ def test_same_answers_with_the_setting_on(vanilla_build):
     assert diff.empty, diff.to_string()
     assert answers == ref_answers
     assert len(answers) >= 20
+
+
+@pytest.mark.pg
+@pytest.mark.builds("node_marker", "vanilla")
+def test_nodetime_method_marker_command(tmp_path: Path) -> None:
+    """`profkit nodetime node_marker --method marker`: the same table as the stack
+    method's, every node numbered as EXPLAIN numbers it, no ambiguous sample; a build
+    without the marker and the options the marker cannot honour are refused clearly."""
+    from test_cli_commands import message, profkit
+
+    env = {"PROFKIT_PROFILES": str(tmp_path / "profiles")}
+    cp = profkit("nodetime", "node_marker", "--method", "marker", "--workload",
+                 "nested_loop", "--scale", "0.01", "--freq", "1999", "--min-samples", "2000",
+                 "--json", "--out", str(tmp_path / "run"), env=env)
+    doc = json.loads(cp.stdout)
+    nodes = doc["nodes"]
+    assert doc["method"] == "marker" and doc["flamegraph"] is None
+    assert [n["node_type"] for n in nodes][:2] == ["Aggregate", "Nested Loop"]
+    assert [n["node_id"] for n in nodes] == list(range(len(nodes)))
+    assert sum(n["exclusive_share"] for n in nodes) == pytest.approx(1.0, abs=1e-9)
+    assert all(n["ambiguous_samples"] == 0 for n in nodes)
+    # the marker's table has EXPLAIN ANALYZE's rows and loops beside the shares
+    assert all(n["loops"] >= 1 for n in nodes) and nodes[0]["rows"] == 1
+    # 1 s at 1999 Hz: most samples of a CPU-bound query land in a node
+    assert doc["executor_samples"] >= 500 and doc["reps"] >= 1
+    assert 0 <= doc["outside_executor_share"] < 0.5
+    csv = pd.read_csv(tmp_path / "run" / "nodetime.csv")
+    assert csv["samples"].sum() == pytest.approx(doc["executor_samples"])
+    prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert prov["status"] == "complete" and prov["method"] == "marker"
+
+    m = message(profkit("nodetime", "vanilla", "--method", "marker", "--workload",
+                        "nested_loop", "--scale", "0.01", "--reps", "1", env=env, code=1))
+    assert "node_marker build" in m
+    m = message(profkit("nodetime", "node_marker", "--method", "marker", "--workload",
+                        "nested_loop", "--flamegraph", str(tmp_path / "x.svg"), code=2))
+    assert "draws no flamegraph" in m

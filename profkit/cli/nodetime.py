@@ -31,6 +31,11 @@ from profkit.cli.common import friendly as _friendly
               help="With BUILD: the workload's scale factor.")
 @click.option("--analyze", is_flag=True,
               help="Also show EXPLAIN ANALYZE's rows and loops (one more, separate run).")
+@click.option("--method", type=click.Choice(["stacks", "marker"]), default="stacks",
+              show_default=True,
+              help="stacks: each sample's call stack names its node (any build). marker: "
+                   "the node a node_marker build publishes, read by bcc (exact; no "
+                   "flamegraph; BUILD, --cluster or --dsn of such a build).")
 @click.option("--freq", type=int, default=999, show_default=True, help="Samples per second.")
 @click.option("--min-samples", type=int, default=None,
               help="Run the query until about this many samples (default: profkit's "
@@ -48,7 +53,7 @@ from profkit.cli.common import friendly as _friendly
 @_friendly
 def nodetime_cmd(build: str | None, cluster_name: str | None, dsn: str | None,
                  pid: int | None, seconds: float, sql: str | None, workload: str | None,
-                 query: str | None, scale: float, analyze: bool, freq: int,
+                 query: str | None, scale: float, analyze: bool, method: str, freq: int,
                  min_samples: int | None, reps: int | None, against: str | None,
                  flamegraph_path: str | None, out: str | None, as_json: bool) -> None:
     """Time per plan node from perf samples by call stack (~1 % overhead, no clock reads).
@@ -76,6 +81,10 @@ def nodetime_cmd(build: str | None, cluster_name: str | None, dsn: str | None,
         raise Failed("--against BUILD compares two builds: give BUILD too")
     if against and not flamegraph_path:
         raise Failed("--against draws a differential flamegraph: give --flamegraph OUT.svg")
+    if method == "marker" and (pid is not None or flamegraph_path or against or analyze):
+        raise Failed("--method marker runs the query itself on a node_marker server and "
+                     "draws no flamegraph: drop --pid, --flamegraph, --against and "
+                     "--analyze (its table has rows and loops already)")
     if seconds <= 0 or freq <= 0:
         raise Failed("--seconds and --freq must be > 0")
     spec = workload_name(workload, query) if workload else None
@@ -84,7 +93,7 @@ def nodetime_cmd(build: str | None, cluster_name: str | None, dsn: str | None,
         res = nodetime_pid(pid, seconds=seconds, cluster=cluster_name, dsn=dsn,
                            flamegraph=flamegraph_path, **kw)
     else:
-        kw.update(analyze=analyze, reps=reps)
+        kw.update(analyze=analyze, reps=reps, method=method)
         if min_samples is not None:
             kw["min_samples"] = min_samples
         elif reps is None:

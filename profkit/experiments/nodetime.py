@@ -23,6 +23,11 @@ The walk (:func:`nodetime_on_conn`):
 
 :func:`nodetime_pid` samples a backend running a query profkit did not start: its text
 from pg_stat_activity, its plan from a plain EXPLAIN of that text in another session.
+
+``method="marker"`` (:func:`nodetime_marker_on_conn`) is the exact method: on a
+``node_marker`` build the backend publishes the running node's number, and a bcc
+program samples that number (:mod:`profkit.experiments.nodetime_marker`); no stack is
+walked, so no sample is ambiguous, and there is no node-rooted flamegraph.
 """
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ from profkit.collect.perf import (
 )
 from profkit.collect.procfs import WorkerWatch, schedstat
 from profkit.errors import ProbeError, ProfkitError
+from profkit.experiments.nodetime_marker import run_marker
 from profkit.pg.build import Build, get_build
 from profkit.pg.cluster import DB_USER, Cluster, connect_detached, connect_dsn, redact_dsn
 from profkit.pg.workloads import check_args, get_workload, workload_spec
@@ -73,6 +79,9 @@ Say = Callable[[str], None]
 SCRIPT_FIELDS: tuple[str, ...] = ("-F", "comm,pid,tid,time,event,ip,sym,symoff,dso",
                                   "--no-inline")
 NODETIME_CSV = "nodetime.csv"
+#: how samples find their plan node: the call stack (any build), or the node marker a
+#: node_marker build publishes (exact)
+METHODS = ("stacks", "marker")
 NODETIME_FOLDED = "nodetime.folded"
 PLAN_JSON = "plan.json"
 JOIN_FUNCTIONS = frozenset({"ExecNestLoop", "ExecHashJoin", "ExecParallelHashJoin",
@@ -131,6 +140,12 @@ class NodeTimeResult:
 
     def _head(self) -> list[str]:
         f = self.facts
+        if self.method == "marker":
+            return [f"run {self.run.run_id}: {self.total_samples:.0f} samples of backend "
+                    f"{f.get('pid')} ({f.get('freq')} Hz, node marker read by bcc, "
+                    f"{f.get('reps')} executions"
+                    + (f", {len(f.get('worker_pids') or [])} parallel workers"
+                       if f.get("worker_pids") else "") + ")"]
         out = [f"run {self.run.run_id}: {self.total_samples:.0f} samples of backend "
                f"{f.get('pid')} ({f.get('freq')} Hz, {f.get('call_graph')} call graphs"
                + (f", {f.get('reps')} executions" if f.get("reps") else "")
@@ -289,8 +304,19 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
                      out: str | os.PathLike[str] | None = None, build: Build | None = None,
                      workload: str | None = None, flamegraph: str | os.PathLike[str] | None
                      = None, title: str | None = None, progress: Say | None = None,
-                     facts: dict[str, Any] | None = None) -> NodeTimeResult:
+                     facts: dict[str, Any] | None = None, method: str = "stacks"
+                     ) -> NodeTimeResult:
     """Time per plan node of *sql* run on *conn*'s backend (see the module docstring)."""
+    if method not in METHODS:
+        raise NodeTimeError(f"unknown method {method!r}: choose {' or '.join(METHODS)}")
+    if method == "marker":
+        if flamegraph is not None:
+            raise NodeTimeError("the marker method walks no stacks, so it draws no "
+                                "node-rooted flamegraph: use the stack method for one")
+        return nodetime_marker_on_conn(conn, sql, freq=freq, min_samples=min_samples,
+                                       max_seconds=max_seconds, reps=reps, base=base,
+                                       out=out, build=build, workload=workload,
+                                       progress=progress, facts=facts)
     say = progress or (lambda _m: None)
     perf_path()
     sql = sql.strip().rstrip(";")
@@ -353,6 +379,60 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
                          min_samples)
         if flamegraph is not None:
             result.flamegraph = node_flamegraph(result, flamegraph, title=title)
+    return result
+
+
+def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
+                            min_samples: int = MIN_SAMPLES, max_seconds: float = 60.0,
+                            reps: int | None = None,
+                            base: str | os.PathLike[str] | None = None,
+                            out: str | os.PathLike[str] | None = None,
+                            build: Build | None = None, workload: str | None = None,
+                            progress: Say | None = None,
+                            facts: dict[str, Any] | None = None) -> NodeTimeResult:
+    """Time per plan node of *sql* by the node marker (a ``node_marker`` server): the
+    query repeats for *reps* executions, or for the wall time *min_samples* samples take
+    at *freq* (at most *max_seconds*); the same table as the stack method's."""
+    say = progress or (lambda _m: None)
+    sql = sql.strip().rstrip(";")
+    pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+    seconds = min(max_seconds, min_samples / freq) if reps is None else 0.0
+    say("recording " + (f"{reps} executions" if reps is not None else
+                        f"for {seconds:.1f} s (about {min_samples} samples)")
+        + f" at {freq} Hz, reading the node marker of backend {pid} with bcc")
+    words = (build.name if build else None, workload)
+    with open_run("nodetime", words=[w for w in words if w] or ["query"], build=build,
+                  workload=workload, base=base, path=out, tools=("bcc",), query=sql,
+                  backend_pid=pid, method="marker", **(facts or {})) as rd:
+        try:
+            mr = run_marker(conn, sql, frequency=freq, min_seconds=seconds,
+                            min_executions=reps or 1, max_executions=reps or 100_000)
+        except ProbeError as e:
+            raise NodeTimeError(str(e)) from None
+        rd.file(PLAN_JSON).write_text(json.dumps(mr.plan, indent=1))
+        rd.add_artifact(PLAN_JSON, "EXPLAIN (ANALYZE, TIMING FALSE, BUFFERS FALSE, "
+                                   "FORMAT JSON), before the sampled executions")
+        ns = mr.samples
+        df = mr.nodes
+        workers = list(ns.worker_pids)
+        rd.update(reps=mr.executions, worker_pids=workers, parallel=bool(workers))
+        notes = []
+        if ns.read_errors or ns.bad_magic:
+            notes.append(f"{ns.read_errors} samples had an unreadable marker and "
+                         f"{ns.bad_magic} a wrong magic number: left out")
+        short = SampleShortfall(samples=int(df.attrs["executor_samples"]), freq=freq,
+                                seconds=mr.seconds, reps=mr.executions)
+        result = _result(rd, sql, plan_nodes(mr.plan), None, df, {}, notes, bool(workers),
+                         workers, {"pid": pid, "freq": freq, "reps": mr.executions,
+                                   "seconds": round(mr.seconds, 6),
+                                   "binary": str(ns.binary), "parallel": bool(workers),
+                                   "worker_pids": workers,
+                                   "backend_samples": ns.backend_samples,
+                                   "read_errors": ns.read_errors,
+                                   "bad_magic": ns.bad_magic}, short, min_samples)
+        result.method = "marker"
+        df.to_csv(rd.file(NODETIME_CSV), index=False)
+        rd.add_artifact(NODETIME_CSV, "per plan node: samples and shares (node marker)")
     return result
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +36,6 @@ if TYPE_CHECKING:
 SETTING = "track_executor_node"
 DEFAULT_FREQUENCY = nm.DEFAULT_FREQUENCY
 DEFAULT_MIN_SECONDS = 3.0
-
-COLUMNS = ("node_id", "node_type", "parent_id", "depth", "relation", "alias",
-           "exclusive_share", "inclusive_share", "samples", "ambiguous_samples",
-           "inclusive_samples", "rows", "loops")
-
 
 @dataclass(frozen=True)
 class PlanShape:
@@ -94,37 +89,6 @@ def plan_shape(plan_json: Any) -> list[PlanShape]:
 
     visit(_top(plan_json)["Plan"], None, 0)
     return out
-
-
-def shares_table(nodes: Sequence[PlanShape], node_samples: Mapping[int, float],
-                 outside: float) -> pd.DataFrame:
-    """Exclusive samples per node -> the per-node table (exclusive and inclusive shares
-    of the executor's samples).  A node id the plan does not have is an error: the
-    marker's numbering and EXPLAIN's disagree."""
-    n = len(nodes)
-    bad = [k for k in node_samples if not 0 <= int(k) < n]
-    if bad:
-        raise ProbeError(f"samples name node ids {sorted(bad)}, but the plan has nodes "
-                         f"0..{n - 1}: the marker's numbering does not match EXPLAIN's")
-    excl = [float(node_samples.get(i, 0.0)) for i in range(n)]
-    incl = list(excl)
-    for node in reversed(nodes):
-        if node.parent_id is not None:
-            incl[node.parent_id] += incl[node.node_id]
-    inside = sum(excl)
-    rows = [{
-        "node_id": nd.node_id, "node_type": nd.node_type, "parent_id": nd.parent_id,
-        "depth": nd.depth, "relation": nd.relation, "alias": nd.alias,
-        "exclusive_share": excl[i] / inside if inside else math.nan,
-        "inclusive_share": incl[i] / inside if inside else math.nan,
-        "samples": excl[i], "ambiguous_samples": 0.0, "inclusive_samples": incl[i],
-        "rows": nd.rows, "loops": nd.loops} for i, nd in enumerate(nodes)]
-    df = pd.DataFrame(rows, columns=list(COLUMNS))
-    df["parent_id"] = df["parent_id"].astype("Int64")
-    total = inside + float(outside)
-    df.attrs.update(outside_executor_share=float(outside) / total if total else math.nan,
-                    total_samples=total, executor_samples=inside)
-    return df
 
 
 def node_table(plan_json: Any, node_samples: Mapping[int, float], outside: float
