@@ -175,10 +175,11 @@ def test_dead_pid_before_recording(pg_cluster, tmp_path) -> None:
     deadline = time.monotonic() + 10
     while perf.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    run = perf.new_run("perf", base=tmp_path)
-    with pytest.raises(perf.PerfError, match=f"process {pid} does not exist"):
+    with pytest.raises(perf.PerfError, match=f"process {pid} does not exist"), \
+            open_run("perf", base=tmp_path) as run:
         perf.record_pid(pid, lambda: None, run=run)
     assert not (tmp_path / run.run_id / "perf.data").exists()
+    assert load_run(run.path).status == "failed"
 
 
 def test_backend_exits_while_recording(pg_cluster, tmp_path) -> None:
