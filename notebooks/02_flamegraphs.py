@@ -88,10 +88,11 @@ for name, build in choice.builds.items():
         for mode in todo:
             sql = wl.query(mode)
             perf.run_query(conn, sql, 1)  # warm-up, not recorded
-            rec, _ = perf.record_query(cl, conn, sql, reps=REPS[mode], workload=WORKLOAD,
-                                       mode=mode, scale=SCALE, freq=FREQ,
-                                       query_name=SEED_QUERY_NAMES.get(mode, mode),
-                                       base=RUN_DIR)
+            with nb.open_run("perf", build=build, workload=WORKLOAD, mode=mode,
+                             root=RUN_DIR, tools=("gcc",)) as rd:
+                rec, _ = perf.record_query(cl, conn, sql, run=rd, reps=REPS[mode],
+                                           scale=SCALE, freq=FREQ,
+                                           query_name=SEED_QUERY_NAMES.get(mode, mode))
             profiles[(name, mode)] = perf.fold_run(load_run(rec.run_dir), binary=build.postgres)
             progress.advance(message=f"{mode}: {rec.samples} samples")
             print(f"{name} {mode}: recorded {rec.run_id}")

@@ -74,8 +74,10 @@ with progress:
                 predictions[name] = P.predict(plan, P.context_from_conn(conn, MODE))
                 progress.advance(message=f"{name}: plan predicted")
                 perf.run_query(conn, wl.query(MODE), 1)
-                rec, _ = perf.record_query(cl, conn, wl.query(MODE), reps=PERF_REPS,
-                                           workload=WORKLOAD, mode=MODE, scale=SCALE)
+                with nb.open_run("perf", build=build, workload=WORKLOAD, mode=MODE,
+                                 tools=("gcc",)) as rd:
+                    rec, _ = perf.record_query(cl, conn, wl.query(MODE), run=rd,
+                                               reps=PERF_REPS, scale=SCALE)
             prof = perf.fold_run(load_run(rec.run_dir), binary=build.postgres)
             perf_tables[name] = prof.functions
             assert prof.folding.samples >= 100, f"too few perf samples ({prof.folding.samples})"

@@ -147,9 +147,10 @@ with progress:
             wl.load(conn, SCALE)
             sql = wl.query(DIFF_MODE)
             perf.run_query(conn, sql, 1)  # warm-up, not recorded
-            rec, _ = perf.record_query(cl, conn, sql, reps=PERF_REPS, workload=wl_spec,
-                                       mode=DIFF_MODE, scale=SCALE,
-                                       query_name=SEED_QUERY_NAMES[DIFF_MODE])
+            with nb.open_run("perf", build=build, workload=wl_spec, mode=DIFF_MODE,
+                             tools=("gcc",)) as rd:
+                rec, _ = perf.record_query(cl, conn, sql, run=rd, reps=PERF_REPS, scale=SCALE,
+                                           query_name=SEED_QUERY_NAMES[DIFF_MODE])
         profiles[name] = perf.fold_run(load_run(rec.run_dir), binary=build.postgres)
         progress.advance(message=f"{name}: {profiles[name].folding.samples} samples")
 

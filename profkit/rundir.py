@@ -10,8 +10,8 @@ gprof, py-spy, probes, a notebook's own collection) writes its run here:
   ``provenance.json`` with status ``running`` before any work, turns a full disk into
   :class:`RunDiskFull`, records Ctrl-C as ``interrupted`` and any other error as
   ``failed`` (with the error), else ``complete``, and points ``latest`` at a completed
-  run it named. Every experiment, collector and notebook run goes through it (or through
-  :func:`new_run`, its first half, when the run outlives one ``with`` block);
+  run it named. Every experiment, collector and notebook run goes through it (a
+  collector takes the run from its caller; :func:`new_run` is its first half);
 - :class:`RunDir` rewrites provenance.json atomically as facts arrive, so a run
   that dies half-way still says what it is and which files it holds;
 - :class:`RowWriter` appends rows with one ``write`` + ``fsync`` each (a crash keeps
@@ -261,8 +261,9 @@ def new_run(kind: str, *, build: Build | None = None, workload: str | None = Non
             base: str | os.PathLike[str] | None = None, path: str | os.PathLike[str] | None = None,
             tools: Sequence[str] = (), **facts: Any) -> RunDir:
     """Create ``<base or profiles/>/<run_id>/`` (or exactly *path*) and write its first
-    provenance.json: the first half of :func:`open_run`, for a run that outlives one
-    ``with`` block (a collector's, finished by :meth:`RunDir.finish`).
+    provenance.json: the first half of :func:`open_run` (which every run of profkit goes
+    through: a run made here alone gets no final status unless :meth:`RunDir.finish`
+    writes one).
 
     *kind* names the experiment or tool (``bench``, ``perf``...; recorded as ``kind`` and,
     for collectors, ``tool``). *path* may name an existing empty directory (``--out``);

@@ -5,7 +5,9 @@
 
 - run-creation sites: calls that make a run folder, outside :mod:`profkit.rundir`:
   ``open_run`` (the one lifecycle: it writes the final status) and every other way
-  (``new_run``, ``new_run_dir``, a ``RunDir(...)`` written with ``.save()``);
+  (``new_run``, ``new_run_dir``, a ``RunDir(...)`` written with ``.save()``,
+  ``.update()``, ``.finish()`` or ``.add_artifact()``; a stand-in ``RunDir`` that only
+  names a folder and is never written is not a run);
 - runner classes: classes outside ``experiments/harness.py`` that run statements
   themselves (``timed_execute``, a ``Cluster(...)`` start or an ``interleave`` loop);
 - cluster starts outside the engine: ``Cluster(...)`` constructions in experiments/,
@@ -35,6 +37,50 @@ def _call_name(node: ast.Call) -> str:
     if isinstance(f, ast.Attribute):
         return f.attr
     return ""
+
+
+#: what makes a ``RunDir(...)`` a run on disk (a stand-in that names a folder in a graph
+#: and is never written is not a run)
+_WRITES = {"save", "update", "finish", "add_artifact"}
+
+
+def _written_rundirs(tree: ast.AST) -> set[int]:
+    """ids of the ``RunDir(...)`` calls in *tree* whose object is written: called on
+    directly (``RunDir(...).save()``) or through the name it is assigned to, in the same
+    function (or module body)."""
+    out: set[int] = set()
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    scopes = [tree, *(n for n in ast.walk(tree)
+                      if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and _call_name(call) == "RunDir"):
+            continue
+        up = parents.get(id(call))
+        if isinstance(up, ast.Attribute) and up.attr in _WRITES:
+            out.add(id(call))
+            continue
+        names = {t.id for t in getattr(up, "targets", [getattr(up, "target", None)])
+                 if isinstance(t, ast.Name)} if isinstance(
+                     up, ast.Assign | ast.AnnAssign) else set()
+        if not names:
+            out.add(id(call))  # passed on or returned: count it (it may be written)
+            continue
+        scope = tree
+        node: ast.AST | None = call
+        while node is not None:
+            node = parents.get(id(node))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                scope = node
+                break
+        assert scope in scopes
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr in _WRITES and isinstance(n.func.value, ast.Name)
+               and n.func.value.id in names for n in ast.walk(scope)):
+            out.add(id(call))
+    return out
 
 
 def _files(pkg: Path) -> list[Path]:
@@ -78,6 +124,7 @@ def counts(root: Path) -> dict[str, object]:
         sizes.append((text.count("\n"), rel))
         tree = ast.parse(text, rel)
         in_rundir = rel == "profkit/rundir.py"
+        written = _written_rundirs(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 name = _call_name(node)
@@ -86,7 +133,7 @@ def counts(root: Path) -> dict[str, object]:
                     open_sites.append(where)
                 elif not in_rundir and name in RUN_OTHER:
                     other_sites.append(where)
-                elif not in_rundir and name == "RunDir":
+                elif not in_rundir and name == "RunDir" and id(node) in written:
                     other_sites.append(where)
                 if (name == "Cluster" and rel.startswith(("profkit/experiments/",
                                                           "profkit/cli/", "profkit/lab/"))

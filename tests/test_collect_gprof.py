@@ -37,7 +37,7 @@ import pytest
 
 from profkit.collect import gprof
 from profkit.experiments import profile as prof_exp
-from profkit.rundir import load_run, new_run
+from profkit.rundir import load_run, new_run, open_run
 from profkit.errors import ToolNotFound
 from profkit.pg.workloads import get_workload
 
@@ -109,9 +109,10 @@ def gprof_binary(result: gprof.GprofResult) -> str:
 def query2(gprof_cluster, tmp_path_factory):
     wl = get_workload("nested_loop")
     base = tmp_path_factory.mktemp("profiles")
-    grun, res = gprof.collect_gprof(gprof_cluster, wl.query("analyze_notiming"),
-                                    workload="nested_loop", mode="analyze_notiming",
-                                    query_name="Query-2", base=base)
+    with open_run("gprof", build=gprof_cluster.build, workload="nested_loop",
+                  mode="analyze_notiming", base=base, tools=("gprof", "gcc")) as rd:
+        grun, res = gprof.collect_gprof(gprof_cluster, wl.query("analyze_notiming"), run=rd,
+                                        query_name="Query-2")
     result = gprof.parse_run(grun.run_dir)
     with gprof_cluster.connect() as conn:   # another backend: not counted
         explain = conn.execute(wl.query("analyze_notiming", fmt="json")).fetchone()[0]
@@ -240,7 +241,7 @@ def test_truncated_and_garbled_gmon(foreign_gmon, tmp_path) -> None:
 
 def test_build_without_pg(pg_cluster, tmp_path) -> None:
     with pytest.raises(gprof.GprofError, match=r"get_build\('gprof'\)"):
-        gprof.collect_gprof(pg_cluster, "SELECT 1", base=tmp_path)
+        prof_exp.gprof_on_cluster(pg_cluster, "SELECT 1", base=tmp_path)
     assert not any(tmp_path.iterdir())  # refused before creating a run
 
 

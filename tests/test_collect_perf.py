@@ -19,7 +19,8 @@ import pandas as pd
 import pytest
 
 from profkit.collect import perf
-from profkit.rundir import load_run
+from profkit.experiments import profile as prof_exp
+from profkit.rundir import load_run, open_run
 from profkit.errors import ToolNotFound
 from profkit.parse.perf_script import fold_perf_script
 from profkit.pg.workloads import get_workload
@@ -52,9 +53,10 @@ def query3(pg_cluster, _nested_loop_loaded, tmp_path_factory):
     sql = wl.query("analyze_timing")
     with pg_cluster.connect() as conn:
         perf.run_query(conn, sql)  # warm-up (catalog caches, buffers), not recorded
-        rec, res = perf.record_query(pg_cluster, conn, sql, reps=2, workload="nested_loop",
-                                     mode="analyze_timing", scale=_nested_loop_loaded,
-                                     query_name="Query-3", base=base)
+        with open_run("perf", build=pg_cluster.build, workload="nested_loop",
+                      mode="analyze_timing", base=base, tools=("gcc",)) as rd:
+            rec, res = perf.record_query(pg_cluster, conn, sql, run=rd, reps=2,
+                                         scale=_nested_loop_loaded, query_name="Query-3")
     prof = perf.fold_run(rec.run_dir)
     return rec, res, prof
 
@@ -173,10 +175,11 @@ def test_dead_pid_before_recording(pg_cluster, tmp_path) -> None:
     deadline = time.monotonic() + 10
     while perf.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    run = perf.new_run("perf", base=tmp_path)
-    with pytest.raises(perf.PerfError, match=f"process {pid} does not exist"):
+    with pytest.raises(perf.PerfError, match=f"process {pid} does not exist"), \
+            open_run("perf", base=tmp_path) as run:
         perf.record_pid(pid, lambda: None, run=run)
     assert not (tmp_path / run.run_id / "perf.data").exists()
+    assert load_run(run.path).status == "failed"
 
 
 def test_backend_exits_while_recording(pg_cluster, tmp_path) -> None:
@@ -193,10 +196,11 @@ def test_backend_exits_while_recording(pg_cluster, tmp_path) -> None:
     t.start()
     try:
         with pytest.raises(perf.PerfError, match=f"process {pid} exited while perf was "
-                                                 "recording") as ei:
+                                                 "recording") as ei, \
+                open_run("perf", build=pg_cluster.build, base=tmp_path) as rd:
             perf.record_query(pg_cluster, conn,
                               "SELECT count(*) FROM generate_series(1, 500000000)",
-                              base=tmp_path, stat=True)
+                              run=rd, stat=True)
     finally:
         t.join()
         conn.close()
@@ -214,13 +218,15 @@ def test_backend_exits_while_recording(pg_cluster, tmp_path) -> None:
 
 def test_query_fails_while_recording(pg_cluster, tmp_path) -> None:
     with pg_cluster.connect() as conn:
-        with pytest.raises(perf.PerfError, match="the profiled action failed") as ei:
-            perf.record_query(pg_cluster, conn, "SELECT * FROM no_such_table", base=tmp_path)
+        with pytest.raises(perf.PerfError, match="the profiled action failed") as ei, \
+                open_run("perf", build=pg_cluster.build, base=tmp_path) as rd:
+            perf.record_query(pg_cluster, conn, "SELECT * FROM no_such_table", run=rd)
         assert conn.execute("SELECT 1").fetchone() == (1,)  # the backend lives on
     run_dir = next(tmp_path.iterdir())
     assert "no_such_table" in str(ei.value) and str(run_dir / "perf.data") in str(ei.value)
     assert not _perf_processes_for(run_dir / "perf.data")
-    assert load_run(run_dir).provenance["status"] == "failed"
+    prov = load_run(run_dir).provenance
+    assert prov["status"] == "failed" and "no_such_table" in prov["error"]
 
 
 def test_perf_missing(pg_cluster, monkeypatch, tmp_path) -> None:
@@ -228,18 +234,20 @@ def test_perf_missing(pg_cluster, monkeypatch, tmp_path) -> None:
         perf.perf_path("/nonexistent/bin/perf")
     monkeypatch.setenv("PATH", str(tmp_path))  # no perf on PATH
     with pg_cluster.connect() as conn, pytest.raises(ToolNotFound, match="linux-perf"):
-        perf.record_query(pg_cluster, conn, "SELECT 1", base=tmp_path / "profiles")
+        prof_exp.perf_on_cluster(pg_cluster, conn, "SELECT 1",
+                                 binary=pg_cluster.build.postgres, base=tmp_path / "profiles")
     # nothing was created for a run that could not start
     assert not (tmp_path / "profiles").exists()
 
 
 def test_bad_options(pg_cluster, tmp_path) -> None:
-    with pg_cluster.connect() as conn:
+    with pg_cluster.connect() as conn, open_run("perf", base=tmp_path) as rd:
         with pytest.raises(perf.PerfError, match="call_graph"):
-            perf.record_query(pg_cluster, conn, "SELECT 1", base=tmp_path,
+            perf.record_query(pg_cluster, conn, "SELECT 1", run=rd,
                               call_graph="lbr")  # type: ignore[arg-type]
         with pytest.raises(perf.PerfError, match="freq"):
-            perf.record_query(pg_cluster, conn, "SELECT 1", base=tmp_path, freq=0)
+            perf.record_query(pg_cluster, conn, "SELECT 1", run=rd, freq=0)
+    assert not rd.file(perf.PERF_DATA).exists()  # refused before perf ran
 
 
 def test_cli_perf(monkeypatch, tmp_path, vanilla_build) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from profkit.collect import pyspy
-from profkit.rundir import load_run
+from profkit.experiments import profile as prof_exp
+from profkit.rundir import load_run, open_run
 from profkit.render.flamegraph import render
 
 CHILD = '''
@@ -80,8 +81,8 @@ def _check_shares(prof: pyspy.PySpyProfile, samples: int) -> None:
 def test_record_pid_duration(child_script: Path, tmp_path: Path) -> None:
     proc = _start(child_script, 30)
     try:
-        rec, _ = pyspy.record_pid(proc.pid, duration=2, rate=200, base=tmp_path / "profiles",
-                                  label="busy")
+        with open_run(pyspy.TOOL, workload="busy", base=tmp_path / "profiles") as rd:
+            rec, _ = pyspy.record_pid(proc.pid, duration=2, rate=200, run=rd)
     finally:
         _stop(proc)
     prof = pyspy.fold_run(rec.run_dir)
@@ -103,8 +104,9 @@ def test_record_pid_duration(child_script: Path, tmp_path: Path) -> None:
 def test_record_pid_while_action(child_script: Path, tmp_path: Path) -> None:
     proc = _start(child_script, 30)
     try:
-        rec, result = pyspy.record_pid(proc.pid, action=lambda: time.sleep(2.0) or "done",
-                                       rate=200, base=tmp_path)
+        with open_run(pyspy.TOOL, base=tmp_path) as rd:
+            rec, result = pyspy.record_pid(proc.pid, action=lambda: time.sleep(2.0) or "done",
+                                           rate=200, run=rd)
     finally:
         _stop(proc)
     assert result == "done"
@@ -113,8 +115,9 @@ def test_record_pid_while_action(child_script: Path, tmp_path: Path) -> None:
 
 
 def test_record_command(child_script: Path, tmp_path: Path) -> None:
-    rec = pyspy.record_command([sys.executable, str(child_script), "1.5"], rate=200,
-                               base=tmp_path)
+    with open_run(pyspy.TOOL, base=tmp_path) as rd:
+        rec = pyspy.record_command([sys.executable, str(child_script), "1.5"], rate=200,
+                                   run=rd)
     prof = pyspy.fold_run(rec.run_dir)
     assert rec.samples is not None
     _check_shares(prof, rec.samples)
@@ -125,27 +128,32 @@ def test_dead_pid(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(10)
     with pytest.raises(pyspy.PySpyError, match=f"process {proc.pid} does not exist"):
-        pyspy.record_pid(proc.pid, duration=1, base=tmp_path)
+        prof_exp.pyspy_run(pid=proc.pid, duration=1, base=tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before a run is opened
 
 
 def test_not_a_python_process(tmp_path: Path) -> None:
     proc = subprocess.Popen(["sleep", "30"])
     try:
         with pytest.raises(pyspy.PySpyError, match="does not look like a Python interpreter"):
-            pyspy.record_pid(proc.pid, duration=1, base=tmp_path)
+            prof_exp.pyspy_run(pid=proc.pid, duration=1, base=tmp_path)
     finally:
         _stop(proc)
     # the failed run says why and keeps py-spy's log
     run = next(tmp_path.iterdir())
-    assert load_run(run).provenance["status"] == "failed"
+    prov = load_run(run).provenance
+    assert prov["status"] == "failed" and "Python interpreter" in prov["error"]
     assert (run / "py-spy.log").read_text()
 
 
 def test_bad_arguments(tmp_path: Path) -> None:
-    with pytest.raises(pyspy.PySpyError, match="exactly one of duration"):
-        pyspy.record_pid(1, base=tmp_path)
-    with pytest.raises(pyspy.PySpyError, match="rate"):
-        pyspy.record_command([sys.executable, "-c", "pass"], rate=0, base=tmp_path)
+    with open_run(pyspy.TOOL, base=tmp_path) as rd:
+        with pytest.raises(pyspy.PySpyError, match="exactly one of duration"):
+            pyspy.record_pid(1, run=rd)
+        with pytest.raises(pyspy.PySpyError, match="rate"):
+            pyspy.record_command([sys.executable, "-c", "pass"], rate=0, run=rd)
+    # refused before py-spy ran: the run holds its provenance only
+    assert sorted(p.name for p in rd.path.iterdir()) == ["provenance.json"]
     from profkit.errors import ToolNotFound
 
     with pytest.raises(ToolNotFound, match=r"pip install .profkit\[pyspy\]."):

@@ -530,13 +530,16 @@ def test_exports_of_a_live_perf_run(pg_cluster, _nested_loop_loaded, tmp_path: P
     flamegraphs use), exported as pprof and speedscope and read by both readers."""
     from profkit.collect import perf
     from profkit.pg.workloads import get_workload
+    from profkit.rundir import open_run
 
     sql = get_workload("nested_loop").query("analyze_notiming")
     with pg_cluster.connect() as conn:
         perf.run_query(conn, sql)  # warm-up, not recorded
-        rec, _res = perf.record_query(pg_cluster, conn, sql, reps=3, workload="nested_loop",
-                                      mode="analyze_notiming", scale=_nested_loop_loaded,
-                                      query_name="Query-2", base=tmp_path / "profiles")
+        with open_run("perf", build=pg_cluster.build, workload="nested_loop",
+                      mode="analyze_notiming", base=tmp_path / "profiles",
+                      tools=("gcc",)) as rd:
+            rec, _res = perf.record_query(pg_cluster, conn, sql, run=rd, reps=3,
+                                          scale=_nested_loop_loaded, query_name="Query-2")
     prof = perf.fold_run(rec.run_dir)
     run_dir = Path(rec.run_dir)
     counts = read_folded(run_dir / "stacks.folded")

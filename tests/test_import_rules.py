@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import profkit
 
@@ -203,9 +204,9 @@ def test_front_door_exceptions_are_still_needed():
 FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 48, "collect": 1, "parse": 3}
 
 
-def _function_imports() -> dict[str, int]:
-    """Imports of profkit modules inside function bodies, per package: counted by
-    scripts/architecture_counts.py (the one counter; its report shows the same figures)."""
+def _counter() -> Any:
+    """scripts/architecture_counts.py (the one counter; its report shows the same
+    figures), loaded as a module."""
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "scripts" / "architecture_counts.py"
@@ -213,7 +214,20 @@ def _function_imports() -> dict[str, int]:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.function_imports(PKG)
+    return mod
+
+
+def _function_imports() -> dict[str, int]:
+    """Imports of profkit modules inside function bodies, per package."""
+    return _counter().function_imports(PKG)
+
+
+def test_every_run_folder_is_made_by_open_run():
+    """One run lifecycle: outside profkit/rundir.py no run folder is made any other way
+    than ``rundir.open_run`` (collectors take the run from their caller)."""
+    sites = _counter().counts(PKG.parent)["run_creation_sites"]
+    assert sites["other"] == 0, sites["other_sites"]
+    assert sites["open_run"] > 0
 
 
 def test_profkit_imports_inside_functions_stay_under_their_ceiling():

@@ -13,7 +13,7 @@ other's file). So :func:`collect_gprof`:
    statements, instrumented — in the backend being counted);
 2. runs the query ``reps`` times, closes the connection and waits for the backend to
    exit and for its gmon.out to appear and stop growing;
-3. copies gmon.out into ``profiles/<run_id>/`` and checks it belongs to the binary
+3. copies gmon.out into the run it is given (``profiles/<run_id>/``) and checks it belongs to the binary
    (:func:`check_gmon`: glibc writes the histogram's range, ``__executable_start`` ..
    ``etext`` of the program that wrote it; another program's range does not match);
 4. runs ``gprof -b BINARY gmon.out`` → ``gprof.txt`` (flat profile + call graph, without
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from profkit.collect.artifacts import server_settings
-from profkit.rundir import RunDir, load_run, new_run
+from profkit.rundir import RunDir, load_run
 from profkit.collect.perf import QueryResult, format_rows, pid_alive, run_query
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.gprof import GprofProfile, parse_gprof
@@ -307,22 +307,20 @@ def check_collectable(b: Build) -> None:
     gprof_path()  # fail before running anything when gprof is missing
 
 
-def collect_gprof(cl: Cluster, sql: str, *, reps: int = 1, run: RunDir | None = None,
-                  workload: str | None = None, mode: str | None = None,
+def collect_gprof(cl: Cluster, sql: str, *, run: RunDir, reps: int = 1,
                   scale: float | None = None, query_name: str | None = None,
-                  base: str | os.PathLike[str] | None = None, run_id: str | None = None,
                   setup: Callable[[psycopg.Connection], Any] | None = None,
                   timeout: float = 120.0) -> tuple[GprofRun, QueryResult]:
     """Run *sql* in a fresh backend of *cl* (a ``-pg`` build), collect its gmon.out.
 
+    *run*: the run it writes into, opened by the caller with
+    :func:`profkit.rundir.open_run` (:func:`profkit.experiments.profile.gprof_on_cluster`
+    checks the build with :func:`check_collectable`, opens the run and parses it).
     *setup*, if given, runs on the fresh connection before the query (its calls are
     counted too). Returns the run and the last repetition's rows.
     """
     b = cl.build
     check_collectable(b)
-    if run is None:
-        run = new_run("gprof", build=b, workload=workload, mode=mode, base=base,
-                      run_id=run_id, tools=("gprof", "gcc"))
     with cl.connect() as other:
         settings = server_settings(other)
     run.update(query=sql, reps=reps, scale=scale, query_name=query_name, settings=settings,

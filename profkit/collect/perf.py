@@ -2,8 +2,9 @@
 
 What :func:`record_query` does, for one backend (the pid behind a connection):
 
-1. creates ``profiles/<run_id>/`` with provenance (:mod:`profkit.collect.artifacts`) and
-   saves this kernel's vDSO image there (``vdso.so``, see below);
+1. writes into the run it is given (``profiles/<run_id>/``, opened by the caller with
+   :func:`profkit.rundir.open_run`) and saves this kernel's vDSO image there
+   (``vdso.so``, see below);
 2. starts ``perf record -F FREQ -g -p PID -o perf.data`` (frame-pointer call graphs: the
    builds use ``-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer``;
    ``call_graph="dwarf"`` records ``--call-graph dwarf`` instead, ~8 MB/s) and, where
@@ -68,7 +69,7 @@ import pandas as pd
 from profkit import paths, tables
 from profkit.collect import perf_stat
 from profkit.collect.artifacts import server_settings
-from profkit.rundir import RunDir, load_run, new_run
+from profkit.rundir import RunDir, load_run
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.folded import instrumentation_share, read_folded, write_folded
 from profkit.parse.perf_stat import parse_perf_stat
@@ -386,23 +387,19 @@ def format_rows(rows: Sequence[tuple[Any, ...]]) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
-def record_query(cl: Cluster, conn: psycopg.Connection, sql: str, *, reps: int = 1,
-                 run: RunDir | None = None, workload: str | None = None,
-                 mode: str | None = None, scale: float | None = None,
-                 query_name: str | None = None, perf: str = "perf",
-                 freq: int = DEFAULT_FREQ, call_graph: CallGraph = "fp", stat: bool = True,
-                 base: str | os.PathLike[str] | None = None, run_id: str | None = None,
-                 ) -> tuple[PerfRecording, QueryResult]:
+def record_query(cl: Cluster, conn: psycopg.Connection, sql: str, *, run: RunDir,
+                 reps: int = 1, scale: float | None = None, query_name: str | None = None,
+                 perf: str = "perf", freq: int = DEFAULT_FREQ, call_graph: CallGraph = "fp",
+                 stat: bool = True) -> tuple[PerfRecording, QueryResult]:
     """Record the backend behind *conn* while it runs *sql* (``reps`` times).
 
-    Creates the run directory (unless *run* is given), records, writes the query's
-    output (EXPLAIN text) to query-output.txt. Parsing is :func:`fold_run`.
+    *run*: the run it writes into, opened by the caller with
+    :func:`profkit.rundir.open_run` (which names the folder and writes the final status;
+    :func:`profkit.experiments.profile.perf_on_cluster` does both steps). Records, writes
+    the query's output (EXPLAIN text) to query-output.txt. Parsing is :func:`fold_run`.
     """
-    perf_path(perf)  # a missing perf fails before anything is created
+    perf_path(perf)  # a missing perf fails before anything is recorded
     pid = cl.backend_pid(conn)
-    if run is None:
-        run = new_run("perf", build=cl.build, workload=workload, mode=mode, base=base,
-                      run_id=run_id, tools=("gcc",))
     run.update(query=sql, reps=reps, scale=scale, query_name=query_name,
                settings=server_settings(conn), cluster={"port": cl.port,
                                                         "datadir": str(cl.datadir)})

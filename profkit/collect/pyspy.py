@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from profkit.rundir import RunDir, load_run, new_run
+from profkit.rundir import RunDir, load_run
 from profkit.collect.perf import pid_alive
 from profkit.errors import CommandFailed, ProbeError, ToolNotFound
 from profkit.parse.folded import functions_table, read_folded, stacks_table
@@ -132,10 +132,14 @@ def _finish(run: RunDir, argv: Sequence[str], pid: int | None, t0: float) -> PyS
                           seconds)
 
 
-def _new_run(run: RunDir | None, base: str | os.PathLike[str] | None, run_id: str | None,
-             label: str | None, facts: dict[str, Any]) -> RunDir:
-    if run is None:
-        run = new_run(TOOL, workload=label, base=base, run_id=run_id)
+def check_pid(pid: int) -> None:
+    """Refuse a pid that names no running process (before a run is opened for it)."""
+    if not pid_alive(pid):
+        raise PySpyError(f"process {pid} does not exist: pass the pid of a running Python "
+                         "process")
+
+
+def _start_run(run: RunDir, facts: dict[str, Any]) -> RunDir:
     run.update(**facts)
     run.add_artifact(LOG, "py-spy's messages")
     return run
@@ -144,21 +148,21 @@ def _new_run(run: RunDir | None, base: str | os.PathLike[str] | None, run_id: st
 def record_pid(pid: int, *, duration: float | None = None, action: Callable[[], T] | None = None,
                rate: int = 100, native: bool = False, idle: bool = False,
                subprocesses: bool = False, lineno: bool = False, gil: bool = False,
-               threads: bool = False, run: RunDir | None = None,
-               base: str | os.PathLike[str] | None = None, run_id: str | None = None,
-               label: str | None = None, py_spy: str = "py-spy",
+               threads: bool = False, run: RunDir, py_spy: str = "py-spy",
                attach_timeout: float = 20.0) -> tuple[PySpyRecording, T | None]:
-    """Sample Python process *pid* for *duration* seconds, or while ``action()`` runs."""
+    """Sample Python process *pid* for *duration* seconds, or while ``action()`` runs.
+
+    *run*: the run it writes into, opened by the caller with
+    :func:`profkit.rundir.open_run` (:func:`profkit.experiments.profile.pyspy_run`).
+    """
     exe = pyspy_path(py_spy)
     if (duration is None) == (action is None):
         raise PySpyError("give exactly one of duration= (seconds) or action= (a callable)")
     if duration is not None and duration <= 0:
         raise PySpyError(f"duration must be > 0 seconds, not {duration}")
-    if not pid_alive(pid):
-        raise PySpyError(f"process {pid} does not exist: pass the pid of a running Python "
-                         "process")
+    check_pid(pid)
     opts = _options(rate, native, idle, subprocesses, lineno, gil, threads)
-    run = _new_run(run, base, run_id, label, {"pid": pid, "rate": rate, "native": native})
+    run = _start_run(run, {"pid": pid, "rate": rate, "native": native})
     argv = [exe, "record", "--format", "raw", "-o", str(run.file(RAW)), "--pid", str(pid),
             *opts, "--nonblocking"]
     t0 = time.monotonic()
@@ -218,17 +222,18 @@ def _wait_sampling(bg: Background, log: Path, pid: int, timeout: float) -> None:
 def record_command(argv: Sequence[str | os.PathLike[str]], *, rate: int = 100,
                    native: bool = False, idle: bool = False, subprocesses: bool = False,
                    lineno: bool = False, gil: bool = False, threads: bool = False,
-                   run: RunDir | None = None, base: str | os.PathLike[str] | None = None,
-                   run_id: str | None = None, label: str | None = None,
-                   py_spy: str = "py-spy", timeout: float = 3600,
+                   run: RunDir, py_spy: str = "py-spy", timeout: float = 3600,
                    cwd: str | os.PathLike[str] | None = None) -> PySpyRecording:
-    """``py-spy record -- ARGV``: sample a Python command from start to exit."""
+    """``py-spy record -- ARGV``: sample a Python command from start to exit.
+
+    *run*: the run it writes into, opened by the caller with
+    :func:`profkit.rundir.open_run` (:func:`profkit.experiments.profile.pyspy_run`).
+    """
     exe = pyspy_path(py_spy)
     if not argv:
         raise PySpyError("no command to profile")
     opts = _options(rate, native, idle, subprocesses, lineno, gil, threads)
-    run = _new_run(run, base, run_id, label,
-                   {"command": [str(a) for a in argv], "rate": rate, "native": native})
+    run = _start_run(run, {"command": [str(a) for a in argv], "rate": rate, "native": native})
     full = [exe, "record", "--format", "raw", "-o", str(run.file(RAW)), *opts, "--",
             *(str(a) for a in argv)]
     run.update(tool_command=format_argv(full), tool_summary=f"py-spy record --rate {rate}")

@@ -236,12 +236,6 @@ def record_diff(req: DiffRequest, *, out: str | Path | None = None,
         def record(t: harness.Target, _cell: Any, rep: int, _slot: int, order: int) -> None:
             parent = rd.path / RECORDINGS_DIR / t.label
             parent.mkdir(parents=True, exist_ok=True)
-            prun = rundir.new_run("perf", build=t.build, workload=req.workload,
-                                  mode=req.mode, base=parent, run_id=f"r{rep:02d}",
-                                  scale=req.scale, query=sql, query_name=qname,
-                                  reps=req.executions, executions=req.executions,
-                                  arm=t.label, rep=rep, order=order, block=t.block,
-                                  flamediff_run=rd.run_id)
             timed: list[harness.Timed] = []
 
             def go() -> None:
@@ -249,18 +243,24 @@ def record_diff(req: DiffRequest, *, out: str | Path | None = None,
                     timed.append(session.execute(
                         t, sql, what=f"{qname}, recording {rep}, execution {i + 1}"))
 
-            try:
-                rec, _ = perf_mod.record_pid(t.backend_pid, go, run=prun, freq=req.freq,
-                                             call_graph="fp", stat=False,
-                                             binary=t.build.postgres)
-            except perf_mod.PerfError as e:
-                if isinstance(e.__cause__, harness.ExecFailed):
-                    raise FlameDiffError(session.failure(e.__cause__, f"recording {rep}")[1]
-                                         + f" (what perf recorded is kept in {prun.path})"
-                                         ) from None
-                raise
-            prun.update(client_ms=[m.client_ms for m in timed],
-                        cpu_ms=[m.cpu_ms for m in timed])
+            with rundir.open_run("perf", build=t.build, workload=req.workload,
+                                 mode=req.mode, base=parent, run_id=f"r{rep:02d}",
+                                 scale=req.scale, query=sql, query_name=qname,
+                                 reps=req.executions, executions=req.executions,
+                                 arm=t.label, rep=rep, order=order, block=t.block,
+                                 flamediff_run=rd.run_id) as prun:
+                try:
+                    rec, _ = perf_mod.record_pid(t.backend_pid, go, run=prun, freq=req.freq,
+                                                 call_graph="fp", stat=False,
+                                                 binary=t.build.postgres)
+                except perf_mod.PerfError as e:
+                    if isinstance(e.__cause__, harness.ExecFailed):
+                        raise FlameDiffError(
+                            session.failure(e.__cause__, f"recording {rep}")[1]
+                            + f" (what perf recorded is kept in {prun.path})") from None
+                    raise
+                prun.update(client_ms=[m.client_ms for m in timed],
+                            cpu_ms=[m.cpu_ms for m in timed])
             runs[t.label].append(prun)
             row = {"arm": t.label, "preset": t.arm.preset, "rep": rep, "block": t.block,
                    "order": order, "run_id": prun.run_id, "executions": req.executions,

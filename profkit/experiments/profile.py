@@ -338,11 +338,13 @@ def perf_on_cluster(cluster: Cluster, conn: Any, sql: str, *, binary: str | Path
     :func:`profkit.rundir.open_run`); without one it opens its own ``perf`` run.
     *record*: :func:`profkit.collect.perf.record_query`'s options (reps, mode, freq...)."""
     say = progress or (lambda _m: None)
+    # the run's name and folder (used only when it is opened here)
+    workload, mode = record.pop("workload", None), record.pop("mode", None)
+    base, run_id = record.pop("base", None), record.pop("run_id", None)
     if run is None:
         perf_path(perf)  # a missing perf fails before a run is created
-        with open_run("perf", build=cluster.build, workload=record.get("workload"),
-                      mode=record.get("mode"), base=record.pop("base", None),
-                      run_id=record.pop("run_id", None), tools=("gcc",)) as rd:
+        with open_run("perf", build=cluster.build, workload=workload, mode=mode, base=base,
+                      run_id=run_id, tools=("gcc",)) as rd:
             return perf_on_cluster(cluster, conn, sql, binary=binary, warmup=warmup,
                                    perf=perf, progress=progress, fix_flags=fix_flags,
                                    run=rd, **record)
@@ -442,11 +444,13 @@ def gprof_on_cluster(cluster: Cluster, sql: str, *, run: RunDir | None = None,
     step :func:`gprof_profile` and a notebook's gprof cell share. *run*: the run it
     writes into (else it opens its own ``gprof`` run). *collect*:
     :func:`profkit.collect.gprof.collect_gprof`'s options (reps, workload, mode...)."""
+    # the run's name and folder (used only when it is opened here)
+    workload, mode = collect.pop("workload", None), collect.pop("mode", None)
+    base, run_id = collect.pop("base", None), collect.pop("run_id", None)
     if run is None:
         check_collectable(cluster.build)  # refused before a run is created
-        with open_run("gprof", build=cluster.build, workload=collect.get("workload"),
-                      mode=collect.get("mode"), base=collect.pop("base", None),
-                      run_id=collect.pop("run_id", None), tools=("gprof", "gcc")) as rd:
+        with open_run("gprof", build=cluster.build, workload=workload, mode=mode, base=base,
+                      run_id=run_id, tools=("gprof", "gcc")) as rd:
             return gprof_on_cluster(cluster, sql, run=rd, **collect)
     collect_gprof(cluster, sql, run=run, **collect)
     return parse_run(run)
@@ -484,18 +488,24 @@ def callgrind_on_cluster(cluster: Cluster, queries: dict[str, str], out_dir: str
 def pyspy_run(*, pid: int | None = None, command: Sequence[str] = (),
               duration: float = 10.0, rate: int = 100, native: bool = False,
               idle: bool = False, label: str | None = None, top: int = 10,
-              out: str | Path | None = None) -> ProfileRun:
+              out: str | Path | None = None, base: str | Path | None = None,
+              run_id: str | None = None) -> ProfileRun:
     """py-spy on a Python process: *pid* for *duration* seconds, or *command* run to its
-    end; its flamegraph and top functions."""
+    end, in a ``py-spy`` run (:func:`profkit.rundir.open_run` under *base*, default
+    profiles/); its flamegraph (under *out*) and top functions."""
     if (pid is None) == (not command):
         raise ProfkitError("give either a pid or a command to sample")
+    pyspy.pyspy_path()  # a missing py-spy or a dead pid fails before a run is created
     if pid is not None:
-        rec, _ = pyspy.record_pid(pid, duration=duration, rate=rate, native=native, idle=idle,
-                                  label=label)
-    else:
-        rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
-                                   label=label)
-    prof = pyspy.fold_run(rec.run_dir)
+        pyspy.check_pid(pid)
+    with open_run(pyspy.TOOL, workload=label, base=base, run_id=run_id) as rd:
+        if pid is not None:
+            rec, _ = pyspy.record_pid(pid, duration=duration, rate=rate, native=native,
+                                      idle=idle, run=rd)
+        else:
+            rec = pyspy.record_command(list(command), rate=rate, native=native, idle=idle,
+                                       run=rd)
+        prof = pyspy.fold_run(rd)
     name = label or (f"pid{pid}" if pid is not None else Path(command[-1]).stem)
     svg = flamegraph_for(prof.counts, prof.run, flamegraph_dir(out) / f"py-spy-{name}.svg",
                          title=f"py-spy: {name}")
