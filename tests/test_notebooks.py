@@ -45,6 +45,8 @@ PARAMS: dict[str, dict[str, object]] = {
     "06_your_patch.py": {"SCALE": 0.1, "REPS": 5, "INSTR_BUDGET_S": 10.0, "PERF_REPS": 30,
                          "BUILD_NAME": "test-pk15-double-clock"},
     "07_row_counting_and_clocks.py": {"SCALE": 0.02, "REPS": 5, "INSTR_SCALE": 0.005},
+    "08_time_per_node.py": {"SCALE": 0.02, "MIN_SAMPLES": 500, "RECORDINGS": 3,
+                            "EXECUTIONS": 5},
 }
 # The builds each notebook compares at those parameters (conftest builds them first);
 # the test asserts the notebook used exactly these and skipped none.
@@ -58,6 +60,7 @@ NB_BUILDS: dict[str, list[str]] = {
     # arms (labels): PG19 vanilla twice, with each timing_clock_source
     "07_row_counting_and_clocks.py": ["vanilla", "step3", "step4", "step5", "pg19-step5",
                                       "pg19sys", "pg19tsc", "tsc_clock", "fast"],
+    "08_time_per_node.py": ["vanilla", "step3", "node_marker"],
 }
 # the presets behind a notebook's arms, when its labels are not preset names
 NB_PRESETS: dict[str, list[str]] = {
@@ -68,7 +71,8 @@ NB_PRESETS: dict[str, list[str]] = {
 NB_EXTRA_BUILDS: dict[str, list[str]] = {"03_instrumentation_calls.py": ["gprof"]}
 # 06 builds its patch when the cache lacks it (a ccache build: ~2 min)
 TIMEOUT_S: dict[str, int] = {"01_overhead.py": 600, "03_instrumentation_calls.py": 600,
-                             "06_your_patch.py": 900, "07_row_counting_and_clocks.py": 600}
+                             "06_your_patch.py": 900, "07_row_counting_and_clocks.py": 600,
+                             "08_time_per_node.py": 420}
 DEFAULT_TIMEOUT_S = 300
 
 
@@ -182,6 +186,8 @@ def test_notebook_runs_and_asserts(name, profiles):
         assert text.count("<iframe srcdoc=") >= 6  # plain, timing, diff, icicle, merged, build diff
     if name == "06_your_patch.py":
         _check_your_patch(text, profiles)
+    if name == "08_time_per_node.py":
+        _check_time_per_node(text, profiles)
 
 
 def _check_your_patch(text: str, profiles: Path) -> None:
@@ -206,6 +212,26 @@ def _check_your_patch(text: str, profiles: Path) -> None:
     instr = pd.read_csv(runs[0] / "instructions.csv")
     assert sorted(set(instr["build"])) == ["test-pk15-double-clock", "vanilla"]
     assert len(instr) == 6 and (instr["instructions"] > 0).all()
+
+
+def _check_time_per_node(text: str, profiles: Path) -> None:
+    """08 wrote its runs and graphs where PROFKIT_PROFILES/PROFKIT_FLAMEGRAPHS say."""
+    import pandas as pd
+
+    runs = profiles / "08_time_per_node"
+    tables = {p.parent.name: pd.read_csv(p) for p in runs.glob("*-nodetime-*/nodetime.csv")}
+    assert sorted(k.split("-nodetime-")[1] for k in tables) == [
+        "node_marker-nested_loop", "step3-nested_loop", "vanilla-nested_loop"], list(tables)
+    for t in tables.values():
+        assert abs(t["exclusive_share"].sum() - 1) < 1e-9
+    assert len(list(runs.glob("*-flamediff-vanilla-vs-step3"))) == 2  # Query-1 and Query-2
+    svgs = sorted(p.name for p in (profiles / "flamegraphs").glob("*.svg"))
+    for name in ("nodetime-vanilla-nested_loop.svg", "nodetime-vanilla-vs-step3-nested_loop.svg",
+                 "flamediff-vanilla-vs-step3-nested_loop-plain.svg",
+                 "flamediff-vanilla-vs-step3-nested_loop-analyze_notiming.svg"):
+        assert name in svgs, svgs
+    assert text.count("<iframe srcdoc=") >= 4
+    assert "Query-2, step3 against vanilla: " in text
 
 
 # ---------------------------------------------------------------------------
