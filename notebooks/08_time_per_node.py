@@ -173,9 +173,9 @@ display(both.style.format({"exclusive_share_stack": "{:.1%}", "exclusive_share_m
 md = marker.df
 check_shares(md, "marker")
 assert marker.method == "marker", marker.method
-# the marker samples for MIN_SAMPLES / FREQ seconds of wall time: under load it gets fewer
-# (a warning above says so), but never so few that a share is a handful of samples
-assert marker.executor_samples >= min(100, MIN_SAMPLES), marker.executor_samples
+# like the stack method, the marker keeps the query running until the backend has been on
+# a CPU long enough for MIN_SAMPLES samples (its CPU time, not the wall clock)
+assert marker.executor_samples >= 0.8 * MIN_SAMPLES, marker.executor_samples
 assert (md["ambiguous_samples"] == 0).all(), md["ambiguous_samples"]
 # the same plan: same node types in the same order under the same parents, same rows
 assert md["node_type"].tolist() == df["node_type"].tolist()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -396,16 +397,19 @@ def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
     say = progress or (lambda _m: None)
     sql = sql.strip().rstrip(";")
     pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-    seconds = min(max_seconds, min_samples / freq) if reps is None else 0.0
+    # CPU time for min_samples at freq, 15 % margin (as the stack method's run_until)
+    cpu_seconds = 1.15 * min_samples / freq if reps is None else 0.0
     say("recording " + (f"{reps} executions" if reps is not None else
-                        f"for {seconds:.1f} s (about {min_samples} samples)")
+                        f"until about {min_samples} samples of CPU time (at most "
+                        f"{max_seconds:g} s)")
         + f" at {freq} Hz, reading the node marker of backend {pid} with bcc")
     words = (build.name if build else None, workload)
     with open_run("nodetime", words=[w for w in words if w] or ["query"], build=build,
                   workload=workload, base=base, path=out, tools=("bcc",), query=sql,
                   backend_pid=pid, method="marker", **(facts or {})) as rd:
         try:
-            mr = run_marker(conn, sql, frequency=freq, min_seconds=seconds,
+            mr = run_marker(conn, sql, frequency=freq, min_cpu_seconds=cpu_seconds,
+                            max_seconds=max_seconds if reps is None else math.inf,
                             min_executions=reps or 1, max_executions=reps or 100_000)
         except ProbeError as e:
             raise NodeTimeError(str(e)) from None

@@ -28,6 +28,7 @@ import pandas as pd
 
 from profkit.analyze import nodetime as stack_method
 from profkit.collect import node_marker as nm
+from profkit.collect.procfs import schedstat
 from profkit.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -137,11 +138,17 @@ def check_marker_build(conn: psycopg.Connection) -> None:
 def run_marker(conn: psycopg.Connection, sql: str, *,
                frequency: int = DEFAULT_FREQUENCY, min_seconds: float = DEFAULT_MIN_SECONDS,
                max_executions: int = 100_000, min_executions: int = 1,
+               min_cpu_seconds: float = 0.0, max_seconds: float = math.inf,
                warmup: bool = True) -> MarkerResult:
     """Per-node shares of *sql* on the node_marker server behind *conn* (see the module
-    docstring).  Sets ``track_executor_node = on`` for the session (and leaves it on)."""
-    if min_seconds < 0 or max_executions < 1:
-        raise ProbeError("min_seconds must be >= 0 and max_executions >= 1")
+    docstring).  Sets ``track_executor_node = on`` for the session (and leaves it on).
+
+    After *min_executions*, the query repeats until *min_seconds* of wall time and
+    *min_cpu_seconds* of the backend's CPU time (/proc/PID/schedstat: on a loaded machine
+    more executions, not fewer samples) have passed, or *max_seconds* of wall time or
+    *max_executions*, whichever comes first."""
+    if min_seconds < 0 or min_cpu_seconds < 0 or max_executions < 1:
+        raise ProbeError("min_seconds and min_cpu_seconds must be >= 0, max_executions >= 1")
     check_marker_build(conn)
     conn.execute(f"SET {SETTING} = on")
     plan = conn.execute(f"EXPLAIN (ANALYZE, TIMING FALSE, BUFFERS FALSE, FORMAT JSON) {sql}"
@@ -154,8 +161,14 @@ def run_marker(conn: psycopg.Connection, sql: str, *,
     def runner() -> None:
         nonlocal done
         t0 = time.monotonic()
-        while done < max_executions and (done < min_executions
-                                          or time.monotonic() - t0 < min_seconds):
+        cpu0 = schedstat(pid)
+        while done < max_executions:
+            if done >= min_executions:
+                wall = time.monotonic() - t0
+                now = schedstat(pid)
+                cpu = (now[0] - cpu0[0]) / 1e9 if now and cpu0 else wall
+                if wall >= max_seconds or (wall >= min_seconds and cpu >= min_cpu_seconds):
+                    break
             _fetch_all(conn, sql)
             done += 1
 
