@@ -37,7 +37,7 @@ $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
 	@touch $(JS_STAMP)
 
 test: setup
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
 
 # Without PostgreSQL builds or its source (parsers, renderers, statistics): builds
 # nothing and downloads nothing.

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 # Every build the suite uses, in the order they are made: vanilla first, then the
-# variants that share most of its objects (ccache hits), the -pg build (all misses) last.
+# variants that share most of its objects (ccache hits), the -pg build (all misses), the
+# PostgreSQL 19 builds, and the one clang build (all misses) last.
 BUILD_ORDER = ("vanilla", "step1", "step2", "step3", "step4", "step5", "step6", "coarse_clock",
                "tsc_clock", "sampled_timing", "fast_timing", "node_marker", "gprof",
                "step3+gprof", "pg19/vanilla", "pg19/step1", "pg19/step2", "pg19/step3",
-               "pg19/step4", "pg19/step5", "pg19/step6", "pg19/fast_timing")
+               "pg19/step4", "pg19/step5", "pg19/step6", "pg19/fast_timing", "step5@clang")
 # Session/module fixtures that stand for a build.
 FIXTURE_BUILDS = {"vanilla_build": "vanilla", "gprof_cluster": "gprof"}
 
