@@ -33,6 +33,8 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
+from profkit.render.markdown import loadavg_span
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "profiles" / "20261130-query3-pg19-timing"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -91,7 +93,7 @@ def render(df: pd.DataFrame, truth: pd.DataFrame, prov: dict, run: Path) -> str:
              f"Run `{prov.get('run_id')}` (`{run.relative_to(ROOT) if run.is_relative_to(ROOT) else run}`"
              f", {prov.get('reps')} interleaved repetitions, nested_loop @ "
              f"{(prov.get('scales') or {}).get('nested_loop')}; load average "
-             f"{_load(prov.get('loadavg_start'))} → {_load(prov.get('loadavg_end'))}), re-analysed by "
+             f"{loadavg_span(prov)}), re-analysed by "
              "`benchmarks/fast_timing_yardstick.py`. Times taken under load.", "",
              "`corrected` = pg19tsc's inclusive time minus its own clock reads at their "
              "in-situ cost; `corrected:pg19sys` the same from the system-clock arm. "
@@ -110,13 +112,6 @@ def render(df: pd.DataFrame, truth: pd.DataFrame, prov: dict, run: Path) -> str:
                   f"{tr.at[ARM, 'root_vs_truth_pct']:+.1f} %, pg19tsc "
                   f"{tr.at[UPSTREAM, 'root_vs_truth_pct']:+.1f} %."]
     return "\n".join(lines) + "\n"
-
-
-def _load(v: object) -> str:
-    """A load-average triple as 1-decimal numbers."""
-    if isinstance(v, list | tuple):
-        return "/".join(f"{float(x):.1f}" for x in v)
-    return str(v)
 
 
 def main(argv: list[str] | None = None) -> int:

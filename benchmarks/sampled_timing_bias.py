@@ -38,6 +38,8 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
+from profkit.render.markdown import loadavg_span
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CSV = RESULTS / "sampled_timing_bias.csv"
@@ -147,7 +149,7 @@ def render(rows: pd.DataFrame, run: Path, min_node_ms: float) -> str:
         f"(`{cmd}`): {prov.get('reps')} interleaved repetitions (seed "
         f"{prov.get('order_seed')}), workloads "
         + ", ".join(f"{w} @ {s:g}" for w, s in (prov.get("scales") or {}).items())
-        + f"; load average {_load(prov.get('loadavg_start'))} → {_load(prov.get('loadavg_end'))}. "
+        + f"; load average {loadavg_span(prov)}. "
         "Times taken under load on a shared 2-vCPU VM.", "",
         f"Yardstick `{YARDSTICK}`: tsc_clock's TIMING TRUE inclusive time minus its own clock "
         "reads at their in-situ cost (TIMING TRUE − FALSE over its reads, per workload); "
@@ -182,13 +184,6 @@ def render(rows: pd.DataFrame, run: Path, min_node_ms: float) -> str:
                   f"{p['paired_ci_low_pct'].min():+.1f} % to "
                   f"{p['paired_ci_high_pct'].max():+.1f} %)."]
     return "\n".join(lines) + "\n"
-
-
-def _load(v: object) -> str:
-    """A load-average triple as 1-decimal numbers."""
-    if isinstance(v, list | tuple):
-        return "/".join(f"{float(x):.1f}" for x in v)
-    return str(v)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,8 +58,19 @@ def frame(df: pd.DataFrame, floatfmt: Mapping[str, str] | None = None,
     return table(cols, rows) + "\n"
 
 
-def loadavg_text(la: Sequence[float]) -> str:
-    return " ".join(f"{x:.2f}" for x in la)
+def loadavg_text(la: Sequence[float] | object, *, sep: str = " ", decimals: int = 2) -> str:
+    """A load-average triple as numbers (*decimals* places, joined by *sep*); anything
+    else (a provenance field that is missing: None) as written."""
+    if isinstance(la, list | tuple):
+        return sep.join(f"{float(x):.{decimals}f}" for x in la)
+    return str(la)
+
+
+def loadavg_span(prov: Mapping[str, Any], *, sep: str = "/", decimals: int = 1) -> str:
+    """A run's load averages at its start and end (provenance ``loadavg_start`` and
+    ``loadavg_end``): ``"1.2/0.9/0.7 → 2.0/1.1/0.8"``."""
+    return " → ".join(loadavg_text(prov.get(k), sep=sep, decimals=decimals)
+                      for k in ("loadavg_start", "loadavg_end"))
 
 
 #: Report names that experiments/timing_accuracy, observers and correction still look up
