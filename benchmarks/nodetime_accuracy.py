@@ -7,8 +7,8 @@ share of the query's executor time:
 - **marker**: the node_marker build with ``track_executor_node`` on, sampled with bcc at
   ``--frequency`` Hz (:func:`profkit.experiments.nodetime_marker.run_marker`): exact
   attribution, the share's error is the sampling error only;
-- **stack**: the stack method (``profkit nodetime``, another branch) when it is merged
-  here; otherwise the table says so;
+- **stack**: the stack method (``profkit nodetime``: perf call stacks matched to the plan,
+  :func:`profkit.experiments.nodetime.nodetime_on_conn`) on vanilla, sampled as long;
 - yardstick **(a)**: EXPLAIN (ANALYZE, TIMING TRUE) on the tsc_clock build minus the
   calibrated cost of its own clock reads
   (:func:`profkit.analyze.timing_accuracy.corrected_times`, the cost per read taken in
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -240,12 +241,14 @@ def measure_query(q: Query, arms: dict[str, Arm], reps: int, seconds: float, fre
     r = exp.run_marker(mc, q.sql, frequency=frequency, min_seconds=seconds)
     mk = {int(k): float(v) for k, v in zip(r.nodes["node_id"], r.nodes["exclusive_share"],
                                           strict=True)}
+    # the stack method (profkit nodetime) on vanilla, the same sampling length
+    stk, st_info = stack_shares(arms["vanilla"].conn, q.sql, seconds)
     ref = plans["tsc_clock"][0]
     rows_out = []
     for nid, ntype in zip(ref["node_id"], ref["node_type"], strict=True):
         rows_out.append({
             "query": q.name, "node_id": int(nid), "node_type": ntype,
-            "marker": mk.get(int(nid), 0.0), "stack": math.nan,
+            "marker": mk.get(int(nid), 0.0), "stack": stk.get(int(nid), math.nan),
             "yardstick_a": yard.get(int(nid), math.nan),
             "vanilla_timing": van.get(int(nid), math.nan),
             "tsc_timing_raw": tsc_raw.get(int(nid), math.nan),
@@ -256,8 +259,13 @@ def measure_query(q: Query, arms: dict[str, Arm], reps: int, seconds: float, fre
     if [str(t) for t in r.nodes["node_type"]] != [str(t) for t in df["node_type"]]:
         say(f"{q.name}: the marker's plan differs from tsc_clock's: "
             f"{list(r.nodes['node_type'])} vs {list(df['node_type'])}")
+    if st_info["node_types"] != [str(t) for t in df["node_type"]]:
+        say(f"{q.name}: the stack method's plan differs from tsc_clock's: "
+            f"{st_info['node_types']} vs {list(df['node_type'])}")
     info: dict[str, Any] = {
         "query": q.name, "ns_per_read": ns_per_read, "reads": reads,
+        "stack_samples": st_info["samples"], "stack_ambiguous": st_info["ambiguous"],
+        "stack_outside_share": st_info["outside_share"],
         "marker_executions": r.executions, "marker_seconds": r.seconds,
         "marker_samples": int(r.samples.total), "marker_outside_share": r.outside_share,
         "marker_worker_samples": sum(r.samples.worker_node_samples.values()),
@@ -269,6 +277,58 @@ def measure_query(q: Query, arms: dict[str, Arm], reps: int, seconds: float, fre
         info["knockout_node"] = q.knockout[0]
         info["knockout_lower_bound"] = max(0.0, (full - without) / full) if full else math.nan
     return df, info
+
+
+STACK_FREQ = 999  # profkit nodetime's default
+
+
+def stack_shares(conn: Any, sql: str, seconds: float) -> tuple[dict[int, float], dict[str, Any]]:
+    """Exclusive share per node by the stack method (:func:`profkit.experiments.nodetime.
+    nodetime_on_conn`, perf at its default frequency) on the vanilla backend behind *conn*,
+    for about *seconds* of its CPU time; the run folder is thrown away."""
+    import tempfile
+
+    from profkit.experiments.nodetime import nodetime_on_conn
+
+    with tempfile.TemporaryDirectory(prefix="nodetime-acc-") as td:
+        r = nodetime_on_conn(conn, sql, freq=STACK_FREQ, min_samples=int(seconds * STACK_FREQ),
+                             max_seconds=max(30.0, 6 * seconds), base=td)
+    d = r.df
+    return ({int(k): float(v) for k, v in zip(d["node_id"], d["exclusive_share"], strict=True)},
+            {"samples": r.executor_samples, "ambiguous": float(d["ambiguous_samples"].sum()),
+             "outside_share": r.outside_executor_share,
+             "node_types": [str(t) for t in d["node_type"]]})
+
+
+def perf_overhead(conn: Any, sql: str, reps: int) -> tuple[float, float]:
+    """Median backend CPU time of *sql* on *conn* (ms) without and with ``perf record -F
+    999 -g`` attached to its backend (what the stack method records), interleaved in
+    blocks; perf is stopped by pid."""
+    import os
+    import signal
+    import subprocess
+    import tempfile
+
+    pid = int(conn.info.backend_pid)
+    bare: list[float] = []
+    sampled: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="nodetime-acc-perf-") as td:
+        for _ in range(reps):
+            bare.append(timed(conn, sql)[0])
+            p = subprocess.Popen(["perf", "record", "-q", "-F", str(STACK_FREQ), "-g", "-p",
+                                  str(pid), "-o", os.path.join(td, "perf.data")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(0.3)  # attached before the query starts
+                sampled.append(timed(conn, sql)[0])
+            finally:
+                p.send_signal(signal.SIGINT)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    return statistics.median(bare), statistics.median(sampled)
 
 
 def sampling_overhead(conn: Any, sql: str, reps: int, frequency: int) -> tuple[float, float]:
@@ -324,6 +384,8 @@ def run(query_names: Sequence[str] | None, reps: int, seconds: float, frequency:
         # sampling's own cost, on the longest seed query
         bare, sampled = sampling_overhead(arms["node_marker"].conn, qs[0].sql, reps, frequency)
         infos.append({"query": "_sampler", "cpu bare": bare, "cpu sampled": sampled})
+        bare, sampled = perf_overhead(arms["vanilla"].conn, qs[0].sql, reps)
+        infos.append({"query": "_perf", "cpu bare": bare, "cpu sampled": sampled})
         for f in failed:
             infos.append({"query": "_failed", "error": f})
     finally:
@@ -385,6 +447,11 @@ def frontier(df: pd.DataFrame, info: pd.DataFrame, cost_csv: Path, headline_csv:
     if not samp.empty and samp["cpu bare"].iloc[0] > 0:
         sampler_pct = float((samp["cpu sampled"].iloc[0] - samp["cpu bare"].iloc[0])
                             / samp["cpu bare"].iloc[0] * 100)
+    perf = info[info["query"] == "_perf"]
+    perf_pct = math.nan
+    if not perf.empty and perf["cpu bare"].iloc[0] > 0:
+        perf_pct = float((perf["cpu sampled"].iloc[0] - perf["cpu bare"].iloc[0])
+                         / perf["cpu bare"].iloc[0] * 100)
     rows = []
     for m, label in METHODS.items():
         e = big[f"err_{m}_pp"].abs()
@@ -396,7 +463,8 @@ def frontier(df: pd.DataFrame, info: pd.DataFrame, cost_csv: Path, headline_csv:
                      "max_abs_err_pp": float(e.max()) if e.notna().any() else math.nan,
                      "mean_abs_err_pp": float(e.mean()) if e.notna().any() else math.nan,
                      "within_2pp": int((e <= GOAL_PP).sum()),
-                     "cpu_overhead_pct": cpu_over(cpu_col) if cpu_col else math.nan,
+                     "cpu_overhead_pct": (perf_pct if m == "stack" else
+                                          cpu_over(cpu_col) if cpu_col else math.nan),
                      "instr_overhead_pct": instr.get(m, math.nan),
                      "sampler_cpu_pct": sampler_pct if m == "marker" else math.nan})
     return pd.DataFrame(rows)
@@ -411,15 +479,16 @@ def markdown(df: pd.DataFrame, info: pd.DataFrame, front: pd.DataFrame, meta: di
     out = ["# Per-node shares from samples: accuracy against yardsticks", "",
            f"Generated by `benchmarks/nodetime_accuracy.py` on {meta['when']} "
            f"({meta['reps']} repetitions per build, the marker sampled for ≥ "
-           f"{meta['seconds']:g} s at {meta['frequency']} Hz). **Times taken under load**: a "
-           "2-vCPU VM shared with other jobs; yardstick (a) is EXPLAIN's wall time, the "
-           "marker's samples are CPU time.", "",
+           f"{meta['seconds']:g} s at {meta['frequency']} Hz). Times taken on a 2-vCPU VM at a "
+           f"1-minute load average of {meta['load'][0]:.2f} at the start and "
+           f"{meta['load'][1]:.2f} at the end (the run's own four clusters count in it); "
+           "yardstick (a) is EXPLAIN's wall time, the samples are CPU time.", "",
            "Shares are of the executor's time (exclusive: a node's own time). Yardstick (a): "
            "EXPLAIN ANALYZE TIMING TRUE on tsc_clock minus its clock reads (ns per read "
            "in situ, per query below). stack: " + meta["stack_note"], ""]
     out += ["## Accuracy-versus-cost frontier", "",
             "| method | nodes ≥ 5 % | within ±2 pp | max abs err (pp) | mean abs err (pp) | "
-            "CPU overhead, under load (median over queries) | instructions (callgrind) |",
+            "CPU overhead (median over queries) | instructions (callgrind) |",
             "|---|---|---|---|---|---|---|"]
     for r in front.itertuples():
         cpu = fmtf(r.cpu_overhead_pct, "+.1f", " %")
@@ -433,15 +502,16 @@ def markdown(df: pd.DataFrame, info: pd.DataFrame, front: pd.DataFrame, meta: di
             "cost); the marker's is the plain query with the setting on "
             "(`nodetime_cost.csv`).", ""]
     out += ["## Per node (shares in %, errors in percentage points against (a))", "",
-            "| query | node | type | (a) | marker | err | stack | vanilla TT | err | "
+            "| query | node | type | (a) | marker | err | stack | err | vanilla TT | err | "
             "tsc raw | err | sampled_timing | err | marker samples |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         flag = " **" if r.yardstick_a >= MIN_SHARE and abs(r.err_marker_pp) > GOAL_PP else ""
         out.append(
             f"| {r.query} | {r.node_id} | {r.node_type} | {r.yardstick_a * 100:.1f} | "
             f"{r.marker * 100:.1f} | {r.err_marker_pp:+.1f}{flag} | "
-            f"{fmtf(r.stack * 100, '.1f')} | {r.vanilla_timing * 100:.1f} | "
+            f"{fmtf(r.stack * 100, '.1f')} | {fmtf(r.err_stack_pp, '+.1f')} | "
+            f"{r.vanilla_timing * 100:.1f} | "
             f"{r.err_vanilla_timing_pp:+.1f} | {r.tsc_timing_raw * 100:.1f} | "
             f"{r.err_tsc_timing_raw_pp:+.1f} | {r.sampled_timing * 100:.1f} | "
             f"{r.err_sampled_timing_pp:+.1f} | {int(r.marker_samples)} |")
@@ -462,19 +532,22 @@ def markdown(df: pd.DataFrame, info: pd.DataFrame, front: pd.DataFrame, meta: di
         out.append("")
     out += ["## Per query", "",
             "| query | ns per clock read (tsc, in situ) | marker executions | marker samples | "
-            "outside the executor | worker samples | plain CPU ms (vanilla) |",
-            "|---|---|---|---|---|---|---|"]
+            "outside the executor | worker samples | stack samples (ambiguous) | "
+            "plain CPU ms (vanilla) |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in info[~info["query"].str.startswith("_")].to_dict("records"):
         out.append(f"| {r['query']} | {r['ns_per_read']:.1f} | {int(r['marker_executions'])} | "
                    f"{int(r['marker_samples'])} | {r['marker_outside_share'] * 100:.1f} % | "
-                   f"{int(r['marker_worker_samples'])} | {r['cpu vanilla plain']:.1f} |")
+                   f"{int(r['marker_worker_samples'])} | {r['stack_samples']:.0f} "
+                   f"({r['stack_ambiguous']:.0f}) | {r['cpu vanilla plain']:.1f} |")
     if "error" in info:
         out.append("")
         for e in info["error"].dropna():
             out.append(f"- not measured: {e}")
-    out += ["", f"Goals: every node with ≥ 5 % within ±{GOAL_PP:g} pp of (a): "
-            f"{meta['goal_accuracy']}; overhead ≤ {GOAL_OVERHEAD_PCT:g} %: "
-            f"{meta['goal_overhead']}.", ""]
+    out += ["", f"Goals: every node with ≥ 5 % within ±{GOAL_PP:g} pp of (a): marker "
+            f"{meta['goal_accuracy']}; stack {meta['goal_accuracy_stack']}; overhead ≤ "
+            f"{GOAL_OVERHEAD_PCT:g} %: marker {meta['goal_overhead']}; stack "
+            f"{meta['goal_overhead_stack']}.", ""]
     return "\n".join(out)
 
 
@@ -497,19 +570,17 @@ def plot(front: pd.DataFrame, path: Path) -> None:
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("overhead over vanilla's plain query, % (instructions, callgrind)")
     ax.set_ylabel("max |share error| over nodes ≥ 5 %, pp (vs TSC − reads)")
-    ax.set_title("Per-node time: accuracy versus cost (taken under load)")
+    ax.set_title("Per-node time: accuracy versus cost")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def stack_note() -> str:
-    try:
-        import profkit.analyze.nodetime  # noqa: F401
-    except ImportError:
-        return ("the stack method (profkit nodetime, branch h-nodetime) was not merged on this "
-                "branch when this ran: its column is n/a.")
-    return "the stack method is importable, but this script does not run it yet: n/a."
+    return (f"profkit nodetime's perf call stacks at {STACK_FREQ} Hz on vanilla, as long as the "
+            "marker samples; its cost is perf record -g attached to the backend (CPU time "
+            "of the first query with and without perf), and it changes no instruction of "
+            "PostgreSQL's.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -529,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     def say(s: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)
 
+    load0 = os.getloadavg()[0]
     df, info = run(names, args.reps, args.seconds, args.frequency, say)
     df = errors(df)
     out: Path = args.out
@@ -536,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     front = frontier(df, info, out / "nodetime_cost.csv", out / "headline.csv")
     big = df[df["yardstick_a"] >= MIN_SHARE]
     miss = big[big["err_marker_pp"].abs() > GOAL_PP]
+    st = front[front["key"] == "stack"].iloc[0]
+    n_st = int(big["err_stack_pp"].notna().sum())
+    miss_st = int((big["err_stack_pp"].abs() > GOAL_PP).sum())
     mk = front[front["key"] == "marker"].iloc[0]
     over = [v for v in (mk["instr_overhead_pct"], mk["cpu_overhead_pct"]) if not math.isnan(v)]
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "reps": args.reps,
@@ -545,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
                               + ", ".join(f"{r.query} {r.node_id} {r.node_type} "
                                           f"{r.err_marker_pp:+.1f} pp"
                                           for r in miss.itertuples()) + ")"),
+            "load": (load0, os.getloadavg()[0]),
+            "goal_accuracy_stack": ("met" if n_st and not miss_st else
+                                    f"missed on {miss_st} of {n_st} nodes"),
+            "goal_overhead_stack": (f"{'met' if st['cpu_overhead_pct'] <= GOAL_OVERHEAD_PCT else 'missed'}: "
+                                    f"{st['cpu_overhead_pct']:+.2f} % (CPU time, perf attached)"
+                                    if not math.isnan(st["cpu_overhead_pct"]) else "not measured"),
             "goal_overhead": ("met (instructions)" if over and over[0] <= GOAL_OVERHEAD_PCT
                               else f"missed: {over[0]:+.2f} % (instructions)" if over
                               else "not measured")}
