@@ -133,7 +133,8 @@ def test_no_process_left_after_ctrl_c(vanilla_build, tmp_path):
     """A real SIGINT to a process holding a cluster leaves no postgres behind."""
     pidfile = tmp_path / "pids"
     script = textwrap.dedent(f"""
-        import time
+        import faulthandler, signal, time
+        faulthandler.register(signal.SIGUSR1)  # the test asks for a traceback if stuck
         from profkit.pg.build import get_build
         from profkit.pg.cluster import Cluster
         b = get_build("vanilla")
@@ -141,7 +142,8 @@ def test_no_process_left_after_ctrl_c(vanilla_build, tmp_path):
             open({str(pidfile)!r}, "w").write(" ".join(map(str, [cl.pid, *cl.backend_pids()])))
             time.sleep(120)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not pidfile.exists() or not pidfile.read_text():
         assert proc.poll() is None, "child died before starting the cluster"
@@ -154,7 +156,15 @@ def test_no_process_left_after_ctrl_c(vanilla_build, tmp_path):
     assert pids[0] == listed[0] and len(pids) >= 3
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    proc.wait(90)
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        # still running 90 s after Ctrl-C: where it is stuck, then stop it (by pid)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        proc.kill()
+        _out, err = proc.communicate(timeout=30)
+        pytest.fail(f"still running 90 s after SIGINT; its stacks:\n{err[-6000:]}")
     # a fast shutdown of an idle cluster takes about a second: a stop that waited for a
     # crash recovery that never happened (or for the 60 s stop timeout) would show here
     assert time.monotonic() - t0 < 30

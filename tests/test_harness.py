@@ -44,9 +44,11 @@ def test_experiments_time_only_through_the_harness():
     # cell.py: a notebook cell's "none" collector shows the client time of the cell's own
     # query next to its rows (a display, never a benchmark figure); nodetime.py: a profile
     # of one build repeats the query until the backend's CPU time (schedstat) promises
-    # enough samples (a loop bound, never a reported figure)
+    # enough samples (a loop bound, never a reported figure); nodetime_marker.py: the same
+    # loop bound for the marker method
     assert users == {"harness.py": ["perf_counter_ns", "schedstat"], "cell.py": ["perf_counter"],
-                     "nodetime.py": ["perf_counter", "schedstat"]}
+                     "nodetime.py": ["perf_counter", "schedstat"],
+                     "nodetime_marker.py": ["schedstat"]}
     tree = ast.parse((exp / "harness.py").read_text())
     timing_fns = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
                   and any(isinstance(n, ast.Attribute) and n.attr == "perf_counter_ns"

@@ -200,15 +200,19 @@ def test_negative_contributions_are_kept(probe):
     biased upwards)."""
     conn, _ = probe
     # empty calls: what is subtracted is what such a call's interval holds, to a few ns
-    # (measured here: a median of +4 ns, so they rarely go below 0 by themselves)
+    # (measured here: medians of +4 to +10 ns, so they rarely go below 0 by themselves;
+    # the shifted calls below are 1,000 ns off)
     empty = _run(conn, "leaf", 20_000, 0, 0)
-    assert abs(statistics.median(empty)) < 10, statistics.median(empty)
+    assert abs(statistics.median(empty)) < 20, statistics.median(empty)
     # the same calls with their start moved 1,000 ns later: each contribution is the
     # empty call's minus 1,000 ns, negative, and added as it is (a floor would add 0)
     d = _run(conn, "shifted", 5_000, 0, 1000)
-    assert max(d) < 0, max(d)
+    # all but the calls a preemption or an interrupt lands in (tens of µs, a handful of
+    # 5,000 on this VM) are negative, and none was raised to 0
+    assert sum(x < 0 for x in d) >= 0.99 * len(d), sorted(d)[-20:]
+    assert 0 not in d
     med = statistics.median(d)
-    assert abs(med - (statistics.median(empty) - 1000)) < 10, (med, statistics.median(empty))
+    assert abs(med - (statistics.median(empty) - 1000)) < 20, (med, statistics.median(empty))
 
 
 def test_childrens_bookkeeping_is_not_in_the_parents_time(probe):
