@@ -392,8 +392,9 @@ def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
                             progress: Say | None = None,
                             facts: dict[str, Any] | None = None) -> NodeTimeResult:
     """Time per plan node of *sql* by the node marker (a ``node_marker`` server): the
-    query repeats for *reps* executions, or for the wall time *min_samples* samples take
-    at *freq* (at most *max_seconds*); the same table as the stack method's."""
+    query repeats for *reps* executions, or until the backend's CPU time holds
+    *min_samples* samples at *freq* (at most *max_seconds* of wall time); the same table
+    as the stack method's."""
     say = progress or (lambda _m: None)
     sql = sql.strip().rstrip(";")
     pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
