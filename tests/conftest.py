@@ -265,3 +265,15 @@ def headline_module():
         spec.loader.exec_module(mod)
     return sys.modules["pk_headline"]
 
+
+def moved_from_committed(row, n: int, scale: float, label: str,
+                         tolerance_pct: float) -> str | None:
+    """A count *n* against its committed headline *row* (same scale): None when within
+    *tolerance_pct*, else the line the test reports."""
+    assert float(row["scale"]) == scale
+    want = int(row["instructions"])
+    dev = (n - want) / want * 100
+    if abs(dev) <= tolerance_pct:
+        return None
+    return f"{label}: {n:,} instructions, committed {want:,} ({dev:+.3f} %)"
+
