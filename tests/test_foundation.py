@@ -142,8 +142,12 @@ def test_no_process_left_after_ctrl_c(vanilla_build, tmp_path):
             open({str(pidfile)!r}, "w").write(" ".join(map(str, [cl.pid, *cl.backend_pids()])))
             time.sleep(120)
     """)
+    # A terminal's Ctrl-C reaches a process whose SIGINT is at its default. A test run
+    # started as a background job (`make test &` from a script) inherits SIGINT ignored:
+    # the child then never sees it and the test would wait 90 s, as one CI run did.
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not pidfile.exists() or not pidfile.read_text():
         assert proc.poll() is None, "child died before starting the cluster"
