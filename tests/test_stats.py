@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,8 @@ from profkit.render import seed_figures
 from profkit.analyze import stats
 from profkit.render import bench_report
 from profkit.errors import ComparisonError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_timings(
@@ -340,6 +343,25 @@ def test_summary_against_vanilla_of_the_same_major():
     back = pd.read_csv(io.StringIO(text))
     assert list(back.columns) == list(stats.SUMMARY_CSV_COLUMNS)
     assert "nan" not in text.lower() and "<NA>" not in text
+
+
+def test_vanilla_against_its_own_plain_is_its_overhead_row():
+    """A build that is its own reference prints one interval for its overhead, not two
+    bootstraps of the same comparison: a warm demo (the committed run below: 4 backends,
+    2-3 kept repetitions each) printed vanilla's Query-2 as 23.44 [-23.51, 70.70] in one
+    table and 23.44 [-23.51, 56.53] in the next, the resampled median landing on other
+    data points under another random stream."""
+    t = pd.read_csv(ROOT / "benchmarks" / "results" / "demo-20261202" / "timings.csv")
+    builds = {b: {"preset": b, "version": "18.6"} for b in t["build"].unique()}
+    s = stats.summarize_metric(t, "cpu_kept_ms", n_resamples=4000)
+    out = stats.attach_reference(s, t, builds, None, "cpu_kept_ms", n_resamples=4000)
+    r = out.set_index(["build", "mode"])
+    for mode in ("analyze_notiming", "analyze_timing"):
+        v = r.loc[("vanilla", mode)]
+        assert v.backends == 4 and v.ci_method == "hierarchical"
+        assert (v.vs_ref_pct, v.vs_ref_ci_low_pct, v.vs_ref_ci_high_pct) == \
+            (v.overhead_pct, v.ci_low_pct, v.ci_high_pct), mode
+    assert r.loc[("vanilla", "analyze_notiming"), "ci_high_pct"] == pytest.approx(70.70, abs=0.01)
 
 
 def test_attach_instructions_medians_repeated_counts():

@@ -771,12 +771,16 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
         cur = frame[(frame["build"] == b) & (frame["mode"] == mode)]
         if base.empty or cur.empty:
             continue
-        pair = pd.concat([base.assign(build="x"), cur.assign(build="x", mode="vs_ref")])
+        # Labelled as the build's own cell (its name and mode: the bootstrap's stream), so
+        # vanilla's Query-2 against its own plain query is the very interval of its
+        # overhead row, not the same comparison printed again with other resamples.
+        label = "vs_ref" if mode == BASELINE_MODE else mode
+        pair = pd.concat([base.assign(build=b), cur.assign(build=b, mode=label)])
         try:
             r = summarize(pair, col, **kwargs)  # type: ignore[arg-type]
         except ComparisonError:
             continue
-        r = r[r["mode"] == "vs_ref"].iloc[0]
+        r = r[r["mode"] == label].iloc[0]
         out.at[i, "vs_ref_pct"] = r["overhead_pct"]
         out.at[i, "vs_ref_ci_low_pct"] = r["ci_low_pct"]
         out.at[i, "vs_ref_ci_high_pct"] = r["ci_high_pct"]
