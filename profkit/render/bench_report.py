@@ -159,16 +159,43 @@ def reference_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def reference_levels(summary: pd.DataFrame) -> tuple[int, float, bool]:
+    """(comparisons, level of each interval, simultaneous?) of the against-vanilla
+    intervals: from :func:`~profkit.analyze.stats.attach_reference`'s ``attrs``, else
+    counted from the rows as its default draws them (simultaneous, 95 %)."""
+    a = summary.attrs
+    if "vs_ref_family" in a:
+        return int(a["vs_ref_family"]), float(a["vs_ref_level"]), bool(a["vs_ref_simultaneous"])
+    if "ref_build" not in summary.columns:
+        return 0, 0.95, False
+    has = summary["ref_build"].notna() & ~((summary["ref_build"] == summary["build"])
+                                           & (summary["mode"] == "plain"))
+    k = int(has.sum())
+    return k, 1 - 0.05 / max(k, 1), True
+
+
+def _reference_ci_words(summary: pd.DataFrame) -> tuple[str, str]:
+    """The header's bracket label and the sentence saying what the brackets are."""
+    k, level, simultaneous = reference_levels(summary)
+    if simultaneous and k > 1:
+        return ("95% sim. CI",
+                f"brackets: 95 % intervals that hold together over the table's {k} comparisons "
+                f"(each at {level * 100:.2f} %, Bonferroni), so the chance that any of them "
+                "excludes 0 where nothing differs is at most 5 %, not 5 % per interval")
+    return "95% CI", "brackets: 95 % CI"
+
+
 def reference_markdown(summary: pd.DataFrame) -> list[str]:
     """The report's section for :func:`reference_table` ([] when there is nothing)."""
     rt = reference_table(summary)
     if rt.empty or rt["ref_build"].isna().all():
         return []
     metric = str(summary["metric"].iloc[0]) if "metric" in summary.columns else "time"
+    label, words = _reference_ci_words(summary)
     out = ["## Against vanilla's plain Query-1", "",
            (f"Each build's plain query, Query-2 and Query-3 against the plain Query-1 of the "
             f"vanilla build of the same PostgreSQL major (`ref`), by `{metric}` (median of the "
-            "per-repetition ratios: the builds are interleaved; brackets: 95 % CI) and in "
+            f"per-repetition ratios: the builds are interleaved; {words}) and in "
             "instructions (callgrind). The plain column is what a patch costs a query that is "
             "not explained (target: ≤ 0.3 %); Query-2's is the row-counting cost "
             "a user sees against an unpatched server (target: ≤ 1.0 %). Between two binaries "
@@ -176,9 +203,9 @@ def reference_markdown(summary: pd.DataFrame) -> list[str]:
             "count, ran 3.3–3.7 % slower here): judge a 1 % difference by the instructions."),
            ""]
     rows = [_reference_cells(r) for r in rt.itertuples()]
-    out += [_md_table(["build", "PostgreSQL", "ref", "plain vs ref % [95% CI]",
-                       "plain vs ref instr %", "Q2 vs ref % [95% CI]", "Q2 vs ref instr %",
-                       "Q3 vs ref % [95% CI]", "Q3 vs ref instr %"], rows), ""]
+    out += [_md_table(["build", "PostgreSQL", "ref", f"plain vs ref % [{label}]",
+                       "plain vs ref instr %", f"Q2 vs ref % [{label}]", "Q2 vs ref instr %",
+                       f"Q3 vs ref % [{label}]", "Q3 vs ref instr %"], rows), ""]
     return out
 
 
@@ -187,10 +214,14 @@ def reference_console(summary: pd.DataFrame) -> Table | None:
     rt = reference_table(summary)
     if rt.empty or rt["ref_build"].isna().all():
         return None
-    t = Table(title="against vanilla's plain Query-1 (same PostgreSQL major)",
-              title_justify="left", header_style="bold")
-    for col in ("build", "PG", "ref", "plain % [95% CI]", "plain instr %", "Q2 % [95% CI]",
-                "Q2 instr %", "Q3 % [95% CI]", "Q3 instr %"):
+    label, _words = _reference_ci_words(summary)
+    k, level, simultaneous = reference_levels(summary)
+    title = "against vanilla's plain Query-1 (same PostgreSQL major)"
+    if simultaneous and k > 1:
+        title += f"; {k} intervals that hold together at 95 % (each {level * 100:.2f} %)"
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in ("build", "PG", "ref", f"plain % [{label}]", "plain instr %", f"Q2 % [{label}]",
+                "Q2 instr %", f"Q3 % [{label}]", "Q3 instr %"):
         t.add_column(col, justify="left" if col in ("build", "PG", "ref") else "right")
     for r in rt.itertuples():
         t.add_row(*_reference_cells(r))
