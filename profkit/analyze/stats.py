@@ -749,7 +749,7 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
 
     *simultaneous* (default): the table's intervals hold together. A run of six builds
     has 17 of them; at 95 % each, about one in six such tables would show an interval
-    that excludes 0 for two builds that differ in nothing (and a warm demo did: step5's
+    that excludes 0 for two builds that differ in nothing (and a cold demo did: step5's
     Query-2, −0.16 % in instructions, +6.5 % [1.2, 74.0] against vanilla's plain query).
     So each interval is drawn at :func:`simultaneous_level` of *confidence* (default 95 %)
     over :func:`reference_comparisons`: the chance that any of them misses is at most
