@@ -317,9 +317,17 @@ BPF_ARRAY(stack_node, s32, MAX_DEPTH);
 BPF_ARRAY(stack_phase, u32, MAX_DEPTH);
 BPF_ARRAY(depth, u32, 1);
 BPF_ARRAY(errors, u64, 4);   /* 0 overflow, 1 underflow, 2 read failed */
+/* 1 while counting: opened once every probe is attached, closed before the maps are
+ * read, so all functions count over one window (attaching and reading take time while
+ * the backend runs: a probe attached first would count calls the others miss) */
+BPF_ARRAY(gate, u32, 1);
 
 static __always_inline int other_pid(void)
 {
+    u32 z = 0;
+    u32 *open = gate.lookup(&z);
+    if (!open || *open == 0)
+        return 1;
     return (bpf_get_current_pid_tgid() >> 32) != TARGET_PID;
 }
 
@@ -681,12 +689,14 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
                                        sym=sym.name.encode(), fn_name=b"on_return_pop",
                                        pid=info.pid)
                 attached.append(fn)
+            _set_gate(b, 1)
             t0 = time.perf_counter()
             try:
                 qres = runner()
             except Exception as e:  # noqa: BLE001 - keep the counts, report below
                 query_error = e
             t1 = time.perf_counter()
+            _set_gate(b, 0)
             result = _read_bcc_maps(b, info, functions, attached, layout, per_node)
             result.query_ms = (t1 - t0) * 1000
             result.query_result = qres
@@ -699,6 +709,12 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
                                "the counts up to that point are in .partial", result)
         raise PartialProbe(f"the query failed during the probe: {query_error}", result)
     return result
+
+
+def _set_gate(b: Any, value: int) -> None:
+    """Open (1) or close (0) the probes' counting window (the ``gate`` map)."""
+    g = b[b"gate"]
+    g[g.Key(0)] = g.Leaf(value)
 
 
 def _read_bcc_maps(b: Any, info: ProbeTarget, functions: Sequence[str], attached: Sequence[str],
