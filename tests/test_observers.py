@@ -210,6 +210,33 @@ def test_correction_summary_on_synthetic_timings():
         A.correction_summary(t[t["mode"] != "plain"], facts, metric="server_ms")
 
 
+def test_in_situ_costs_come_from_each_repetitions_pairs():
+    """The CPU times (ms) of a fresh-clone run of test_correction_brings_timing_on_closer_to_plain
+    (join_sum at scale 0.05, 5 repetitions) whose medians made TIMING ON look cheaper than
+    OFF: median ON 6.85 < median OFF 7.18, -3.3 ns per read, and the run stopped on it.
+    Each repetition's own ON - OFF gap: 1.73, -1.12, 0.21, 1.59, 2.73 ms; median 1.59 ms."""
+    cpu = {1: (4.343858, 5.114583, 6.847392), 2: (6.351612, 7.847918, 6.727508),
+           3: (6.642948, 7.237312, 7.449782), 4: (4.375075, 4.902183, 6.491695),
+           5: (4.015130, 7.175808, 9.905317)}
+    rows = []
+    for rep, times in cpu.items():
+        for mode, ms in zip(("plain", "analyze_notiming", "analyze_timing"), times, strict=True):
+            rows.append({"run_id": "t", "build": "vanilla", "workload": "join_sum", "query": mode,
+                         "mode": mode, "rep": rep, "order": len(rows), "client_ms": ms + 0.1,
+                         "server_ms": ms, "cpu_ms": ms})
+    reads, calls = 2 * 50_000 + 4 * 50 + 30, 50_000 + 2 * 50 + 11
+    facts = pd.DataFrame([{"workload": "join_sum", "scale": 0.05, "clock_reads": reads,
+                           "instr_calls": calls, "ns_per_read_micro": 20.0}])
+    r = A.correction_summary(pd.DataFrame(rows), facts, metric="cpu_ms").iloc[0]
+    assert r["timing_on_ms"] < r["notiming_ms"]  # the medians alone say ON is cheaper
+    assert r["ns_per_read_in_situ"] == pytest.approx(1.589512 * 1e6 / reads)  # 15.9 ns
+    # OFF - plain per repetition: 0.77, 1.50, 0.59, 0.53, 3.16 ms -> 0.77 ms
+    assert r["row_cost_ns"] == pytest.approx(0.770725 * 1e6 / calls, rel=0.01)
+    # odd repetitions' costs applied to the even ones: nearer plain than ON itself
+    assert abs(r["corrected_in_situ_split_ms"] - r["plain_split_ms"]) < abs(
+        r["timing_on_ms"] - r["plain_ms"])
+
+
 def test_node_correction_from_recorded_plans():
     plan = json.loads((PLANS / "join_sum_0.02.json").read_text())
     slower = json.loads(json.dumps(plan))
@@ -229,6 +256,12 @@ def test_node_correction_from_recorded_plans():
     assert out["corrected_total_zero_ms"].tolist() == pytest.approx(out["total_ms"].tolist())
     assert out["corrected_self_micro_ms"].sum() == pytest.approx(
         r.loc[0, "corrected_total_micro_ms"])
+    # a cost measured below 0 corrects nothing and stops nothing: its columns stay empty
+    neg = A.node_correction(nodes, pr.nodes, costs={"micro": (25.0, 0.0),
+                                                    "in_situ": (-3.3, 55.9)})
+    assert neg["corrected_total_in_situ_ms"].isna().all()
+    assert neg["corrected_self_in_situ_ms"].isna().all() and neg["overhead_share_in_situ"].isna().all()
+    assert neg["corrected_total_micro_ms"].tolist() == out["corrected_total_micro_ms"].tolist()
     top = A.node_correction(nodes, pr.nodes, costs={"micro": (25.0, 0.0)}, top=2)
     assert len(top) == 2 and top["self_ms"].is_monotonic_decreasing
     other = json.loads((PLANS / "bitmap.json").read_text())

@@ -28,6 +28,7 @@ Pure functions over tables (no processes, no database):
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +39,8 @@ import pandas as pd
 from profkit import tables
 from profkit.analyze import correction
 from profkit.errors import ProfkitError
+
+log = logging.getLogger("profkit.analyze.observers")
 
 UNOBSERVED = "unobserved"
 ANALYZE_MODES = ("analyze_notiming", "analyze_timing")
@@ -248,6 +251,21 @@ def _medians(t: pd.DataFrame, metric: str) -> dict[str, float]:
     return {m: _median(t.loc[t["mode"] == m, metric]) for m in CORRECTION_MODES}
 
 
+def _paired_gap(t: pd.DataFrame, metric: str, a: str, b: str) -> float:
+    """Median over repetitions of (mode *a* − mode *b*), each repetition's own pair: the
+    modes run interleaved, next to each other, so a stretch of slow machine (this VM's
+    speed changes by up to 40 % for a second or two) slows both sides of a pair. The
+    difference of the two medians compares executions from different stretches: at 5
+    repetitions of a 5 ms query it once made TIMING ON look cheaper than OFF (−3.3 ns per
+    clock read). NaN when no repetition has both."""
+    wide = t[t["mode"].isin((a, b))].pivot_table(index="rep", columns="mode", values=metric,
+                                                 aggfunc="median")
+    if a not in wide.columns or b not in wide.columns:
+        return math.nan
+    d = (wide[a] - wide[b]).dropna()
+    return float(d.median()) if len(d) else math.nan
+
+
 def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
                        metric: str = "cpu_ms") -> pd.DataFrame:
     """One row per workload: plain, TIMING ON, and TIMING ON corrected three ways.
@@ -286,13 +304,18 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
         if missing:
             raise ObserverError(f"{wl}: no {metric} for modes {missing}")
         reads, calls = int(f.clock_reads), int(f.instr_calls)
-        in_situ = correction.in_situ_ns_per_read(med["analyze_timing"], med["analyze_notiming"], reads)
-        row_cost = correction.row_counting_cost_ns(med["analyze_notiming"], med["plain"], calls)
+        # the costs from each repetition's own pairs (_paired_gap), not from the medians
+        in_situ = correction.in_situ_ns_per_read(
+            _paired_gap(tw, metric, "analyze_timing", "analyze_notiming"), 0.0, reads)
+        row_cost = correction.row_counting_cost_ns(
+            _paired_gap(tw, metric, "analyze_notiming", "plain"), 0.0, calls)
         odd, even = tw[tw["rep"] % 2 == 1], tw[tw["rep"] % 2 == 0]
         mo, me = _medians(odd, metric), _medians(even, metric)
         if all(math.isfinite(v) for v in (*mo.values(), *me.values())):
-            s_read = correction.in_situ_ns_per_read(mo["analyze_timing"], mo["analyze_notiming"], reads)
-            s_row = correction.row_counting_cost_ns(mo["analyze_notiming"], mo["plain"], calls)
+            s_read = correction.in_situ_ns_per_read(
+                _paired_gap(odd, metric, "analyze_timing", "analyze_notiming"), 0.0, reads)
+            s_row = correction.row_counting_cost_ns(
+                _paired_gap(odd, metric, "analyze_notiming", "plain"), 0.0, calls)
             split = correction.corrected_total_ms(me["analyze_timing"], reads, s_read, calls, s_row)
             plain_even = me["plain"]
         else:  # fewer than two repetitions
@@ -371,6 +394,14 @@ def node_correction(nodes: pd.DataFrame, predicted: pd.DataFrame, *,
               "clock_calls_predicted"]].copy()
     out = out.rename(columns={"clock_calls_predicted": "clock_reads"})
     for name, (ns_read, row_ns) in costs.items():
+        if not (ns_read >= 0 and row_ns >= 0):
+            # a cost the run measured below 0 (noise larger than the cost at this size)
+            # corrects nothing: its columns stay empty, the other costs' are kept
+            log.warning("%s correction left out: cost per read %.2f ns, per row %.2f ns "
+                        "(negative: more repetitions or a larger scale)", name, ns_read, row_ns)
+            for col in ("corrected_total", "corrected_self", "overhead_share"):
+                out[f"{col}_{name}{'_ms' if col != 'overhead_share' else ''}"] = math.nan
+            continue
         c = correction.corrected_node_times(df, ns_read, row_ns)
         out[f"corrected_total_{name}_ms"] = c["corrected_total_ms"].to_numpy()
         out[f"corrected_self_{name}_ms"] = c["corrected_self_ms"].to_numpy()
