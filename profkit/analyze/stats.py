@@ -720,12 +720,14 @@ def vanilla_references(builds: dict[str, dict[str, Any]]) -> dict[str, str]:
     return refs
 
 
-def reference_comparisons(summary: pd.DataFrame, builds: dict[str, dict[str, Any]]) -> int:
-    """How many against-reference intervals :func:`attach_reference` draws for *summary*:
-    every (build, mode) with a reference vanilla, but the reference's own plain query."""
-    refs = vanilla_references(builds)
-    return sum(1 for b, m in zip(summary["build"], summary["mode"], strict=True)
-               if refs.get(b) is not None and not (refs[b] == b and m == BASELINE_MODE))
+def reference_comparisons(builds: Sequence[str], modes: Sequence[str],
+                          refs: Sequence[object]) -> int:
+    """How many against-reference intervals rows (*builds*, *modes*, their reference
+    builds *refs*) hold: every row with a reference, but the reference's own plain
+    query. :func:`attach_reference` draws that many; a report counts them again from a
+    summary's ``ref_build`` column."""
+    return sum(1 for b, m, r in zip(builds, modes, refs, strict=True)
+               if isinstance(r, str) and not (r == b and m == BASELINE_MODE))
 
 
 def simultaneous_level(confidence: float, k: int) -> float:
@@ -759,12 +761,13 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
     """
     out = summary.copy()
     confidence = float(kwargs.pop("confidence", 0.95))
-    family = reference_comparisons(summary, builds)
+    refs = vanilla_references(builds)
+    family = reference_comparisons(summary["build"], summary["mode"],
+                                   [refs.get(b) for b in summary["build"]])
     level = simultaneous_level(confidence, family) if simultaneous else confidence
     out.attrs.update(vs_ref_family=family, vs_ref_level=level, vs_ref_confidence=confidence,
                      vs_ref_simultaneous=simultaneous)
     metric = metric or default_metric(timings)
-    refs = vanilla_references(builds)
     per = None
     if instr_counts is not None and not instr_counts.empty:
         ic = tables.validate(instr_counts, "instr_counts")

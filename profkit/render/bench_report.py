@@ -34,6 +34,8 @@ from profkit.analyze.stats import (
     bench_extras,
     summary_table,
     build_order,
+    reference_comparisons,
+    simultaneous_level,
 )
 from profkit.errors import ProfkitError
 from profkit.pg.workloads import SEED_QUERY_NAMES
@@ -168,10 +170,8 @@ def reference_levels(summary: pd.DataFrame) -> tuple[int, float, bool]:
         return int(a["vs_ref_family"]), float(a["vs_ref_level"]), bool(a["vs_ref_simultaneous"])
     if "ref_build" not in summary.columns:
         return 0, 0.95, False
-    has = summary["ref_build"].notna() & ~((summary["ref_build"] == summary["build"])
-                                           & (summary["mode"] == "plain"))
-    k = int(has.sum())
-    return k, 1 - 0.05 / max(k, 1), True
+    k = reference_comparisons(summary["build"], summary["mode"], summary["ref_build"])
+    return k, simultaneous_level(0.95, k), True
 
 
 def _reference_ci_words(summary: pd.DataFrame) -> tuple[str, str]:
