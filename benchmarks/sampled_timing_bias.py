@@ -19,7 +19,7 @@ Per node with a yardstick mean of at least ``--min-node-ms``: the signed mean er
 the inclusive time in % of the yardstick, its standard error, and a 95 % interval
 (bias ± t(0.975, n − 1) × se, n repetitions).  Written to
 ``benchmarks/results/sampled_timing_bias.csv`` and ``.md`` (the run directory is named in
-both).  The figures are times taken under load on a shared 2-vCPU VM.
+both).  The figures are times taken on a shared 2-vCPU VM (the load average is printed).
 
 Usage::
 
@@ -150,7 +150,7 @@ def render(rows: pd.DataFrame, run: Path, min_node_ms: float) -> str:
         f"{prov.get('order_seed')}), workloads "
         + ", ".join(f"{w} @ {s:g}" for w, s in (prov.get("scales") or {}).items())
         + f"; load average {loadavg_span(prov)}. "
-        "Times taken under load on a shared 2-vCPU VM.", "",
+        "Times taken on a shared 2-vCPU VM.", "",
         f"Yardstick `{YARDSTICK}`: tsc_clock's TIMING TRUE inclusive time minus its own clock "
         "reads at their in-situ cost (TIMING TRUE − FALSE over its reads, per workload); "
         "`corrected` is vanilla's, `corrected:sampled_timing_n1` the rate-1 twin's. Bias = "
