@@ -186,6 +186,35 @@ def measure_once(build: str, workload: str, scale: float, modes: Sequence[str] =
     return _MEASURED[key]
 
 
+def measure_many(keys: Sequence[tuple[str, str, float, Sequence[str]]], jobs: int | None = None,
+                 say: Say | None = None) -> None:
+    """Count every (build, workload, scale, modes) of *keys* that :func:`measure_once` has not
+    counted yet, *jobs* callgrind sessions at a time (default: one per core), and keep them
+    for it.  The builds come first, one at a time (make uses every core).  Instruction
+    counts do not depend on what else runs, so sessions side by side give the counts one
+    at a time gives; each has its own cluster directory and socket."""
+    from concurrent.futures import as_completed
+
+    from profkit.pg.build import get_build
+
+    todo = [k for k in dict.fromkeys((b, w, float(s), tuple(m)) for b, w, s, m in keys)
+            if k not in _MEASURED]
+    for name in dict.fromkeys(k[0] for k in todo):
+        get_build(name, progress=say)
+    ex = ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1),
+                            thread_name_prefix="callgrind")
+    try:
+        futs = {ex.submit(measure, b, w, s, m, say): (b, w, s, m) for b, w, s, m in todo}
+        for f in as_completed(futs):
+            _MEASURED[futs[f]] = f.result()
+    except BaseException:
+        # an error or Ctrl-C: no new session starts; the ones running (each in its own
+        # process group, out of the terminal's reach) finish and stop their clusters
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
+
+
 def cells_of(count: Count, compiler: str, major: str, variant: str) -> list[dict]:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return [{"compiler": compiler, "pg_major": major, "pg_version": count.pg_version,

@@ -251,6 +251,17 @@ def kept_counts(run_dir) -> dict[tuple[str, str], int]:
     return {k: int(v) for k, v in kept.items()}
 
 
+def prefetch_counts(request, keys_of) -> None:
+    """Count ahead, one callgrind session per core, every cell the selected tests of
+    *request*'s module will ask ``measure_once`` for (``keys_of(item)``: its
+    (build, workload, scale, modes) keys, [] for a test it does not concern).  The tests
+    then read the same counts from the cache; only the cells of selected tests are
+    counted (``-k`` narrows the work too)."""
+    keys = [k for item in request.session.items
+            if getattr(item, "module", None) is request.module for k in keys_of(item)]
+    headline_module().measure_many(keys)
+
+
 def headline_module():
     """benchmarks/headline.py as a module, loaded once per session (the tests that hold
     instruction counts to the committed matrix share its code and its counts)."""

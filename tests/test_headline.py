@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import headline_module, moved_from_committed
+from conftest import headline_module, moved_from_committed, prefetch_counts
 from conftest import kept_counts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,10 +114,25 @@ HELD_MODES = ("plain", "analyze_notiming", "analyze_buffers")
 
 
 
+@pytest.fixture(scope="module")
+def counted(request):
+    """The matrix's cells of the selected parameters, counted two sessions at a time."""
+    mod = headline_module()
+
+    def keys(item):
+        if item.originalname != "test_row_counting_holds_the_committed_headline":
+            return []
+        major, workload = item.callspec.params["major"], item.callspec.params["workload"]
+        return [(mod.build_name(v, major, "gcc"), workload, mod.SCALES[workload], HELD_MODES)
+                for v in HELD[major]]
+
+    prefetch_counts(request, keys)
+
+
 @pytest.mark.builds("step6", "pg19/vanilla", "pg19/step4", "pg19/step5", "pg19/step6")
 @pytest.mark.parametrize("major", ["18", "19"])
 @pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
-def test_row_counting_holds_the_committed_headline(major, workload):
+def test_row_counting_holds_the_committed_headline(major, workload, counted):
     mod = headline_module()
     committed = mod.read_results()
     scale = mod.SCALES[workload]

@@ -65,6 +65,7 @@ def test_same_functions_at_other_addresses(layouts):
 def test_same_instructions_under_callgrind(layouts):
     mod = headline_module()
     modes = ("plain", "analyze_notiming")
+    mod.measure_many([(n, "nested_loop", 0.01, modes) for n in LAYOUTS])  # side by side
     c1, c2 = (mod.measure_once(n, "nested_loop", 0.01, modes).instructions for n in LAYOUTS)
     # the same code: the counts agree within the scatter of one binary counted twice
     # (paths, pids and the digits EXPLAIN prints differ between clusters: a CI run saw

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import headline_module
+from conftest import headline_module, prefetch_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"18": ["coarse_clock", "tsc_clock", "sampled_timing", "fast_timing"],
@@ -32,9 +32,28 @@ pytestmark = [pytest.mark.pg, pytest.mark.builds("vanilla", *VARIANTS["18"], "pg
 
 
 
+@pytest.fixture(scope="module")
+def counted(request):
+    """Every cell the selected tests below count, two callgrind sessions at a time."""
+    mod = headline_module()
+    builds = {"test_timing_variants_count_rows_like_vanilla":
+              lambda major: ["vanilla", *VARIANTS[major]],
+              "test_step6_leaves_plain_and_rows_only_as_step5_has_them":
+              lambda major: ["step5", "step6"]}
+
+    def keys(item):
+        if item.originalname not in builds:
+            return []
+        major, workload = item.callspec.params["major"], item.callspec.params["workload"]
+        return [(mod.build_name(b, major, "gcc"), workload, mod.SCALES[workload], MODES)
+                for b in builds[item.originalname](major)]
+
+    prefetch_counts(request, keys)
+
+
 @pytest.mark.parametrize("major", ["18", "19"])
 @pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
-def test_timing_variants_count_rows_like_vanilla(major, workload):
+def test_timing_variants_count_rows_like_vanilla(major, workload, counted):
     mod = headline_module()
     committed = mod.read_results()
     scale = mod.SCALES[workload]
@@ -69,7 +88,7 @@ def test_timing_variants_count_rows_like_vanilla(major, workload):
 @pytest.mark.builds("step5", "step6", "pg19/step5", "pg19/step6")
 @pytest.mark.parametrize("major", ["18", "19"])
 @pytest.mark.parametrize("workload", ["nested_loop", "join_sum", "count_star"])
-def test_step6_leaves_plain_and_rows_only_as_step5_has_them(major, workload):
+def test_step6_leaves_plain_and_rows_only_as_step5_has_them(major, workload, counted):
     mod = headline_module()
     committed = mod.read_results()
     scale = mod.SCALES[workload]
