@@ -125,10 +125,18 @@ def pytest_collection_finish(session):
         if tr is not None:
             tr.write_line(f"[builds] {msg}")
 
-    missing = [n for n in names if find_build(n) is None]
+    from profkit.errors import ProfkitError
+
+    missing = []
+    for n in names:
+        try:  # a build's key needs its source: pg19/... may have none here
+            if find_build(n) is None:
+                missing.append(n)
+        except ProfkitError as e:
+            pytest.exit(f"build {n!r} cannot be made, so the tests that need it cannot run:"
+                        f"\n{e}", returncode=1)
     say(f"{len(names)} builds needed ({', '.join(names)}); "
         f"{len(missing)} to build{': ' + ', '.join(missing) if missing else ''}")
-    from profkit.errors import ProfkitError
 
     first_only = os.environ.get("PROFKIT_TEST_BUILDS_FIRST") != "1"
     now = names[:1] if first_only else names
