@@ -95,9 +95,13 @@ assert (n_per_cell >= 3).all(), n_per_cell
 
 q2 = s.loc[("vanilla", "analyze_notiming")]
 q3 = s.loc[("vanilla", "analyze_timing")]
-# Row counting alone costs something; reading the clock twice per row costs more.
-assert q2["overhead_pct"] > 0, q2
+# Reading the clock twice per row costs far more than counting rows, and more than this
+# VM's drift: TIMING on is dearer than the plain query beyond its interval.  Row counting's
+# own cost is asserted below on instruction counts, which do not drift: its time at a few
+# repetitions can come out on either side of 0 here (a fresh-clone run: -11.2 %, interval
+# -20.6 % to +11.6 %), and an interval that holds 0 is no result.
 assert q3["overhead_pct"] > q2["overhead_pct"], (q2["overhead_pct"], q3["overhead_pct"])
+assert q3["ci_low_pct"] > 0, q3
 for (b, m), r in s.iterrows():
     if m != "plain":
         assert r["ci_low_pct"] <= r["overhead_pct"] <= r["ci_high_pct"], (b, m, r)

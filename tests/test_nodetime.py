@@ -433,9 +433,12 @@ def test_pid_of_a_query_started_elsewhere(pg_cluster, vanilla_build, _nested_loo
                                           tmp_path) -> None:
     from profkit.experiments.nodetime import nodetime_pid
 
-    long_sql = "SELECT count(*) FROM test1 a, test2 b, test2 c WHERE a.data = b.data"
+    # far longer than the recording (the statement is cancelled after it): with one
+    # table fewer it ran ~3.2 s here and once ended inside a 3 s recording
+    long_sql = ("SELECT count(*) FROM test1 a, test2 b, test2 c, test2 d "
+                "WHERE a.data = b.data")
     with _query_started_elsewhere(vanilla_build.bindir / "psql", pg_cluster,
-                                  ["-c", long_sql], "test2 c WHERE") as (_conn, pid):
+                                  ["-c", long_sql], "test2 d WHERE") as (_conn, pid):
         res = nodetime_pid(pid, seconds=3, out=tmp_path / "run")
     assert res.has_plan
     df = res.df
@@ -443,7 +446,7 @@ def test_pid_of_a_query_started_elsewhere(pg_cluster, vanilla_build, _nested_loo
     assert res.executor_samples >= 100
     assert res.outside_executor_share < 0.1  # busy in its plan all the time
     assert df.loc[0, "node_type"] == "Aggregate"
-    assert "test2 c WHERE" in res.sql
+    assert "test2 d WHERE" in res.sql
     assert (res.run.path / "plan.json").is_file()
 
 
@@ -456,7 +459,7 @@ def test_pid_without_a_plan_gives_node_types(pg_cluster, vanilla_build, _nested_
     from profkit.experiments.nodetime import nodetime_pid
 
     script = tmp_path / "bind.sql"
-    script.write_text("SELECT count(*) FROM test1 a, test2 b, test2 c "
+    script.write_text("SELECT count(*) FROM test1 a, test2 b, test2 c, test2 d "
                       "WHERE a.data = b.data AND c.id > $1 \\bind 0 \\g\n")
     with _query_started_elsewhere(vanilla_build.bindir / "psql", pg_cluster,
                                   ["-f", str(script)], "c.id > $1") as (_conn, pid):
