@@ -46,20 +46,31 @@ MSG = re.compile(r"sampled timing: subtracting ([\d.]+) ns per clock read, ([\d.
                  r"call's own(?: \(calibrated in ([\d.]+) us\))?")
 
 
+def parse_calibration(msg: str) -> dict[str, float] | None:
+    """The costs of one DEBUG1 calibration line (ns; ``took_us`` NaN where the patch does
+    not log the duration), or None for any other message."""
+    hit = MSG.match(msg)
+    if not hit:
+        return None
+    vals = [float(g) if g is not None else float("nan") for g in hit.groups()]
+    return dict(zip((*COSTS, "took_us"), vals, strict=True))
+
+
 def _calibration(notices: list[str]) -> dict[str, float]:
     for m in notices:
-        hit = MSG.match(m)
-        if hit:
-            vals = [float(g) if g is not None else float("nan") for g in hit.groups()]
-            return dict(zip(COSTS + ("us",), vals, strict=True))
+        c = parse_calibration(m)
+        if c is not None:
+            return c
     raise RuntimeError(f"no calibration message among {notices!r}: is this sampled_timing?")
 
 
-def _compile_probe(build) -> Path:
+def compile_probe(build) -> Path:
+    """tests/c/sampled_timing_probe.c compiled against *build*'s server headers, in a
+    temporary folder of its own (the caller removes it) that the server can read."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if not cc:
-        raise SystemExit("no C compiler: the probe is compiled against the build's headers")
-    d = Path(tempfile.mkdtemp(prefix="pk-calib-probe-"))
+        raise RuntimeError("no C compiler: the probe is compiled against the build's headers")
+    d = Path(tempfile.mkdtemp(prefix="pk-sampled-probe-"))
     d.chmod(0o755)  # the server runs as its own user
     so = d / "sampled_timing_probe.so"
     subprocess.run([cc, "-O2", "-fPIC", "-shared", "-D_GNU_SOURCE", "-I",
@@ -67,6 +78,11 @@ def _compile_probe(build) -> Path:
                    check=True, capture_output=True, text=True)
     so.chmod(0o755)
     return so
+
+
+def create_probe(conn, so: Path) -> None:
+    conn.execute(f"CREATE FUNCTION sampled_timing_probe(text, int, int, int) "
+                 f"RETURNS float8[] AS '{so}' LANGUAGE C STRICT")
 
 
 def _row(label: str, xs: list[float]) -> str:
@@ -77,12 +93,11 @@ def _row(label: str, xs: list[float]) -> str:
 
 def measure(name: str, backends: int, probes: int) -> None:
     build = get_build(name)
-    so = _compile_probe(build)
+    so = compile_probe(build)
     print(f"## {name} ({build.key})")
     with Cluster(build, name=f"calib-{name}") as cl:
         with cl.connect() as conn:
-            conn.execute(f"CREATE FUNCTION sampled_timing_probe(text, int, int, int) "
-                         f"RETURNS float8[] AS '{so}' LANGUAGE C STRICT")
+            create_probe(conn, so)
         firsts = []
         for _ in range(backends):
             with cl.connect() as conn:
@@ -95,11 +110,11 @@ def measure(name: str, backends: int, probes: int) -> None:
         print(f"first calibration of {backends} fresh backends, ns per event:")
         for k in COSTS:
             print(_row(k, [c[k] for c in firsts]))
-        us = [c["us"] for c in firsts if c["us"] == c["us"]]
+        us = [c["took_us"] for c in firsts if c["took_us"] == c["took_us"]]
         if us:
             print(_row("duration (us)", us))
-        high = sum(c["timed"] > 1.2 * statistics.median(x["timed"] for x in firsts)
-                   for c in firsts)
+        median_timed = statistics.median(c["timed"] for c in firsts)
+        high = sum(c["timed"] > 1.2 * median_timed for c in firsts)
         print(f"  backends whose timed cost is > 1.2 x the median: {high} of {backends}")
 
         left = []

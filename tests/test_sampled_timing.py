@@ -14,11 +14,11 @@ measured bound.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import shutil
 import statistics
-import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
 
@@ -140,19 +140,10 @@ BIAS_CSV = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / \
 def probe(tmp_path_factory):
     """A connection to a sampled_timing cluster with sampled_timing_probe() created."""
     build = get_build("sampled_timing")
-    cc = shutil.which("gcc") or shutil.which("cc")
-    assert cc, "no C compiler: the probe is compiled against the build's headers"
-    inc = build.pg_config["INCLUDEDIR-SERVER"]
-    # the server runs as its own user: pytest's tmp folders (mode 700) are not readable
-    d = Path(tempfile.mkdtemp(prefix="pk-sampled-probe-"))
-    d.chmod(0o755)
-    so = d / "sampled_timing_probe.so"
-    subprocess.run([cc, "-O2", "-fPIC", "-shared", "-D_GNU_SOURCE", "-I", inc,
-                    "-o", str(so), str(PROBE_C)], check=True, capture_output=True, text=True)
-    so.chmod(0o755)
+    # in a folder the server (its own user) can read: pytest's tmp folders are mode 700
+    so = _calib_script().compile_probe(build)
     with Cluster(build, name="test-sampled-probe") as cl, cl.connect() as conn:
-        conn.execute(f"CREATE FUNCTION sampled_timing_probe(text, int, int, int) "
-                     f"RETURNS float8[] AS '{so}' LANGUAGE C STRICT")
+        _calib_script().create_probe(conn, so)
         conn.execute("SET client_min_messages = debug1")
         notices: list[str] = []
         conn.add_notice_handler(lambda d: notices.append(d.message_primary))
@@ -161,7 +152,7 @@ def probe(tmp_path_factory):
         calib = [m for m in notices if m.startswith("sampled timing:")]
         assert len(calib) == 1, notices
         yield conn, calib[0]
-    shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(so.parent, ignore_errors=True)
 
 
 def _run(conn, mode: str, calls: int, inner: int, work: int) -> list[float]:
@@ -169,20 +160,24 @@ def _run(conn, mode: str, calls: int, inner: int, work: int) -> list[float]:
                              (mode, calls, inner, work)).fetchone()[0])
 
 
+def _calib_script():
+    """benchmarks/sampled_timing_calibration.py: the probe's compilation and the
+    calibration line's parser, shared with the benchmark."""
+    if "pk_sampled_timing_calibration" not in sys.modules:
+        path = PROBE_C.parent.parent.parent / "benchmarks" / "sampled_timing_calibration.py"
+        spec = importlib.util.spec_from_file_location("pk_sampled_timing_calibration", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["pk_sampled_timing_calibration"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["pk_sampled_timing_calibration"]
+
+
 def _calibrated(msg: str) -> dict[str, float]:
     # "sampled timing: subtracting R ns per clock read, U ns per sampled call,
     #  X ns more per timed call, O ns of a timed call's own (calibrated in T us)"
-    nums = [float(t) for t in msg.replace(",", " ").split() if _is_num(t)]
-    assert len(nums) == 5 and "calibrated in" in msg, msg
-    return dict(zip(("read", "call", "timed", "own", "took_us"), nums, strict=True))
-
-
-def _is_num(t: str) -> bool:
-    try:
-        float(t)
-    except ValueError:
-        return False
-    return True
+    c = _calib_script().parse_calibration(msg)
+    assert c is not None and math.isfinite(c["took_us"]), msg
+    return c
 
 
 def test_calibration_is_logged_and_plausible(probe):
