@@ -1,6 +1,7 @@
 """Throwaway PostgreSQL clusters for a build.
 
-``with Cluster(build) as cl:`` runs initdb into a fresh directory, starts the
+``with Cluster(build) as cl:`` copies the build's initdb template (initdb runs once per
+build, on first use) into a fresh directory, starts the
 postmaster directly (so its pid is ours), waits until it accepts connections,
 and on exit — normal, exception or Ctrl-C — stops it by pid (SIGINT = fast
 shutdown, escalating) and removes the directory unless ``keep=True``.
@@ -11,6 +12,7 @@ run as the unprivileged OS user ``profkit`` (created if needed).
 """
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import os
@@ -53,6 +55,13 @@ BENCH_SETTINGS: dict[str, str] = {
     "log_line_prefix": "%m [%p] ",
     "dynamic_shared_memory_type": "posix",
 }
+
+
+# initdb's arguments (the data directory aside); a cluster's own settings are appended
+# to postgresql.conf afterwards.  The template a build keeps is named by their hash.
+INITDB_ARGS = ("-U", DB_USER, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C",
+               "--no-instructions")
+TEMPLATE_NAME = "cluster-template-" + hashlib.sha256("\0".join(INITDB_ARGS).encode()).hexdigest()[:10]
 
 
 def ensure_os_user(name: str = OS_USER) -> OSUser:
@@ -105,7 +114,7 @@ class Cluster:
     def __init__(self, build: Build, *, name: str | None = None, port: int | None = None,
                  tcp: bool = False, settings: dict[str, str] | None = None,
                  base_dir: str | os.PathLike[str] | None = None, keep: bool = False,
-                 start_timeout: float = 60.0) -> None:
+                 start_timeout: float = 60.0, from_template: bool = True) -> None:
         if not build.postgres.exists():
             raise ClusterError(f"build {build.name} has no postgres binary at {build.postgres}; "
                                f"rebuild it with `profkit build {build.name}`")
@@ -117,6 +126,7 @@ class Cluster:
         self.base_dir = Path(base_dir) if base_dir else paths.sub("clusters")
         self.keep = keep
         self.start_timeout = start_timeout
+        self.from_template = from_template  # False: initdb for this cluster itself
         self.os_user = ensure_os_user()
         self.dir: Path | None = None
         self.port: int = 0
@@ -182,9 +192,14 @@ class Cluster:
         return self
 
     def _initdb(self) -> None:
-        run([self.build.bindir / "initdb", "-D", self.datadir, "-U", DB_USER, "--auth=trust",
-             "--no-sync", "-E", "UTF8", "--locale=C", "--no-instructions"],
-            user=self.os_user, cwd=self.dir, timeout=300, what="initdb")
+        template = self._template() if self.from_template else None
+        if template is not None:
+            # a copy of what initdb made for this build before: the same files but the
+            # configuration appended below (about 0.1 s against initdb's 0.8 s here)
+            run(["cp", "-a", template, self.datadir], user=self.os_user, timeout=300,
+                what="copy of the build's initdb template")
+        else:
+            self._run_initdb(self.datadir, self.dir)
         conf = self.datadir / "postgresql.conf"
         with open(conf, "a") as f:
             f.write("\n# profkit benchmark settings\n")
@@ -192,6 +207,35 @@ class Cluster:
             f.write(f"listen_addresses = '{'127.0.0.1' if self.tcp else ''}'\n")
             f.write(f"unix_socket_directories = '{self.socket_dir}'\n")
             f.write(f"port = {self.port}\n")
+
+    def _run_initdb(self, datadir: Path, cwd: Path) -> None:
+        run([self.build.bindir / "initdb", "-D", datadir, *INITDB_ARGS],
+            user=self.os_user, cwd=cwd, timeout=300, what="initdb")
+
+    def _template(self) -> Path | None:
+        """The data directory initdb makes for this build (in the build's directory, so
+        it goes with the build), made on first use.  Clusters copy it: it is what initdb
+        would make again (same binary, same arguments; only pg_control's system
+        identifier, which profkit never reads, is shared).  None where the build's
+        directory cannot hold it (read-only): initdb then runs for every cluster."""
+        final = self.build.dir / TEMPLATE_NAME
+        if (final / "data" / "PG_VERSION").is_file():
+            return final / "data"
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=".cluster-template-", dir=self.build.dir))
+        except OSError:
+            return None
+        try:
+            self._chown(tmp)
+            self._run_initdb(tmp / "data", tmp)
+            try:
+                os.rename(tmp, final)  # atomic: a half-made template is never seen
+            except OSError:
+                if not (final / "data" / "PG_VERSION").is_file():
+                    raise
+            return final / "data"
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # ours, when another process won
 
     def _launch(self) -> None:
         # the build's own libpq for the modules that load one (postgres_fdw,
