@@ -270,19 +270,26 @@ def prefetch_counts(request, keys_of) -> None:
     headline_module().measure_many(keys)
 
 
-def headline_module():
-    """benchmarks/headline.py as a module, loaded once per session (the tests that hold
-    instruction counts to the committed matrix share its code and its counts)."""
+def benchmark_module(name: str):
+    """benchmarks/<name>.py as a module, loaded once per session (tests share the
+    scripts' code: their parsers, their probes, their counts)."""
     import importlib.util
     import sys
 
-    if "pk_headline" not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "benchmarks" / "headline.py"
-        spec = importlib.util.spec_from_file_location("pk_headline", path)
+    key = f"pk_{name}"
+    if key not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path)
         mod = importlib.util.module_from_spec(spec)
-        sys.modules["pk_headline"] = mod  # before exec: its dataclasses look it up
+        sys.modules[key] = mod  # before exec: its dataclasses look it up
         spec.loader.exec_module(mod)
-    return sys.modules["pk_headline"]
+    return sys.modules[key]
+
+
+def headline_module():
+    """benchmarks/headline.py (the tests that hold instruction counts to the committed
+    matrix share its code and its counts)."""
+    return benchmark_module("headline")
 
 
 def moved_from_committed(row, n: int, scale: float, label: str,

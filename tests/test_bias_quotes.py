@@ -12,27 +12,16 @@ the committed results (no build, no cluster).
 """
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import benchmark_module
 
 from profkit import patches
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module(name: str):
-    key = f"pk_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod  # before exec: its dataclasses look it up
-        spec.loader.exec_module(mod)
-    return sys.modules[key]
 
 
 def guc_help(patch_text: str) -> str:
@@ -47,7 +36,7 @@ def guc_help(patch_text: str) -> str:
 
 @pytest.fixture(scope="module")
 def sampled():
-    mod = _module("sampled_timing_bias")
+    mod = benchmark_module("sampled_timing_bias")
     rows = pd.read_csv(mod.CSV)
     s = mod.summarize(rows, "sampled_timing")
     assert s is not None and s.nodes >= 5, "the committed run must hold the seed's long nodes"
@@ -93,7 +82,7 @@ def test_no_unbiased_claim_without_the_measurement(sampled):
 
 
 def test_fast_timing_yardstick_is_quoted_from_the_results():
-    mod = _module("fast_timing_yardstick")
+    mod = benchmark_module("fast_timing_yardstick")
     df = pd.read_csv(mod.CSV)
     c = df[df["yardstick"] == "corrected"]
     assert len(c) == 3 and set(c["node_type"]) == {"Aggregate", "Nested Loop", "Materialize"}

@@ -457,6 +457,7 @@ def test_pid_without_a_plan_gives_node_types(pg_cluster, vanilla_build, _nested_
     """A query with a parameter ($1, extended protocol): EXPLAIN of its text cannot plan
     it, so the samples are given per node TYPE, and the result says so."""
     from profkit.experiments.nodetime import nodetime_pid
+    from profkit.parse.explain import flatten_plan
 
     # Nested loops only, so the query is in its steady state from its first row: with a
     # hash join the planner's choice, a recording that began after the hash was built saw
@@ -471,12 +472,7 @@ def test_pid_without_a_plan_gives_node_types(pg_cluster, vanilla_build, _nested_
         res = nodetime_pid(pid, seconds=2, out=tmp_path / "run")
         conn.execute(pin)
         plan = conn.execute("EXPLAIN (GENERIC_PLAN, FORMAT JSON) " + sql).fetchone()[0]
-    planned: set[str] = set()
-    todo = [plan[0]["Plan"]]
-    while todo:
-        node = todo.pop()
-        planned.add(node["Node Type"])
-        todo.extend(node.get("Plans", []))
+    planned = set(flatten_plan(plan)["node_type"])
     assert planned == {"Aggregate", "Nested Loop", "Materialize", "Seq Scan"}, planned
     assert not res.has_plan
     assert any("no plan for its query" in n and "$1" in n for n in res.notes), res.notes

@@ -14,16 +14,15 @@ measured bound.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import benchmark_module
 
 from profkit.analyze import timing_accuracy as ta
 from profkit.pg.build import get_build
@@ -163,13 +162,7 @@ def _run(conn, mode: str, calls: int, inner: int, work: int) -> list[float]:
 def _calib_script():
     """benchmarks/sampled_timing_calibration.py: the probe's compilation and the
     calibration line's parser, shared with the benchmark."""
-    if "pk_sampled_timing_calibration" not in sys.modules:
-        path = PROBE_C.parent.parent.parent / "benchmarks" / "sampled_timing_calibration.py"
-        spec = importlib.util.spec_from_file_location("pk_sampled_timing_calibration", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["pk_sampled_timing_calibration"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["pk_sampled_timing_calibration"]
+    return benchmark_module("sampled_timing_calibration")
 
 
 def _calibrated(msg: str) -> dict[str, float]:
@@ -258,24 +251,19 @@ def test_childrens_bookkeeping_is_not_in_the_parents_time(probe):
     assert abs(timed) < max(3.0, 0.25 * (c["call"] + 2 * c["read"] + c["timed"])), (per_call, c)
 
 
-def _measured_bound(workload: str) -> float:
-    """The largest |95 % interval bound| of sampled_timing against the TSC yardstick on
-    *workload*'s nodes, from the committed measurement."""
+def _bias_rows(workload: str) -> pd.DataFrame:
+    """sampled_timing's committed rows for *workload*'s nodes against the TSC yardstick
+    minus its own clock reads (times inclusive: the CSV holds inclusive times)."""
     b = pd.read_csv(BIAS_CSV)
     b = b[(b["arm"] == "sampled_timing") & (b["yardstick"] == "corrected:tsc_clock")
           & (b["workload"] == workload)]
     assert not b.empty, f"{BIAS_CSV} has no sampled_timing row for {workload}"
+    return b
+
+
+def _measured_bound(b: pd.DataFrame) -> float:
+    """The largest |95 % interval bound| of the committed rows *b*."""
     return float(max(b["ci_high_pct"].abs().max(), b["ci_low_pct"].abs().max()))
-
-
-def _yardstick_inclusive_ms(workload: str) -> dict[int, float]:
-    """The committed yardstick's time (ms, inclusive: the CSV holds inclusive times) of
-    each of *workload*'s nodes: TSC minus its own clock reads, as sampled_timing was
-    measured against."""
-    b = pd.read_csv(BIAS_CSV)
-    b = b[(b["arm"] == "sampled_timing") & (b["yardstick"] == "corrected:tsc_clock")
-          & (b["workload"] == workload)]
-    return {int(n): float(ms) for n, ms in zip(b["node_id"], b["yard_mean_ms"], strict=True)}
 
 
 def test_dominant_node_within_the_measured_bound():
@@ -291,7 +279,8 @@ def test_dominant_node_within_the_measured_bound():
     floors of 0.6, then 0.5 failed on medians of 0.598 (beside a compile) and 0.49 (a
     whole-suite run, shares 0.46 to 0.63)."""
     wl = get_workload("count_star")
-    bound = _measured_bound("count_star") + 10.0
+    committed = _bias_rows("count_star")
+    bound = _measured_bound(committed) + 10.0
     ratios, shares = [], []
     with Cluster(get_build("sampled_timing"), name="test-sampled-dominant") as cl, \
             cl.connect() as conn:
@@ -307,6 +296,6 @@ def test_dominant_node_within_the_measured_bound():
             shares.append(seq / root)
     r = statistics.median(ratios)
     assert abs(r - 1.0) * 100 <= bound, (ratios, bound)
-    yard = _yardstick_inclusive_ms("count_star")
+    yard = dict(zip(committed["node_id"].astype(int), committed["yard_mean_ms"], strict=True))
     share = statistics.median(shares)
     assert abs(share / (yard[1] / yard[0]) - 1.0) * 100 <= bound, (shares, yard, bound)
