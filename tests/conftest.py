@@ -44,10 +44,88 @@ def _item_builds(item) -> set[str]:
     return names
 
 
+# make test runs the suite in two phases (docs/testing.md): first every test not marked
+# ``alone`` under pytest-xdist, one worker per core, each module on one worker
+# (``--phase shared --dist loadfile``), then the tests marked ``alone`` in one process with
+# nothing else running (``--phase alone``): they assert times measured on this machine,
+# which a neighbour's load would move.
+PHASES = ("all", "shared", "alone")
+# The longest modules first (measured: --durations=0 of a whole run), so no worker is
+# left with a long one at the end; the rest keep their order.
+LONGEST_FIRST = ("test_notebooks.py", "test_headline.py", "test_rows_only_path.py",
+                 "test_cli_commands.py", "test_same_answers.py", "test_cold_path.py",
+                 "test_install.py", "test_attach.py", "test_flamediff_pg.py",
+                 "test_ltrace_bpf.py", "test_custom_build.py", "test_collect_gprof.py",
+                 "test_magics.py")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--phase", choices=PHASES, default="all",
+                     help="shared: the tests that may share the machine (make test runs "
+                     "them under pytest-xdist); alone: the tests marked alone (times "
+                     "measured here), to run with nothing else running; all (default)")
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+def _select_phase(config, items) -> None:
+    phase = config.getoption("--phase")
+    if phase == "all":
+        return
+    keep, drop = [], []
+    for it in items:
+        alone = it.get_closest_marker("alone") is not None
+        (keep if alone == (phase == "alone") else drop).append(it)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _longest_first(items) -> None:
+    """Under xdist: modules whose builds are made first stay first (as _order_by_builds
+    has them); among them, the longest first (LONGEST_FIRST)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = _missing_build_rank(items)
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (rank[_module(it)], first.get(_module(it), len(first)),
+                               order[id(it)]))
+
+
+def _missing_build_rank(items) -> dict[str, int]:
+    """Per module: the place in BUILD_ORDER of the last build it needs that is not made
+    yet (-1 when all are: a warm cache ranks every module alike)."""
+    from profkit.pg.build import find_build
+
+    missing: dict[str, bool] = {}
+    out: dict[str, int] = {}
+    for it in items:
+        r = -1
+        for n in _item_builds(it):
+            if n not in missing:
+                try:
+                    missing[n] = find_build(n) is None
+                except Exception:  # noqa: BLE001 - pytest_collection_finish says why
+                    missing[n] = True
+            if missing[n]:
+                r = max(r, BUILD_ORDER.index(n) if n in BUILD_ORDER else 0)
+        out[_module(it)] = max(out.get(_module(it), -1), r)
+    return out
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Tests that need only the first builds run first, so they overlap the later
     builds (see pytest_collection_finish).  Whole modules move, never single tests, so a
     module's fixtures are set up once; pytest's own order is kept inside each group."""
+    _select_phase(config, items)
+    _order_by_builds(items)
+    _longest_first(items)
+
+
+def _order_by_builds(items) -> None:
     if os.environ.get("PROFKIT_TEST_BUILDS_FIRST") == "1":
         return
     rank = {n: i for i, n in enumerate(BUILD_ORDER)}
@@ -120,9 +198,14 @@ def pytest_collection_finish(session):
     from profkit.pg.build import find_build, get_build
 
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
 
     def say(msg: str) -> None:
-        if tr is not None:
+        if worker:  # an xdist worker's terminal is not shown; its stderr is
+            import sys
+
+            print(f"[builds {worker}] {msg}", file=sys.__stderr__, flush=True)
+        elif tr is not None:
             tr.write_line(f"[builds] {msg}")
 
     from profkit.errors import ProfkitError
@@ -153,7 +236,9 @@ def pytest_collection_finish(session):
     if later:
         from profkit import paths
 
-        log = paths.sub("logs") / f"test-builds-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        worker = os.environ.get("PYTEST_XDIST_WORKER")  # each xdist worker has its own
+        log = paths.sub("logs") / (f"test-builds-{time.strftime('%Y%m%d-%H%M%S')}"
+                                   f"{'-' + worker if worker else ''}.log")
         say(f"building in the background, one at a time: {', '.join(later)} (log: {log})")
         _BACKGROUND = _BackgroundBuilds(later, log)
         session.config._profkit_say = say
@@ -288,8 +373,45 @@ def benchmark_module(name: str):
 
 def headline_module():
     """benchmarks/headline.py (the tests that hold instruction counts to the committed
-    matrix share its code and its counts)."""
-    return benchmark_module("headline")
+    matrix share its code and its counts).  Under xdist its workers share the counts of
+    this run too: each cell is counted once, by the first worker that asks."""
+    mod = benchmark_module("headline")
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id and not getattr(mod.measure, "_shared_by_workers", False):
+        mod.measure = _shared_by_workers(mod, mod.measure, run_id)
+    return mod
+
+
+def _shared_by_workers(mod, measure, run_id: str):
+    """*measure* (benchmarks/headline.py), its counts shared by this run's xdist workers:
+    a JSON file per cell in a folder of this run, written by the worker that counted it
+    while it holds the cell's lock; a worker asking for a cell another is counting waits
+    for it.  Only within one run: the next run counts again."""
+    import dataclasses
+    import fcntl
+    import hashlib
+    import json
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"profkit-test-counts-{run_id}"
+    folder.mkdir(exist_ok=True)
+
+    def shared(build, workload, scale, modes=mod.MODES, say=None, settings=None):
+        if settings:  # not a cell of the matrix: counted here
+            return measure(build, workload, scale, modes, say, settings)
+        key = json.dumps([build, workload, float(scale), list(modes)])
+        f = folder / hashlib.sha256(key.encode()).hexdigest()[:16]
+        with open(f.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if f.with_suffix(".json").is_file():
+                return mod.Count(**json.loads(f.with_suffix(".json").read_text()))
+            c = measure(build, workload, scale, modes, say)
+            f.with_suffix(".tmp").write_text(json.dumps(dataclasses.asdict(c)))
+            f.with_suffix(".tmp").rename(f.with_suffix(".json"))
+            return c
+
+    shared._shared_by_workers = True
+    return shared
 
 
 def moved_from_committed(row, n: int, scale: float, label: str,

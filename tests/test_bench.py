@@ -31,6 +31,8 @@ from profkit.experiments.bench import BenchError, ProfilesFull, ServerCrashed
 from profkit.errors import ProfkitError
 from profkit.pg.workloads import WorkloadError
 
+pytestmark = pytest.mark.alone  # asserts times measured here: make test runs it alone
+
 SUMMARY_COLUMNS = ["build", "mode", "n", "median_ms", "mean_ms", "variance", "overhead_pct",
                    "ci_low_pct", "ci_high_pct", "instr", "instr_overhead_pct", "pg_version",
                    "preset", "metric", "q25_ms", "plain_instr", "plain_median_ms", "plain_q25_ms",

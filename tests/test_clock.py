@@ -9,6 +9,8 @@ from profkit import tables
 from profkit.collect import clock
 from profkit.errors import ParseError, ProbeError, ToolNotFound
 
+pytestmark = pytest.mark.alone  # asserts times measured here: make test runs it alone
+
 FIX = Path(__file__).parent / "fixtures" / "clock"
 
 

@@ -22,7 +22,7 @@ from profkit.pg.build import get_build
 from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import get_workload
 
-pytestmark = pytest.mark.pg
+pytestmark = [pytest.mark.pg, pytest.mark.alone]
 pg19 = pytest.mark.builds("pg19/fast_timing")
 
 WRAPPERS = ("ExecProcNodeInstrTsc", "ExecProcNodeInstrSystem", "ExecProcNodeInstrTscUsage",

@@ -26,6 +26,8 @@ from profkit.analyze.nodetime import (
 )
 from profkit.errors import ParseError
 
+pytestmark = pytest.mark.alone  # asserts times measured here: make test runs it alone
+
 # EXPLAIN (FORMAT JSON) of a 3-way join (shape of nested_loop's Query-1), ANALYZE figures
 PLAN = [{"Plan": {
     "Node Type": "Aggregate", "Actual Rows": 1, "Actual Loops": 1, "Plans": [

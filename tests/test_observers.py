@@ -31,6 +31,8 @@ from profkit.experiments.observers import (
 from profkit.parse.explain import execution_ms as explain_execution_ms
 from profkit.render import markdown as render_md
 
+pytestmark = pytest.mark.alone  # asserts times measured here: make test runs it alone
+
 PLANS = Path(__file__).parent / "fixtures" / "plans"
 
 

@@ -29,7 +29,7 @@ from profkit.pg.build import get_build
 from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import get_workload
 
-pytestmark = [pytest.mark.pg, pytest.mark.builds("sampled_timing")]
+pytestmark = [pytest.mark.pg, pytest.mark.builds("sampled_timing"), pytest.mark.alone]
 
 SCALE = 0.02
 RATES = (1, 2, 100)

@@ -26,6 +26,8 @@ from profkit.experiments.timing_accuracy import (
     parse_arm,
 )
 
+pytestmark = pytest.mark.alone  # asserts times measured here: make test runs it alone
+
 # ---------------------------------------------------------------------------
 # synthetic plans
 

@@ -16,6 +16,8 @@ from profkit.analyze import stats
 from profkit.collect import vcpu
 from profkit.errors import ComparisonError
 
+pytestmark = pytest.mark.alone  # asserts times measured here: make test runs it alone
+
 TRUE_Q2 = 10.0  # % overhead of Query-2 in the synthetic runs
 SLOW = 1.8      # how much slower the vCPU runs in a burst (the bimodal plain times)
 

@@ -1,0 +1,81 @@
+"""make test's two phases and what its xdist workers share (tests/conftest.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+from conftest import _shared_by_workers, headline_module
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _collected(*args: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {ln for ln in out.stdout.splitlines() if "::" in ln}
+
+
+def test_phases_split_the_suite_by_the_alone_mark():
+    files = ["tests/test_clock.py", "tests/test_docs.py"]
+    everything = _collected(*files)
+    alone = _collected("--phase", "alone", *files)
+    shared = _collected("--phase", "shared", *files)
+    assert alone and shared
+    assert alone | shared == everything and not alone & shared
+    assert {t.split("::")[0] for t in alone} == {"tests/test_clock.py"}
+    assert {t.split("::")[0] for t in shared} == {"tests/test_docs.py"}
+
+
+def test_the_makefile_runs_both_phases_and_fails_on_either():
+    mk = (ROOT / "Makefile").read_text()
+    recipe = mk[mk.index("\ntest: setup"):].split("\n\n", 1)[0]
+    assert "--phase shared" in recipe and "--phase alone" in recipe
+    assert "-n $(TEST_JOBS) --dist loadfile" in recipe
+    assert recipe.count("$(PYTEST_ARGS)") == 2
+
+
+def test_workers_count_a_cell_once_and_share_it(tmp_path, monkeypatch):
+    """Two workers (threads here, processes in a run: the lock is a file lock) ask for the
+    same cell at once: one counts it, the other waits and reads the same Count."""
+    mod = headline_module()
+    calls = []
+
+    def measure(build, workload, scale, modes=mod.MODES, say=None, settings=None):
+        calls.append((build, workload, scale, tuple(modes)))
+        time.sleep(0.5)
+        return mod.Count(build, workload, scale, {m: 1000 + i for i, m in enumerate(modes)},
+                         "18.6", "abc123def456", "valgrind-3.19.0", 0.5)
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = [_shared_by_workers(mod, measure, "run1") for _ in range(2)]
+    got = [None, None]
+
+    def ask(i):
+        got[i] = shared[i]("vanilla", "nested_loop", 0.02, ("plain", "analyze_notiming"))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [("vanilla", "nested_loop", 0.02, ("plain", "analyze_notiming"))]
+    assert got[0] == got[1] and got[0].instructions == {"plain": 1000, "analyze_notiming": 1001}
+    # another cell, another run: counted again
+    shared[0]("vanilla", "nested_loop", 0.01, ("plain",))
+    _shared_by_workers(mod, measure, "run2")("vanilla", "nested_loop", 0.02,
+                                               ("plain", "analyze_notiming"))
+    assert len(calls) == 3
+    # a patch's setting is not a cell of the matrix: never shared
+    shared[1]("vanilla", "nested_loop", 0.02, ("plain",), None, {"x.y": "1"})
+    shared[0]("vanilla", "nested_loop", 0.02, ("plain",), None, {"x.y": "1"})
+    assert len(calls) == 5
+    assert sorted(p.name for p in (tmp_path / "profkit-test-counts-run1").glob("*.json")) \
+        and not list((tmp_path / "profkit-test-counts-run1").glob("*.tmp"))
