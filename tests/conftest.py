@@ -216,8 +216,8 @@ def pytest_collection_finish(session):
             if find_build(n) is None:
                 missing.append(n)
         except ProfkitError as e:
-            pytest.exit(f"build {n!r} cannot be made, so the tests that need it cannot run:"
-                        f"\n{e}", returncode=1)
+            _stop(say, f"build {n!r} cannot be made, so the tests that need it cannot run:"
+                  f"\n{e}")
     say(f"{len(names)} builds needed ({', '.join(names)}); "
         f"{len(missing)} to build{': ' + ', '.join(missing) if missing else ''}")
 
@@ -228,8 +228,7 @@ def pytest_collection_finish(session):
         try:
             get_build(n, progress=say)
         except ProfkitError as e:  # a build the tests need failed: nothing can pass
-            pytest.exit(f"build {n!r} failed, so the tests that need it cannot run:\n{e}",
-                        returncode=1)
+            _stop(say, f"build {n!r} failed, so the tests that need it cannot run:\n{e}")
         if n in missing:
             say(f"[{i}/{len(names)}] {n} ready in {time.monotonic() - t0:.0f} s")
     later = [n for n in names[len(now):] if n in missing]
@@ -242,6 +241,14 @@ def pytest_collection_finish(session):
         say(f"building in the background, one at a time: {', '.join(later)} (log: {log})")
         _BACKGROUND = _BackgroundBuilds(later, log)
         session.config._profkit_say = say
+
+
+def _stop(say, msg: str) -> None:
+    """End the run with *msg*.  An xdist worker's exit reaches the terminal only as its
+    crash, so the worker says why on its stderr first."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        say(msg)
+    pytest.exit(msg, returncode=1)
 
 
 def pytest_runtest_setup(item):

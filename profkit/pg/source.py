@@ -237,6 +237,11 @@ class _PrivateApt:
         ):
             return
         run(["apt-get", *self.opts, "update"], timeout=300, what="apt-get update (private deb-src)")
+        if not any((self.root / "lists").glob("*_Sources*")):
+            # no stamp: the next call updates again instead of trusting an empty index
+            raise SourceError(
+                f"apt-get update left no deb-src index in {self.root / 'lists'}; check the "
+                "archive in /etc/apt and the network, or use a tarball/git source")
         stamp.touch()
 
     def newest_version(self, package: str) -> str:
@@ -370,9 +375,17 @@ def debian_suite(package: str) -> str:
 def debian_source(package: str = "postgresql-18", *, refresh: bool = False) -> Source:
     suite = debian_suite(package)
     uri, keyring = archive_entry()
-    # one private apt state per suite, so switching packages does not refetch indexes
-    apt = _PrivateApt(paths.sub("apt" if suite in ("sid", "devel") else f"apt-{suite}"),
-                      uri, suite, keyring)
+    # one private apt state per suite, so switching packages does not refetch indexes;
+    # one process at a time in it (apt runs unlocked there: two updates at once break
+    # each other's lists, as two test workers on an empty cache did)
+    root = paths.sub("apt" if suite in ("sid", "devel") else f"apt-{suite}")
+    with open(root.with_name(root.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _debian_source_locked(package, suite, _PrivateApt(root, uri, suite, keyring),
+                                     refresh)
+
+
+def _debian_source_locked(package: str, suite: str, apt: _PrivateApt, refresh: bool) -> Source:
     apt.update(force=refresh)
     version = apt.newest_version(package)
     meta_file = paths.sub("sources") / f"debian-{package}_{version}.json"
