@@ -235,7 +235,7 @@ def pytest_collection_finish(session):
     if later:
         from profkit import paths
 
-        worker = os.environ.get("PYTEST_XDIST_WORKER")  # each xdist worker has its own
+        # each xdist worker has its own (``worker`` above)
         log = paths.sub("logs") / (f"test-builds-{time.strftime('%Y%m%d-%H%M%S')}"
                                    f"{'-' + worker if worker else ''}.log")
         say(f"building in the background, one at a time: {', '.join(later)} (log: {log})")
