@@ -40,14 +40,19 @@ $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
 # worker per core; then the tests marked `alone` (they assert times measured here), with
 # nothing else running.  Both phases run; make fails if either fails.  A phase that
 # PYTEST_ARGS leaves empty (pytest's exit status 5) is not a failure unless both are.
+# The last lines say which tests failed in either phase, and why (each phase writes
+# JUnit XML to $(RESULTS); a log cut to its head and tail keeps them).
 TEST_JOBS ?= $(shell nproc)
+RESULTS := $(CURDIR)/.test-results
 
 test: setup
-	@r1=0; r2=0; \
+	@rm -rf $(RESULTS); mkdir -p $(RESULTS); r1=0; r2=0; \
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --phase shared \
-	  --durations=25 $(PYTEST_ARGS) || r1=$$?; \
-	$(BIN)/pytest --phase alone --durations=25 $(PYTEST_ARGS) || r2=$$?; \
+	  --durations=25 --junitxml=$(RESULTS)/shared.xml $(PYTEST_ARGS) || r1=$$?; \
+	$(BIN)/pytest --phase alone --durations=25 --junitxml=$(RESULTS)/alone.xml \
+	  $(PYTEST_ARGS) || r2=$$?; \
 	echo "make test: shared phase exit $$r1, alone phase exit $$r2"; \
+	$(BIN)/python scripts/test_failures.py $(RESULTS)/shared.xml $(RESULTS)/alone.xml; \
 	if [ $$r1 = 5 ] && [ $$r2 = 5 ]; then exit 5; fi; \
 	for r in $$r1 $$r2; do if [ $$r != 0 ] && [ $$r != 5 ]; then exit $$r; fi; done
 

@@ -221,7 +221,10 @@ def pytest_collection_finish(session):
     say(f"{len(names)} builds needed ({', '.join(names)}); "
         f"{len(missing)} to build{': ' + ', '.join(missing) if missing else ''}")
 
-    first_only = os.environ.get("PROFKIT_TEST_BUILDS_FIRST") != "1"
+    # the alone phase makes them all first: a build in the background would share the
+    # machine with the tests that time it
+    first_only = (os.environ.get("PROFKIT_TEST_BUILDS_FIRST") != "1"
+                  and session.config.getoption("phase") != "alone")
     now = names[:1] if first_only else names
     for i, n in enumerate(now, 1):
         t0 = time.monotonic()

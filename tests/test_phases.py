@@ -79,3 +79,42 @@ def test_workers_count_a_cell_once_and_share_it(tmp_path, monkeypatch):
     assert len(calls) == 5
     assert sorted(p.name for p in (tmp_path / "profkit-test-counts-run1").glob("*.json")) \
         and not list((tmp_path / "profkit-test-counts-run1").glob("*.tmp"))
+
+
+def test_the_last_lines_name_each_failure_and_its_message(tmp_path):
+    """make test ends with scripts/test_failures.py over both phases' JUnit XML: each
+    failed test, where it failed and its E lines; nothing for a run that passed."""
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n\n"
+        "def test_ok():\n    assert True\n\n"
+        "def test_bad():\n    got = {'samples': 12}\n"
+        "    assert got['samples'] > 100, got\n\n"
+        "class TestK:\n    def test_err(self, nosuchfixture):\n        pass\n")
+    xml = tmp_path / "r.xml"
+    cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "-p", "no:randomly", f"--junitxml={xml}", "--rootdir", str(tmp_path),
+                         "-c", "/dev/null", str(tmp_path / "test_x.py")],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 1, cp.stdout[-2000:]
+
+    def report(*files: Path) -> list[str]:
+        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "test_failures.py"),
+                              *map(str, files)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    lines = report(xml, tmp_path / "alone.xml")  # a phase that wrote nothing is passed over
+    assert lines[0] == "make test: 2 failed", lines
+    bad = lines.index("FAILED test_x.py::test_bad")
+    assert lines[bad + 1].startswith("  at ") and "test_x.py:8" in lines[bad + 1], lines
+    assert any("{'samples': 12}" in ln and ln.startswith("  E ") for ln in lines), lines
+    assert "ERROR test_x.py::TestK::test_err" in lines
+    assert any("nosuchfixture" in ln for ln in lines[lines.index(
+        "ERROR test_x.py::TestK::test_err"):]), lines
+    # a run that passed: nothing printed
+    (tmp_path / "test_x.py").write_text("def test_ok():\n    assert True\n")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    f"--junitxml={xml}", "--rootdir", str(tmp_path), "-c", "/dev/null",
+                    str(tmp_path / "test_x.py")], cwd=tmp_path, capture_output=True,
+                   timeout=120)
+    assert report(xml) == []
