@@ -267,14 +267,21 @@ def pytest_sessionfinish(session, exitstatus):
         _BACKGROUND.stop()
 
 
+# what this pytest process made in the temp directory, removed when it ends
+_OWN_TEMP: list[Path] = []
+
+
 def pytest_configure(config):
     # Tests never write into the clone's profiles/ or flamegraphs/: a run that
-    # does not choose its own folder lands in a temporary one.
+    # does not choose its own folder lands in a temporary one (an xdist worker inherits
+    # its controller's, and the controller removes it at the end).
     import tempfile
 
-    base = tempfile.mkdtemp(prefix="profkit-tests-")
-    os.environ.setdefault("PROFKIT_PROFILES", os.path.join(base, "profiles"))
-    os.environ.setdefault("PROFKIT_FLAMEGRAPHS", os.path.join(base, "flamegraphs"))
+    if not {"PROFKIT_PROFILES", "PROFKIT_FLAMEGRAPHS"} <= set(os.environ):
+        base = tempfile.mkdtemp(prefix="profkit-tests-")
+        _OWN_TEMP.append(Path(base))
+        os.environ.setdefault("PROFKIT_PROFILES", os.path.join(base, "profiles"))
+        os.environ.setdefault("PROFKIT_FLAMEGRAPHS", os.path.join(base, "flamegraphs"))
     # pg19/... builds: the PostgreSQL 19 source of the shared test data (Debian's
     # experimental suite is listed but not served here, see its README)
     if PG19_TARBALL.is_file():
@@ -286,6 +293,25 @@ def pytest_configure(config):
         from profkit import paths
 
         os.environ["PROFKIT_SPECS"] = str(paths.cache_dir() / "test-specs")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's controller: the run id its workers share the callgrind counts under
+    (:func:`_shared_by_workers`), so that it removes their folder at the end."""
+    import tempfile
+
+    folder = (Path(tempfile.gettempdir())
+              / f"profkit-test-counts-{node.workerinput['testrunuid']}")
+    if folder not in _OWN_TEMP:
+        _OWN_TEMP.append(folder)
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for d in _OWN_TEMP:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 PG19_TARBALL = (Path(__file__).resolve().parent.parent.parent / "shared" / "pg-sources"
