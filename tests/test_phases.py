@@ -121,8 +121,8 @@ def test_the_last_lines_name_each_failure_and_its_message(tmp_path):
 
 
 def test_a_run_leaves_nothing_in_the_temp_directory(tmp_path):
-    """Under xdist (controller and two workers) and without it: the profiles folder the
-    run made and the workers' shared count folder are gone when pytest ends."""
+    """Under xdist (a controller, as a run without xdist, and two workers): the profiles
+    folder the run made and the workers' shared count folder are gone when pytest ends."""
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {k: v for k, v in __import__("os").environ.items()
@@ -131,9 +131,9 @@ def test_a_run_leaves_nothing_in_the_temp_directory(tmp_path):
     env["TMPDIR"] = str(temp)
     probe = ("tests/test_phases.py::test_workers_count_a_cell_once_and_share_it",
              "tests/test_env_files.py")
-    for xdist in (["-n", "2", "--dist", "loadfile"], []):
-        cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             f"--basetemp={tmp_path / 'base'}", *xdist, *probe],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert cp.returncode == 0, cp.stdout[-3000:]
-        assert sorted(p.name for p in temp.iterdir()) == [], (xdist, list(temp.iterdir()))
+    cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         f"--basetemp={tmp_path / 'base'}", "-n", "2", "--dist", "loadfile",
+                         *probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600)
+    assert cp.returncode == 0, cp.stdout[-3000:]
+    assert sorted(p.name for p in temp.iterdir()) == [], list(temp.iterdir())
