@@ -87,6 +87,10 @@ def main() -> int:
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
+    # the clones find the test data beside them (../shared: the PostgreSQL 19 tarball, the
+    # FlameGraph suite) as this clone does
+    if (ROOT.parent / "shared").is_dir() and not (root / "shared").exists():
+        (root / "shared").symlink_to(ROOT.parent / "shared")
     cache, ccache = root / "cache", root / "ccache"
     cache.mkdir()
     ccache.mkdir()
