@@ -29,8 +29,8 @@ def nodeid(case: ET.Element) -> str:
 def summary(el: ET.Element) -> list[str]:
     text = (el.text or "").splitlines()
     e_lines = [ln for ln in text if ln.startswith("E ")]
-    where = [ln for ln in text if ln and not ln.startswith((" ", "E ", ">"))
-             and ":" in ln and ".py:" in ln]
+    # pytest's "path.py:LINE: Error" line under the traceback
+    where = [ln for ln in text if ".py:" in ln and not ln.startswith((" ", "E ", ">"))]
     out = []
     if where:
         out.append("  at " + where[-1].strip())

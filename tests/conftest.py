@@ -299,10 +299,7 @@ def pytest_configure(config):
 def pytest_configure_node(node):
     """xdist's controller: the run id its workers share the callgrind counts under
     (:func:`_shared_by_workers`), so that it removes their folder at the end."""
-    import tempfile
-
-    folder = (Path(tempfile.gettempdir())
-              / f"profkit-test-counts-{node.workerinput['testrunuid']}")
+    folder = _counts_folder(node.workerinput["testrunuid"])
     if folder not in _OWN_TEMP:
         _OWN_TEMP.append(folder)
 
@@ -420,6 +417,13 @@ def headline_module():
     return mod
 
 
+def _counts_folder(run_id: str) -> Path:
+    """Where the xdist workers of run *run_id* share their callgrind counts."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"profkit-test-counts-{run_id}"
+
+
 def _shared_by_workers(mod, measure, run_id: str):
     """*measure* (benchmarks/headline.py), its counts shared by this run's xdist workers:
     a JSON file per cell in a folder of this run, written by the worker that counted it
@@ -429,9 +433,8 @@ def _shared_by_workers(mod, measure, run_id: str):
     import fcntl
     import hashlib
     import json
-    import tempfile
 
-    folder = Path(tempfile.gettempdir()) / f"profkit-test-counts-{run_id}"
+    folder = _counts_folder(run_id)
     folder.mkdir(exist_ok=True)
 
     def shared(build, workload, scale, modes=mod.MODES, say=None, settings=None):

@@ -1,6 +1,7 @@
 """make test's two phases and what its xdist workers share (tests/conftest.py)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -91,10 +92,14 @@ def test_the_last_lines_name_each_failure_and_its_message(tmp_path):
         "    assert got['samples'] > 100, got\n\n"
         "class TestK:\n    def test_err(self, nosuchfixture):\n        pass\n")
     xml = tmp_path / "r.xml"
-    cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         "-p", "no:randomly", f"--junitxml={xml}", "--rootdir", str(tmp_path),
-                         "-c", "/dev/null", str(tmp_path / "test_x.py")],
-                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    def pytest_x() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               f"--junitxml={xml}", "--rootdir", str(tmp_path), "-c",
+                               "/dev/null", str(tmp_path / "test_x.py")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    cp = pytest_x()
     assert cp.returncode == 1, cp.stdout[-2000:]
 
     def report(*files: Path) -> list[str]:
@@ -113,10 +118,7 @@ def test_the_last_lines_name_each_failure_and_its_message(tmp_path):
         "ERROR test_x.py::TestK::test_err"):]), lines
     # a run that passed: nothing printed
     (tmp_path / "test_x.py").write_text("def test_ok():\n    assert True\n")
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    f"--junitxml={xml}", "--rootdir", str(tmp_path), "-c", "/dev/null",
-                    str(tmp_path / "test_x.py")], cwd=tmp_path, capture_output=True,
-                   timeout=120)
+    assert pytest_x().returncode == 0
     assert report(xml) == []
 
 
@@ -125,7 +127,7 @@ def test_a_run_leaves_nothing_in_the_temp_directory(tmp_path):
     folder the run made and the workers' shared count folder are gone when pytest ends."""
     temp = tmp_path / "temp"
     temp.mkdir()
-    env = {k: v for k, v in __import__("os").environ.items()
+    env = {k: v for k, v in os.environ.items()
            if k not in ("PROFKIT_PROFILES", "PROFKIT_FLAMEGRAPHS", "PYTEST_XDIST_WORKER",
                         "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST")}
     env["TMPDIR"] = str(temp)
