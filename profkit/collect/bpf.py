@@ -860,35 +860,79 @@ def _bpftrace_result(maps: Mapping[str, Any], info: ProbeTarget, functions: Sequ
                        outside, attached=tuple(attached), missing=missing, errors=errors)
 
 
+# bpftrace's own words when the kernel refused a probe (as opposed to a script or
+# permission error, which another try would not change)
+_ATTACH_REFUSED = "Error attaching probe"
+
+
+def _start_bpftrace(exe: str, script: Path, out: Path, err: Path, attach_timeout: float,
+                    attempts: int) -> Background:
+    """bpftrace running *script* and attached (its BEGIN printed), tried up to *attempts*
+    times when the kernel refuses a probe.
+
+    This bpftrace (0.17) ignores ``-p`` for uprobes, so a libc probe is placed in every
+    process on the machine that maps libc, not only in the backend.  In one CI run the
+    kernel refused it twice (EINVAL from perf_event_open) while the same libc probe
+    attached in a test run between those two.  Each refused try's stderr is kept beside the output
+    (``bpftrace.stderr.N``) and named in the error if every try fails."""
+    kept: list[Path] = []
+    for attempt in range(1, attempts + 1):
+        out.write_text("")
+        err.write_text("")
+        bg = Background([exe, "-f", "json", str(script)], stdout_path=out, stderr_path=err,
+                        stop_signal=signal.SIGINT, stop_timeout=60, what="bpftrace")
+        bg.start()
+        try:
+            deadline = time.monotonic() + attach_timeout
+            while "profkit-attached" not in out.read_text(errors="replace"):
+                if not bg.alive():
+                    break
+                if time.monotonic() > deadline:
+                    raise ProbeError(f"bpftrace did not attach within {attach_timeout:.0f} s "
+                                     f"(its stderr: {err})")
+                time.sleep(0.05)
+            else:
+                return bg
+        except BaseException:
+            bg.stop()
+            raise
+        bg.stop()
+        text = err.read_text(errors="replace")
+        if _ATTACH_REFUSED not in text or attempt == attempts:
+            tries = (f" (try {attempt} of {attempts}; the earlier tries' stderr: "
+                     f"{', '.join(map(str, kept))})" if kept else "")
+            raise ProbeError(
+                f"bpftrace exited before attaching{tries}: {text[-2000:]}"
+                + ("\nThe kernel refused a probe.  This bpftrace places a libc probe in every "
+                   "process on the machine: probe with bcc (tool='bcc', `--tool bcc`), which "
+                   "places it in the backend only, or try again."
+                   if _ATTACH_REFUSED in text else ""))
+        saved = err.with_name(f"{err.name}.{attempt}")
+        err.replace(saved)
+        kept.append(saved)
+        time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 def probe_with_bpftrace(info: ProbeTarget, runner: QueryRunner, *, functions: Sequence[str],
                         layout: dwarf.ExecutorLayout | None, per_node: bool,
                         symbols: Mapping[str, Symbol], out_dir: Path | None = None,
-                        attach_timeout: float = 60.0) -> ProbeResult:
+                        attach_timeout: float = 60.0, attach_attempts: int = 3
+                        ) -> ProbeResult:
     exe = which("bpftrace")
     work = out_dir or Path(tempfile.mkdtemp(prefix="profkit-bpftrace-"))
     script = work / "probe.bt"
     script.write_text(bpftrace_script(info, functions, symbols, layout, per_node))
     out = work / "bpftrace.json"
     err = work / "bpftrace.stderr"
-    out.write_text("")
     attached = [f for f in functions if (f in LIBC_FUNCTIONS and info.libc is not None)
                 or f in symbols]
-    bg = Background([exe, "-f", "json", str(script)], stdout_path=out, stderr_path=err,
-                    stop_signal=signal.SIGINT, stop_timeout=60, what="bpftrace")
     query_error: BaseException | None = None
     t0 = t1 = 0.0
     qres: Any = None
     with sigterm_raises():
-        bg.start()
+        bg = _start_bpftrace(exe, script, out, err, attach_timeout, attach_attempts)
         try:
-            deadline = time.monotonic() + attach_timeout
-            while "profkit-attached" not in out.read_text(errors="replace"):
-                if not bg.alive():
-                    raise ProbeError("bpftrace exited before attaching: "
-                                     + err.read_text(errors="replace")[-2000:])
-                if time.monotonic() > deadline:
-                    raise ProbeError(f"bpftrace did not attach within {attach_timeout:.0f} s")
-                time.sleep(0.05)
             t0 = time.perf_counter()
             try:
                 qres = runner()
