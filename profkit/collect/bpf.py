@@ -673,21 +673,17 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
                 if fn in LIBC_FUNCTIONS:
                     if info.libc is None:
                         continue
-                    # bcc wants bytes (str works but warns on every call)
-                    b.attach_uprobe(name=str(info.libc).encode(), sym=fn.encode(),
-                                    fn_name=b"on_clock", pid=info.pid)
+                    attach_uprobe(b, info.libc, fn, "on_clock", info.pid)
                     attached.append(fn)
                     continue
                 sym = symbols.get(fn)
                 if sym is None:
                     continue
                 handler, pops = HANDLERS[fn]
-                b.attach_uprobe(name=str(info.binary_path).encode(), sym=sym.name.encode(),
-                                fn_name=handler.encode(), pid=info.pid)
+                attach_uprobe(b, info.binary_path, sym.name, handler, info.pid)
                 if pops and per_node and layout is not None:
-                    b.attach_uretprobe(name=str(info.binary_path).encode(),
-                                       sym=sym.name.encode(), fn_name=b"on_return_pop",
-                                       pid=info.pid)
+                    attach_uprobe(b, info.binary_path, sym.name, "on_return_pop", info.pid,
+                                  ret=True)
                 attached.append(fn)
             _set_gate(b, 1)
             t0 = time.perf_counter()
@@ -709,6 +705,55 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
                                "the counts up to that point are in .partial", result)
         raise PartialProbe(f"the query failed during the probe: {query_error}", result)
     return result
+
+
+_ATTACH_UPROBE: list[Any] = []  # profkit's typed bpf_attach_uprobe, made once
+
+
+def _libbcc_attach_uprobe() -> Any:
+    """libbcc's ``bpf_attach_uprobe`` with its whole C signature.
+
+    Its last parameter is the USDT reference counter's offset (``ref_ctr_offset``, 0 for a
+    plain uprobe).  Debian 12's python3-bpfcc (0.26) declares and passes only the first
+    six, so the seventh is whatever the caller's stack holds (6 on this machine), and the
+    kernel registers the uprobe with that counter offset.  Another tracer's uprobe on the
+    same function (bpftrace's, with 0) is then refused with EINVAL for as long as the
+    first is attached, and the kernel logs "ref_ctr_offset mismatch".  This function
+    object is profkit's own: bcc's stays as bcc declared it."""
+    if not _ATTACH_UPROBE:
+        import ctypes as ct
+        lib = kheaders.import_bcc().libbcc.lib
+        fn = type(lib.bpf_attach_uprobe)(("bpf_attach_uprobe", lib))
+        fn.restype = ct.c_int
+        fn.argtypes = [ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p, ct.c_ulonglong,
+                       ct.c_int, ct.c_uint32]
+        _ATTACH_UPROBE.append(fn)
+    return _ATTACH_UPROBE[0]
+
+
+def attach_uprobe(b: Any, path: str | Path, sym: str, fn_name: str, pid: int, *,
+                  ret: bool = False) -> str:
+    """Attach *b*'s function *fn_name* to *sym* in *path* for process *pid* (a uretprobe
+    if *ret*), as ``BPF.attach_uprobe`` does, but with no reference counter (see
+    :func:`_libbcc_attach_uprobe`).  The probe is *b*'s: ``b.cleanup()`` detaches it.
+    Returns the event name."""
+    import ctypes as ct
+    bpf_cls = type(b)
+    real_path, addr = bpf_cls._check_path_symbol(str(path).encode(), sym.encode(), None,
+                                                 pid, 0)
+    func = b.load_func(fn_name.encode(), bpf_cls.KPROBE)
+    ev_name = b._get_uprobe_evname(b"r" if ret else b"p", real_path, addr, pid)
+    fd = _libbcc_attach_uprobe()(func.fd, 1 if ret else 0, ev_name, real_path, addr, pid, 0)
+    if fd < 0:
+        errno = ct.get_errno()
+        raise ProbeError(
+            f"the kernel refused a {'uretprobe' if ret else 'uprobe'} on {sym} in {path}"
+            + (f" ({os.strerror(errno)})" if errno else "")
+            + f".  If the kernel log (dmesg) says 'ref_ctr_offset mismatch', another tracer "
+            f"holds a probe on {sym} with a USDT reference counter (Debian's python3-bpfcc "
+            "places its own uprobes that way): let it finish, then probe again.")
+    b._add_uprobe_fd(ev_name, fd)
+    return ev_name.decode()
 
 
 def _set_gate(b: Any, value: int) -> None:
@@ -868,13 +913,15 @@ _ATTACH_REFUSED = "Error attaching probe"
 def _start_bpftrace(exe: str, script: Path, out: Path, err: Path, attach_timeout: float,
                     attempts: int) -> Background:
     """bpftrace running *script* and attached (its BEGIN printed), tried up to *attempts*
-    times when the kernel refuses a probe.
+    times, a second apart, when the kernel refuses a probe.
 
-    This bpftrace (0.17) ignores ``-p`` for uprobes, so a libc probe is placed in every
-    process on the machine that maps libc, not only in the backend.  In one CI run the
-    kernel refused it twice (EINVAL from perf_event_open) while the same libc probe
-    attached in a test run between those two.  Each refused try's stderr is kept beside the output
-    (``bpftrace.stderr.N``) and named in the error if every try fails."""
+    The kernel refuses a uprobe on a function another tracer already probes with a
+    different USDT reference counter offset ("ref_ctr_offset mismatch" in its log), for
+    as long as that tracer stays attached: CI met it when a neighbouring test's bcc probe
+    (before profkit passed bcc a zero offset; see :func:`_libbcc_attach_uprobe`) held libc's
+    clock_gettime.  This bpftrace (0.17) also ignores ``-p`` for uprobes, so its libc
+    probes are placed in every process on the machine.  Each refused try's stderr is kept
+    beside the output (``bpftrace.stderr.N``) and named in the error if every try fails."""
     kept: list[Path] = []
     for attempt in range(1, attempts + 1):
         out.write_text("")
@@ -903,9 +950,10 @@ def _start_bpftrace(exe: str, script: Path, out: Path, err: Path, attach_timeout
                      f"{', '.join(map(str, kept))})" if kept else "")
             raise ProbeError(
                 f"bpftrace exited before attaching{tries}: {text[-2000:]}"
-                + ("\nThe kernel refused a probe.  This bpftrace places a libc probe in every "
-                   "process on the machine: probe with bcc (tool='bcc', `--tool bcc`), which "
-                   "places it in the backend only, or try again."
+                + ("\nThe kernel refused a probe.  If its log (dmesg) says 'ref_ctr_offset "
+                   "mismatch', another tracer holds a probe on that function with a USDT "
+                   "reference counter (Debian's python3-bpfcc places its own uprobes that way): "
+                   "let it finish, then probe again."
                    if _ATTACH_REFUSED in text else ""))
         saved = err.with_name(f"{err.name}.{attempt}")
         err.replace(saved)
