@@ -236,6 +236,9 @@ def test_patch_that_does_not_apply_is_said_before_waiting_for_another_build():
             get_build(spec)
     assert "hunk #2" in str(ei.value) and "broken.patch" in str(ei.value)
     assert Path(ei.value.log_path).exists()
+    # the same words as a build that failed applying it with nobody else building
+    assert str(ei.value).startswith("build 'test-broken' failed at step 'patch': ")
+    assert str(ei.value).endswith(f"(log: {ei.value.log_path})")
     assert _no_entry_for("test-broken")
 
 

@@ -649,8 +649,15 @@ def get_build(
             try:
                 fcntl.flock(compile_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                # a patch that does not apply is said now, not after the other build
-                _check_patches_apply(src, files, root / f".{d.name}.patch.log")
+                # a patch that does not apply is said now, not after the other build, in
+                # the words of a build that failed applying it
+                check_log = root / f".{d.name}.patch.log"
+                try:
+                    _check_patches_apply(src, files, check_log)
+                except PatchError as e:
+                    raise PatchError(f"build {spec.name!r} failed at step 'patch': {e} "
+                                     f"(log: {check_log})", step="patch",
+                                     log_path=str(check_log)) from None
                 say(f"{spec.name}: waiting for another build in {root} to finish")
                 fcntl.flock(compile_lock, fcntl.LOCK_EX)
             return _do_build(spec, src, files, compiler, key, d, say, jobs or os.cpu_count() or 2)
