@@ -1,0 +1,64 @@
+"""count_star's Seq Scan share of the root, per build, against exact timing minus its reads.
+
+The check test_sampled_timing's dominant-node test makes, printed for several builds on
+this machine: for each build, a count_star cluster at scale 0.1, 2 warm-up runs, then 7
+pairs of EXPLAIN ANALYZE (TIMING TRUE, TIMING FALSE). Per pair: the Seq Scan's inclusive
+time over the Aggregate's (``share``), and the same after taking out each node's own clock
+reads (``corrected share``: :func:`profkit.analyze.timing_accuracy.corrected_times` with
+the in-situ cost of one read, (TIMING TRUE - TIMING FALSE Execution Time) / reads).
+sampled_timing runs at rate 100 (its estimator) and at rate 1 (every call timed).
+
+Usage::
+
+    .venv/bin/python benchmarks/sampled_timing_share.py sampled_timing tsc_clock vanilla
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+
+from profkit.analyze import timing_accuracy as ta
+from profkit.pg.build import get_build
+from profkit.pg.cluster import Cluster
+from profkit.pg.workloads import get_workload
+
+WL = get_workload("count_star")
+
+
+def run(build: str, rates: tuple[int | None, ...], reps: int = 7) -> None:
+    with Cluster(get_build(build), name=f"share-{build}") as cl, cl.connect() as conn:
+        WL.load(conn, 0.1)
+        for rate in rates:
+            if rate:
+                conn.execute(f"SET explain_timing_sample_rate = {rate}")
+            for _ in range(2):
+                conn.execute(WL.query("analyze_timing", fmt="json")).fetchone()
+            shares, corr, ratios, nss = [], [], [], []
+            for _ in range(reps):
+                t = ta.node_times(conn.execute(WL.query("analyze_timing", fmt="json"))
+                                  .fetchone()[0])
+                f = ta.node_times(conn.execute(WL.query("analyze_notiming", fmt="json"))
+                                  .fetchone()[0])
+                root, seq = t["inclusive_ms"].iloc[0], t["inclusive_ms"].iloc[1]
+                shares.append(seq / root)
+                te, fe = t.attrs["execution_ms"], f.attrs["execution_ms"]
+                ns = max(0.0, (te - fe) * 1e6 / (2 * float(ta.instr_calls_per_node(t).sum())))
+                nss.append(ns)
+                c = ta.corrected_times(t, ns)
+                corr.append(c["inclusive_ms"].iloc[1] / c["inclusive_ms"].iloc[0])
+                ratios.append(root / fe)
+            print(f"{build} rate={rate or '-'}: share {statistics.median(shares):.3f} "
+                  f"[{min(shares):.3f}..{max(shares):.3f}], corrected share "
+                  f"{statistics.median(corr):.3f} [{min(corr):.3f}..{max(corr):.3f}], "
+                  f"root/TIMING FALSE {statistics.median(ratios):.3f}, "
+                  f"ns/read {statistics.median(nss):.1f}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    for b in argv or ["sampled_timing", "tsc_clock", "vanilla"]:
+        run(b, (100, 1) if b == "sampled_timing" else (None,))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
