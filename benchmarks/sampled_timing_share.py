@@ -19,6 +19,7 @@ import statistics
 import sys
 
 from profkit.analyze import timing_accuracy as ta
+from profkit.analyze.correction import in_situ_ns_per_read
 from profkit.pg.build import get_build
 from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import get_workload
@@ -34,6 +35,7 @@ def run(build: str, rates: tuple[int | None, ...], reps: int = 7) -> None:
                 conn.execute(f"SET explain_timing_sample_rate = {rate}")
             for _ in range(2):
                 conn.execute(WL.query("analyze_timing", fmt="json")).fetchone()
+            every_call = rate in (None, 1)  # at rate 100 not every call reads the clock
             shares, corr, ratios, nss = [], [], [], []
             for _ in range(reps):
                 t = ta.node_times(conn.execute(WL.query("analyze_timing", fmt="json"))
@@ -42,13 +44,14 @@ def run(build: str, rates: tuple[int | None, ...], reps: int = 7) -> None:
                                   .fetchone()[0])
                 root, seq = t["inclusive_ms"].iloc[0], t["inclusive_ms"].iloc[1]
                 shares.append(seq / root)
-                te, fe = t.attrs["execution_ms"], f.attrs["execution_ms"]
-                ns = max(0.0, (te - fe) * 1e6 / (2 * float(ta.instr_calls_per_node(t).sum())))
-                nss.append(ns)
-                c = ta.corrected_times(t, ns)
-                corr.append(c["inclusive_ms"].iloc[1] / c["inclusive_ms"].iloc[0])
+                fe = f.attrs["execution_ms"]
                 ratios.append(root / fe)
-            every_call = rate in (None, 1)
+                if every_call:
+                    reads = 2 * int(ta.instr_calls_per_node(t).sum())
+                    ns = max(0.0, in_situ_ns_per_read(t.attrs["execution_ms"], fe, reads))
+                    nss.append(ns)
+                    c = ta.corrected_times(t, ns)
+                    corr.append(c["inclusive_ms"].iloc[1] / c["inclusive_ms"].iloc[0])
             corrected = (f"corrected share {statistics.median(corr):.3f} "
                          f"[{min(corr):.3f}..{max(corr):.3f}], ns/read "
                          f"{statistics.median(nss):.1f}" if every_call
