@@ -66,8 +66,9 @@ DESCRIPTIONS: dict[str, str] = {
              "call): EXPLAIN ANALYZE's default BUFFERS on takes the counting twins too",
     "coarse_clock": "instr_time reads CLOCK_MONOTONIC_COARSE (4 ms ticks here)",
     "tsc_clock": "instr_time reads the TSC (GUC instr_clock_source, default auto = rdtsc)",
-    "sampled_timing": "EXPLAIN ANALYZE times ~1 of N calls per node (geometric skips, exact first "
-                      "and heavy calls), Horvitz-Thompson estimate minus the calibrated clock and "
+    "sampled_timing": "EXPLAIN ANALYZE times ~1 of N calls per node (bursts of 8 at geometric "
+                      "gaps, exact first and heavy calls), Horvitz-Thompson estimate minus the "
+                      "calibrated clock and "
                       "bookkeeping cost "
                       "(GUC explain_timing_sample_rate, default 100)",
     "fast_timing": "lean ExecProcNode wrappers for TIMING (BUFFERS/WAL too): start time in a "

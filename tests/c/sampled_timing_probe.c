@@ -110,8 +110,9 @@ sampled_timing_probe(PG_FUNCTION_ARGS)
 		else
 			for (int i = 0; i < inner; i++)
 			{
-				if (timed)
-					child.sample_skip = 0;	/* timed, and draws its next gap */
+				if (timed)		/* timed; as in the sampler's bursts of 8, one
+								 * call in 8 ends a burst and draws the next gap */
+					child.sample_skip = i % 8 == 0 ? -1 : -2;
 				start(&child);
 				x = probe_work(x, work);
 				stop(&child, 1.0);
