@@ -37,20 +37,22 @@ RATES = (1, 2, 100)
 
 @pytest.fixture(scope="module")
 def plans():
-    """rate -> list of node tables (3 runs each), plus TIMING FALSE runs under key 0."""
+    """rate -> list of node tables (3 runs each), plus 3 TIMING FALSE runs under key 0,
+    in 3 interleaved rounds (a slow spell of this VM lands on every mode alike)."""
     wl = get_workload("join_sum")
-    out: dict[int, list] = {}
+    out: dict[int, list] = {rate: [] for rate in (*RATES, 0)}
     with Cluster(get_build("sampled_timing"), name="test-sampled-timing") as cl, \
             cl.connect() as conn:
         wl.load(conn, SCALE)
-        for rate in RATES:
-            conn.execute(f"SET explain_timing_sample_rate = {rate}")
-            out[rate] = [ta.node_times(conn.execute(wl.query("analyze_timing", fmt="json"))
-                                       .fetchone()[0]) for _ in range(3)]
-        conn.execute("RESET explain_timing_sample_rate")
+        for _ in range(3):
+            for rate in RATES:
+                conn.execute(f"SET explain_timing_sample_rate = {rate}")
+                out[rate].append(ta.node_times(
+                    conn.execute(wl.query("analyze_timing", fmt="json")).fetchone()[0]))
+            conn.execute("RESET explain_timing_sample_rate")
+            out[0].append(ta.node_times(conn.execute(wl.query("analyze_notiming", fmt="json"))
+                                        .fetchone()[0]))
         assert conn.execute("SHOW explain_timing_sample_rate").fetchone()[0] == "100"
-        out[0] = [ta.node_times(conn.execute(wl.query("analyze_notiming", fmt="json"))
-                                .fetchone()[0])]
     return out
 
 
@@ -64,8 +66,12 @@ def test_rows_and_loops_exact_at_every_rate(plans):
 
 
 def test_times_positive_finite_and_consistent(plans):
-    notiming_ms = plans[0][0].attrs["execution_ms"]
+    # medians of 3: one TIMING FALSE run of this ~2.4 ms query read 13.1 ms in a module
+    # run here (its medians of 8 runs: 2.4-2.5 ms, outliers to 8.6 ms), and one rate-1 run
+    # put 2.2 ms of a 12.3 ms Execution Time outside its root node
+    notiming_ms = statistics.median(df.attrs["execution_ms"] for df in plans[0])
     for rate in RATES:
+        near = []
         for df in plans[rate]:
             t = df["inclusive_ms"]
             assert t.map(math.isfinite).all() and (t >= 0).all(), (rate, df)
@@ -77,10 +83,11 @@ def test_times_positive_finite_and_consistent(plans):
             # Time, and near the TIMING FALSE run's (measured here: 0.9-1.1 of it, while
             # 0.64-0.69 of the instrumented Execution Time)
             assert 0 < root <= exec_ms * 1.001, (rate, root, exec_ms)
-            if rate == 1:
-                assert root >= exec_ms * 0.9, (rate, root, exec_ms)
-            else:
-                assert root >= notiming_ms * 0.5, (rate, root, notiming_ms)
+            near.append(root / exec_ms if rate == 1 else root / notiming_ms)
+        if rate == 1:
+            assert statistics.median(near) >= 0.9, (rate, near)
+        else:
+            assert statistics.median(near) >= 0.5, (rate, near, notiming_ms)
 
 
 def test_heavy_last_call_is_always_timed(plans):
@@ -212,19 +219,28 @@ def test_negative_contributions_are_kept(probe):
     biased upwards)."""
     conn, _ = probe
     # empty calls: what is subtracted is what such a call's interval holds, to a few ns
-    # (measured here: medians of +4 to +10 ns, so they rarely go below 0 by themselves;
-    # the shifted calls below are 1,000 ns off)
-    empty = _run(conn, "leaf", 20_000, 0, 0)
-    assert abs(statistics.median(empty)) < 20, statistics.median(empty)
-    # the same calls with their start moved 1,000 ns later: each contribution is the
-    # empty call's minus 1,000 ns, negative, and added as it is (a floor would add 0)
-    d = _run(conn, "shifted", 5_000, 0, 1000)
-    # all but the calls a preemption or an interrupt lands in (tens of µs, a handful of
-    # 5,000 on this VM) are negative, and none was raised to 0
-    assert sum(x < 0 for x in d) >= 0.99 * len(d), sorted(d)[-20:]
-    assert 0 not in d
-    med = statistics.median(d)
-    assert abs(med - (statistics.median(empty) - 1000)) < 20, (med, statistics.median(empty))
+    # (measured here: medians of -6 to +13 ns over 30 runs, so they rarely go below 0 by
+    # themselves; the shifted calls below are 1,000 ns off).  Each run calibrates anew
+    # (the costs are older than 10 ms), and one calibration in ~15 lands in the other
+    # speed state of this VM than its run (a median of +25 ns was seen): the median of
+    # 3 runs, interleaved with the shifted ones
+    empties, shifted = [], []
+    for _ in range(3):
+        empties.append(statistics.median(_run(conn, "leaf", 20_000, 0, 0)))
+        time.sleep(0.02)
+        # the same calls with their start moved 1,000 ns later: each contribution is the
+        # empty call's minus 1,000 ns, negative, and added as it is (a floor would add 0)
+        d = _run(conn, "shifted", 5_000, 0, 1000)
+        # all but the calls a preemption or an interrupt lands in (tens of µs, a handful
+        # of 5,000 on this VM) are negative, and none was raised to 0
+        assert sum(x < 0 for x in d) >= 0.99 * len(d), sorted(d)[-20:]
+        assert 0 not in d
+        shifted.append(statistics.median(d))
+        time.sleep(0.02)
+    empty = statistics.median(empties)
+    assert abs(empty) < 20, empties
+    med = statistics.median(shifted)
+    assert abs(med - (empty - 1000)) < 20, (shifted, empties)
 
 
 def test_childrens_bookkeeping_is_not_in_the_parents_time(probe):
@@ -232,19 +248,38 @@ def test_childrens_bookkeeping_is_not_in_the_parents_time(probe):
     and never timed, sampled and timed on every call, or only counts rows (TIMING FALSE),
     the parent's estimate is the same within a few ns per child call — the sampler's
     per-call cost is taken out of its ancestors' windows (left in, it put the parent
-    ~5 ns per child call high, +14 to +19 % on nodes above 1 ms)."""
-    conn, msg = probe
-    c = _calibrated(msg)
+    ~5 ns per child call high, +14 to +19 % on nodes above 1 ms).  A probe call
+    calibrates anew when the costs are older than 10 ms, so what is left is held to the
+    costs calibrated during these runs (their median), not to one calibration before: this VM
+    switches between a fast state (reads ~30 ns, a sampled call ~2.5-3.5 ns) and a slow one
+    (~45 and ~6-7 ns), and a whole-suite run held a residual of -2.4 ns to the 3.3 ns of a
+    calibration taken before its runs.  The child's work is the calibration's (4 dependent
+    multiplies): the costs are calibrated around it.  With twice that work, 10 runs here
+    left an untimed call -2.9 to +0.5 ns (median -1.4), against -2.5 to +1.0 (median -0.4)
+    in 10 runs with the calibration's work: what longer work hides of the sampler's cost
+    is still subtracted."""
+    conn, _ = probe
+    seen: list[str] = []
+    conn.add_notice_handler(lambda d: seen.append(d.message_primary))
     inner, calls = 1000, 41
     med: dict[str, list[float]] = {"rows": [], "untimed": [], "timed": []}
-    for _ in range(5):  # interleaved rounds: drift of a shared machine lands on all three
-        for mode in med:
-            med[mode].append(statistics.median(_run(conn, mode, calls, inner, 2)))
+    conn.execute("SET client_min_messages = debug1")
+    try:
+        for _ in range(9):  # interleaved rounds: drift of a shared machine lands on all three
+            for mode in med:
+                med[mode].append(statistics.median(_run(conn, mode, calls, inner, 1)))
+    finally:
+        conn.execute("RESET client_min_messages")
+    calibs = [_calibrated(m) for m in seen if m.startswith("sampled timing:")]
+    # the first sampled run calibrates (the probe fixture's costs are older than 10 ms);
+    # a later one does when the last calibration is older than 10 ms
+    assert calibs, seen
+    c = {k: statistics.median(x[k] for x in calibs) for k in ("call", "read", "timed")}
     per_call = {m: statistics.median(v) / inner for m, v in med.items()}
     assert per_call["rows"] > 0, per_call
     untimed = per_call["untimed"] - per_call["rows"]
     timed = per_call["timed"] - per_call["rows"]
-    print(f"per child call, ns: {per_call}; calibrated: {c}")  # shown with pytest -s
+    print(f"per child call, ns: {per_call}; calibrated (median of {len(calibs)}): {c}")
     # what is left of the sampler's cost per child call, against what it was before
     # subtraction (c["call"] for an untimed call, c["call"] + 2 reads + c["timed"] timed)
     assert abs(untimed) < max(1.5, 0.5 * c["call"]), (per_call, c)
@@ -273,11 +308,14 @@ def test_dominant_node_within_the_measured_bound():
     per-node clock at all) it must be within the committed bias bound of count_star's
     nodes, plus this run's own noise allowance (10 pp, a loaded 2-vCPU machine).  The Seq
     Scan's share of the root is held to the committed yardstick's share (TSC minus its
-    clock reads: 51.9 of 80.2 ms, 0.647) within the same bound.  Not to a fixed floor:
-    the Seq Scan's estimate moves 22 % from run to run in the committed measurement (a
-    ~55 ns row from which a calibrated ~30-50 ns cost is subtracted per sampled call), and
-    floors of 0.6, then 0.5 failed on medians of 0.598 (beside a compile) and 0.49 (a
-    whole-suite run, shares 0.46 to 0.63)."""
+    clock reads: 53.7 of 82.0 ms, 0.655) within the same bound.  Not to a fixed floor:
+    the Seq Scan's estimate moves from run to run (a ~55 ns row from which a calibrated
+    ~30-50 ns cost is subtracted per sampled call), and floors of 0.6, then 0.5 failed on
+    medians of 0.598 (beside a compile) and 0.49 (a whole-suite run, shares 0.46 to 0.63).
+    Nor loosened when it failed the other way: with each sampled call timed alone, the
+    share read 0.83-0.93 here, half the runs and CI above the bound, where perf's samples
+    give 0.61-0.69; that was the cold timed path's cost multiplied by N, and bursts fixed
+    it (benchmarks/sampled_timing_rates.py, docs/variants.md)."""
     wl = get_workload("count_star")
     committed = _bias_rows("count_star")
     bound = _measured_bound(committed) + 10.0
