@@ -320,23 +320,35 @@ def test_dominant_node_within_the_measured_bound():
     Nor loosened when it failed the other way: with each sampled call timed alone, the
     share read 0.83-0.93 here, half the runs and CI above the bound, where perf's samples
     give 0.64-0.69; that was the cold timed path's cost multiplied by N, and bursts fixed
-    it (benchmarks/sampled_timing_rates.py, docs/variants.md)."""
+    it (benchmarks/sampled_timing_rates.py, docs/variants.md).
+
+    With bursts one execution's share still ranges 0.54-1.00 here, and the estimate is
+    high: 45 executions in 5 backends had a median of 0.756 (+15 % over the
+    yardstick), backends' medians 0.705-0.809 (benchmarks/sampled_timing_spread.py,
+    benchmarks/results/sampled_timing_spread.txt).  A median of 7 executions of one
+    backend crossed the bound in a whole-suite run (0.846 against 0.845; that script's
+    medians of 7 ranged 0.669-0.818).  So the median is taken over 21 executions in 3
+    fresh backends (each calibrates its own costs), with the same bound; the bias itself
+    is open (docs/variants.md)."""
     wl = get_workload("count_star")
     committed = _bias_rows("count_star")
     bound = _measured_bound(committed) + 10.0
     ratios, shares = [], []
-    with Cluster(get_build("sampled_timing"), name="test-sampled-dominant") as cl, \
-            cl.connect() as conn:
-        wl.load(conn, 0.1)
-        for _ in range(2):  # warm the cache and the calibration
-            conn.execute(wl.query("analyze_timing", fmt="json")).fetchone()
-        for _ in range(7):
-            t = ta.node_times(conn.execute(wl.query("analyze_timing", fmt="json")).fetchone()[0])
-            f = ta.node_times(conn.execute(wl.query("analyze_notiming", fmt="json"))
-                              .fetchone()[0])
-            root, seq = t["inclusive_ms"].iloc[0], t["inclusive_ms"].iloc[1]
-            ratios.append(root / f.attrs["execution_ms"])
-            shares.append(seq / root)
+    with Cluster(get_build("sampled_timing"), name="test-sampled-dominant") as cl:
+        with cl.connect() as conn:
+            wl.load(conn, 0.1)
+        for _ in range(3):
+            with cl.connect() as conn:
+                for _ in range(2):  # warm the cache and the calibration
+                    conn.execute(wl.query("analyze_timing", fmt="json")).fetchone()
+                for _ in range(7):
+                    t = ta.node_times(conn.execute(wl.query("analyze_timing", fmt="json"))
+                                      .fetchone()[0])
+                    f = ta.node_times(conn.execute(wl.query("analyze_notiming", fmt="json"))
+                                      .fetchone()[0])
+                    root, seq = t["inclusive_ms"].iloc[0], t["inclusive_ms"].iloc[1]
+                    ratios.append(root / f.attrs["execution_ms"])
+                    shares.append(seq / root)
     r = statistics.median(ratios)
     assert abs(r - 1.0) * 100 <= bound, (ratios, bound)
     yard = dict(zip(committed["node_id"].astype(int), committed["yard_mean_ms"], strict=True))
