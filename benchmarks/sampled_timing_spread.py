@@ -14,6 +14,10 @@ the Aggregate's time, the TIMING FALSE Execution Time and the costs the patch su
 At the end: the median share over all executions, the median of each backend, and how
 often a median of 7 consecutive executions of one backend is above ``--bound``.
 
+On a build of benchmarks/patches/sampled_timing_own_probe.patch it also prints that
+patch's probe lines (an empty timed interval beyond the calibrated own cost, in situ) per
+execution, and their median.
+
 Usage::
 
     .venv/bin/python benchmarks/sampled_timing_spread.py [--build sampled_timing] \
@@ -32,6 +36,7 @@ from profkit.pg.workloads import get_workload
 
 CALIB = re.compile(r"subtracting ([\d.-]+) ns per clock read, ([\d.-]+) ns per sampled call, "
                    r"([\d.-]+) ns more per timed call, ([\d.-]+) ns of a timed call's own")
+PROBE = re.compile(r"probe: ([\d.-]+) ns per empty interval beyond own")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     wl = get_workload("count_star")
     shares: list[list[float]] = []
+    probes: list[float] = []
     with Cluster(get_build(a.build), name="bench-sampled-spread") as cl:
         with cl.connect() as conn:
             wl.load(conn, 0.1)
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
                     t = ta.node_times(conn.execute(wl.query("analyze_timing", fmt="json"))
                                       .fetchone()[0])
                     cal = [m.groups() for m in map(CALIB.search, notes) if m]
+                    probe = [float(m.group(1)) for m in map(PROBE.search, notes) if m]
+                    probes += probe
                     f = ta.node_times(conn.execute(wl.query("analyze_notiming", fmt="json"))
                                       .fetchone()[0])
                     root, seq = t["inclusive_ms"].iloc[0], t["inclusive_ms"].iloc[1]
@@ -69,12 +77,17 @@ def main(argv: list[str] | None = None) -> None:
                     read = "/".join(c[0] for c in cal) or "-"
                     print(f"backend {b} execution {i}: share {seq / root:.3f}  Aggregate "
                           f"{root:.1f} ms  TIMING FALSE {f.attrs['execution_ms']:.1f} ms  "
-                          f"calibrated: read {read} ns, own {own} ns", flush=True)
+                          f"calibrated: read {read} ns, own {own} ns"
+                          + (f"  probe beyond own {probe} ns" if probe else ""), flush=True)
             shares.append(mine)
     every = [s for mine in shares for s in mine]
     print(f"\n{a.build}: {len(every)} executions, median share {statistics.median(every):.3f} "
           f"(min {min(every):.3f}, max {max(every):.3f})")
     print("per backend: " + ", ".join(f"{statistics.median(m):.3f}" for m in shares))
+    if probes:
+        print(f"probe lines: {len(probes)}, an empty timed interval beyond the calibrated "
+              f"own cost: median {statistics.median(probes):+.2f} ns "
+              f"({min(probes):+.2f} to {max(probes):+.2f})")
     windows = [statistics.median(m[i:i + 7]) for m in shares for i in range(len(m) - 6)]
     if windows:
         above = sum(w > a.bound for w in windows)
