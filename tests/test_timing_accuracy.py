@@ -660,6 +660,12 @@ def test_real_coarse_clock_is_tick_quantised(variant_run):
 @pytest.mark.pg
 @pytest.mark.builds(*VARIANTS)
 def test_real_sampled_timing_at_rate_1_is_vanilla(variant_run):
+    """At rate 1 sampled_timing times every call as vanilla does: each node's inclusive
+    time against vanilla's within 0.6-1.5, as the median of the ratios of the same
+    repetition (the arms of one repetition run in a shuffled order, back to back).
+    Not the ratio of the two medians: the host slows this VM for seconds at a time, and
+    in a whole-suite run that ratio read 0.46-0.52 (vanilla's own scatter 36-40 %), where
+    the same run on the idle machine right after read 0.98-1.00."""
     cached, res = variant_run
     assert "sampled_timing" in cached
     shown = res.provenance["arm_settings_shown"]
@@ -668,4 +674,11 @@ def test_real_sampled_timing_at_rate_1_is_vanilla(variant_run):
     acc = res.accuracy
     n1 = acc[(acc["arm"] == "sampled_timing_n1") & (acc["metric"] == ta.INCLUSIVE)
              & (acc["base_median_ms"] > 1.0)]
-    assert len(n1) >= 3 and n1["ratio"].between(0.6, 1.5).all()
+    assert len(n1) >= 3
+    n = res.nodes
+    t = n[n["mode"] == "analyze_timing"].pivot_table(
+        index=["node_id", "rep"], columns="arm", values="inclusive_ms")
+    paired = (t["sampled_timing_n1"] / t["vanilla"]).groupby(level="node_id").median()
+    long_ = paired.loc[sorted(int(i) for i in n1["node_id"])]
+    assert len(long_) == len(n1) and long_.between(0.6, 1.5).all(), (
+        long_.round(3).to_dict(), n1[["node_type", "ratio"]].round(3).to_dict("records"))
