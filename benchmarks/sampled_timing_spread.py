@@ -29,13 +29,14 @@ import argparse
 import re
 import statistics
 
+# the calibration line's parser (run as a script, benchmarks/ is on sys.path)
+from sampled_timing_calibration import parse_calibration
+
 from profkit.analyze import timing_accuracy as ta
 from profkit.pg.build import get_build
 from profkit.pg.cluster import Cluster
 from profkit.pg.workloads import get_workload
 
-CALIB = re.compile(r"subtracting ([\d.-]+) ns per clock read, ([\d.-]+) ns per sampled call, "
-                   r"([\d.-]+) ns more per timed call, ([\d.-]+) ns of a timed call's own")
 PROBE = re.compile(r"probe: ([\d.-]+) ns per empty interval beyond own")
 
 
@@ -66,15 +67,15 @@ def main(argv: list[str] | None = None) -> None:
                     notes.clear()
                     t = ta.node_times(conn.execute(wl.query("analyze_timing", fmt="json"))
                                       .fetchone()[0])
-                    cal = [m.groups() for m in map(CALIB.search, notes) if m]
+                    cal = [c for c in map(parse_calibration, notes) if c]
                     probe = [float(m.group(1)) for m in map(PROBE.search, notes) if m]
                     probes += probe
                     f = ta.node_times(conn.execute(wl.query("analyze_notiming", fmt="json"))
                                       .fetchone()[0])
                     root, seq = t["inclusive_ms"].iloc[0], t["inclusive_ms"].iloc[1]
                     mine.append(seq / root)
-                    own = "/".join(c[3] for c in cal) or "-"
-                    read = "/".join(c[0] for c in cal) or "-"
+                    own = "/".join(f"{c['own']:.2f}" for c in cal) or "-"
+                    read = "/".join(f"{c['read']:.2f}" for c in cal) or "-"
                     print(f"backend {b} execution {i}: share {seq / root:.3f}  Aggregate "
                           f"{root:.1f} ms  TIMING FALSE {f.attrs['execution_ms']:.1f} ms  "
                           f"calibrated: read {read} ns, own {own} ns"
