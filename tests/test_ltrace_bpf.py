@@ -366,6 +366,33 @@ def test_backend_exits_mid_probe_ltrace(pg_cluster, tmp_path):
 
 
 @pytest.mark.pg
+def test_query_error_under_ltrace_is_not_an_exit(pg_cluster, tmp_path):
+    # a query that fails in a live backend is "the query failed", not "exited"; a
+    # terminated one (the test above) is "exited" even when the client hears of it
+    # before the backend has left /proc
+    conn = pg_cluster.connect()
+    pid = conn.info.backend_pid
+    with pytest.raises(bpf.PartialProbe, match="the query failed while ltrace") as ei:
+        lt.count_calls(conn, "SELECT 1 / 0", out_dir=tmp_path)
+    assert "division by zero" in str(ei.value)
+    assert f"backend {pid} exited" not in str(ei.value)
+    assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == pid
+    assert ei.value.partial.returncode is not None, "ltrace still running"
+    assert not children_named("ltrace")
+    conn.close()
+
+
+def test_connection_lost_errors():
+    import psycopg
+    assert bpf.is_connection_lost(psycopg.errors.AdminShutdown(
+        "terminating connection due to administrator command"))
+    assert bpf.is_connection_lost(psycopg.OperationalError("server closed the connection"))
+    assert not bpf.is_connection_lost(psycopg.errors.DivisionByZero("division by zero"))
+    assert not bpf.is_connection_lost(psycopg.errors.QueryCanceled(
+        "canceling statement due to statement timeout"))
+
+
+@pytest.mark.pg
 def test_ltrace_refuses_a_traced_backend(join_sum_conn, tmp_path):
     # while one ltrace is attached, a second attempt is refused with the tracer's pid
     pid = join_sum_conn.info.backend_pid

@@ -583,7 +583,9 @@ def _connection_runner(conn: Any, sql: str) -> QueryRunner:
     return go
 
 
-def _is_connection_lost(e: BaseException) -> bool:
+def is_connection_lost(e: BaseException) -> bool:
+    """Whether a query's error means its backend went away (terminated, crashed):
+    the client can hear of it before the process has left /proc."""
     name = type(e).__name__
     return name in ("OperationalError", "AdminShutdown", "ConnectionFailure",
                     "InterfaceError") or "terminat" in str(e).lower()
@@ -700,7 +702,7 @@ def probe_with_bcc(info: ProbeTarget, runner: QueryRunner, *, functions: Sequenc
         b.cleanup()
     assert result is not None
     if query_error is not None:
-        if _is_connection_lost(query_error) or not Path(f"/proc/{info.pid}").exists():
+        if is_connection_lost(query_error) or not Path(f"/proc/{info.pid}").exists():
             raise PartialProbe(f"backend {info.pid} exited during the probe ({query_error}); "
                                "the counts up to that point are in .partial", result)
         raise PartialProbe(f"the query failed during the probe: {query_error}", result)

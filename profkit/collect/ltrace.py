@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profkit.collect.bpf import PartialProbe, backend_info, sigterm_raises
+from profkit.collect.bpf import PartialProbe, backend_info, is_connection_lost, sigterm_raises
 from profkit.errors import ProbeError
 from profkit.processes import Background, format_argv, which
 from profkit.parse._io import read_text
@@ -188,7 +188,9 @@ def count_calls(conn: Any, sql: str | None = None, *, pid: int | None = None,
                     query_ms=(t1 - t0) * 1000, attach_s=attach_s, returncode=rc.returncode,
                     stderr=err.read_text(errors="replace"))
     if query_error is not None:
-        gone = tracer_pid(pid) < 0
+        # the client can read "terminating connection" before the backend has left
+        # /proc: the error itself says the backend is gone
+        gone = is_connection_lost(query_error) or tracer_pid(pid) < 0
         what = f"backend {pid} exited" if gone else "the query failed"
         if run.summary_text.strip():
             kept = "the summary so far is in .partial"
