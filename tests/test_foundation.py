@@ -272,6 +272,31 @@ def test_one_file_patch_rebuilds_incrementally(vanilla_build):
               f"{cold:.0f} s)")
 
 
+def test_builds_compile_in_ccache_depend_mode(monkeypatch):
+    """ccache reads profkit's settings as meant (a misspelt variable would be ignored
+    silently): depend mode, the C library's version in every key, and CCACHE_NODEPEND
+    giving ccache's default mode back."""
+    from profkit.pg.build import SYSTEM_HEADER_ID, ccache_env
+
+    def config(env: dict[str, str]) -> dict[str, str]:
+        out = run(["ccache", "--show-config"], env=env).stdout
+        # "(environment) depend_mode = true"
+        return {k.split(")")[-1].strip(): v.strip()
+                for k, v in (ln.split("=", 1) for ln in out.splitlines() if "=" in ln)}
+
+    monkeypatch.delenv("CCACHE_NODEPEND", raising=False)
+    monkeypatch.delenv("CCACHE_DEPEND", raising=False)
+    on = config(ccache_env())
+    assert on["depend_mode"] == "true", on
+    assert on["direct_mode"] == "true" and on["run_second_cpp"] == "true", on
+    assert on["extra_files_to_hash"] == SYSTEM_HEADER_ID, on
+    assert "__GLIBC_MINOR__" in Path(SYSTEM_HEADER_ID).read_text()
+    assert on["hash_dir"] == "false", on
+    monkeypatch.setenv("CCACHE_NODEPEND", "1")
+    off = config(ccache_env())
+    assert off["depend_mode"] == "false", off
+
+
 def test_recovering_reads_the_log_in_order(vanilla_build, tmp_path):
     """Stop waits for recovery only while the postmaster is really recovering."""
     cl = Cluster(vanilla_build, name="log-only")
