@@ -606,9 +606,10 @@ SYSTEM_HEADER_ID = "/usr/include/features.h"
 def ccache_env() -> dict[str, str]:
     """ccache's settings for a build.  Depend mode (``CCACHE_DEPEND``): a miss runs the
     compiler once, without ccache's own preprocessor pass, since PostgreSQL's
-    ``--enable-depend`` makes the compiler write the list of headers ccache keys on (a cold
-    vanilla build: 0.855 times the CPU, two rounds of ``benchmarks/ccache_modes.py``).  ``CCACHE_NODEPEND`` in
-    the environment turns it off."""
+    ``--enable-depend`` makes the compiler write the list of headers ccache keys on (a
+    cold vanilla build: 0.855 times the CPU, two rounds of
+    ``benchmarks/ccache_modes.py``).  ``CCACHE_NODEPEND`` in the environment turns it
+    off."""
     env = {
         "CCACHE_DIR": os.environ.get("CCACHE_DIR", str(paths.sub("ccache"))),
         "CCACHE_BASEDIR": str(paths.cache_dir()),
