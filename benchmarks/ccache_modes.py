@@ -8,8 +8,8 @@ PostgreSQL's --enable-depend asks for).
     .venv/bin/python benchmarks/ccache_modes.py [--variant step4] [--rounds 1] [--first default|depend]
 
 Each (mode, build) runs `profkit build` in a child with PROFKIT_CACHE and CCACHE_DIR in a
-scratch folder (the source download and apt lists are the machine's, symlinked, as in
-tests/test_cold_path.py).  Rounds alternate which mode goes first.  Prints, per build:
+scratch folder (``profkit.paths.empty_cache``: the source download and apt lists are the
+machine's, symlinked).  Rounds alternate which mode goes first.  Prints, per build:
 make's wall time, the CPU time (user + system) of the whole child, ccache's misses and
 hits, and the ratio depend / default.  Take it with the machine idle (2 cores: a cold
 vanilla build takes minutes).
@@ -23,7 +23,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -65,17 +64,12 @@ def main() -> None:
     ap.add_argument("--first", choices=list(MODES), default="default",
                     help="the mode of round 0's first pair (the next round starts with the other)")
     a = ap.parse_args()
-    warm = paths.cache_dir()
     rows: list[tuple[int, str, str, dict]] = []
     for r in range(a.rounds):
         order = list(MODES) if (r % 2 == 0) == (a.first == "default") else list(MODES)[::-1]
         for mode in order:
-            cache = Path(tempfile.mkdtemp(prefix=f"ccache-{mode}-", dir=paths.sub("tmp")))
-            os.chmod(cache, 0o755)
+            cache = paths.empty_cache(f"ccache-{mode}-")
             try:
-                for reused in ("apt", "downloads"):
-                    (warm / reused).mkdir(exist_ok=True)
-                    (cache / reused).symlink_to(warm / reused)
                 for name in ("vanilla", a.variant):
                     res = build(name, cache, MODES[mode])
                     rows.append((r, mode, name, res))

@@ -68,6 +68,21 @@ def sub(name: str) -> Path:
     return p
 
 
+def empty_cache(prefix: str) -> Path:
+    """A new, empty build cache beside this one (for a cold build): readable by the
+    cluster's unprivileged user, sharing only this cache's source downloads and apt lists
+    (symlinked), so a cold build downloads nothing again.  The caller removes it."""
+    import tempfile
+
+    warm = cache_dir()
+    cold = Path(tempfile.mkdtemp(prefix=prefix, dir=sub("tmp")))
+    os.chmod(cold, 0o755)
+    for reused in ("apt", "downloads"):
+        (warm / reused).mkdir(exist_ok=True)
+        (cold / reused).symlink_to(warm / reused)
+    return cold
+
+
 def _output_dir(env: str, name: str) -> Path:
     p = Path(os.environ.get(env) or home() / name)
     try:

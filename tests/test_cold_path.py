@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,11 +37,7 @@ def cold_build():
     # Not under pytest's basetemp: pytest keeps /tmp/pytest-of-<user> at mode 0700 (and
     # resets it whenever a session starts), and postgres runs as the user profkit, which
     # must reach the install. The warm cache's own folder is readable by it already.
-    cold = Path(tempfile.mkdtemp(prefix="cold-cache-", dir=paths.sub("tmp")))
-    os.chmod(cold, 0o755)
-    for reused in ("apt", "downloads"):
-        (warm / reused).mkdir(exist_ok=True)
-        (cold / reused).symlink_to(warm / reused)
+    cold = paths.empty_cache("cold-cache-")
     env = {**os.environ, "PROFKIT_CACHE": str(cold), "CCACHE_DIR": str(warm / "ccache"),
            "MAKELEVEL": "1", "MAKEFLAGS": "w", "MFLAGS": "-w"}
     t0 = time.monotonic()
