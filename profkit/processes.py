@@ -243,7 +243,9 @@ class Background:
         stop_signal: int = signal.SIGINT,
         stop_timeout: float = 30.0,
         what: str | None = None,
+        stdin_pipe: bool = False,
     ) -> None:
+        self.stdin_pipe = stdin_pipe  # True: feed it with write_stdin() / close_stdin()
         self.argv = [str(a) for a in argv]
         self.cwd = cwd
         self.env = env
@@ -276,7 +278,8 @@ class Background:
         log.info("start: %s", format_argv(self.argv))
         try:
             self.proc = subprocess.Popen(
-                self.argv, cwd=self.cwd, env=full_env, stdin=subprocess.DEVNULL,
+                self.argv, cwd=self.cwd, env=full_env,
+                stdin=subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL,
                 stdout=out, stderr=err, start_new_session=True, **kwargs)
         except FileNotFoundError:
             self._close_files()
@@ -297,6 +300,24 @@ class Background:
     def wait(self, timeout: float | None = None) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout)
+
+    def write_stdin(self, data: bytes) -> None:
+        """Write *data* to the child's stdin (``stdin_pipe=True``); a child that has
+        exited already is not an error here (its exit status says what happened)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+
+    def close_stdin(self) -> None:
+        """End the child's input (``stdin_pipe=True``)."""
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -332,6 +353,7 @@ class Background:
                 _kill_group_quietly(self.proc.pid)
             return self.proc.returncode
         finally:
+            self.close_stdin()
             self._close_files()
             with _live_lock:
                 _live.pop(self.proc.pid, None)

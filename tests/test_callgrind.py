@@ -1,6 +1,7 @@
 """callgrind: parser on recorded outputs, the real tool, and a real PostgreSQL backend."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -314,6 +315,81 @@ def test_failing_statement_is_reported(cg_cluster, tmp_path):
                                       tmp_path, warmup_sql=None)
     assert (tmp_path / "single-user.out").exists()  # the backend's output is kept
     with cg_cluster.connect() as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+
+
+def _counts(session) -> dict[str, int]:
+    t = cgp.instr_counts_from_session(session, build="vanilla", workload="nested_loop")
+    return dict(zip(t["mode"], (int(n) for n in t["instructions"]), strict=True))
+
+
+@pytest.mark.pg
+def test_uninstrumented_warmup_counts_what_an_instrumented_one_does(cg_sessions, cg_cluster,
+                                                                    tmp_path):
+    """Start-up and warm-up without instrumentation (vgdb switches it on before the
+    counted statements) leave the counts as a session instrumented from the start has
+    them: the program does the same work either way."""
+    from profkit.pg.workloads import get_workload
+
+    fast = cg_sessions[0]
+    assert fast.warmup_instrumented is False
+    assert fast.provenance()["warmup_instrumented"] is False
+    assert "--instr-atstart=no" in fast.argv
+    whole = cgc.collect_callgrind_cluster(cg_cluster, get_workload("nested_loop").queries,
+                                          tmp_path, timeout=600, instrument_warmup=True)
+    assert whole.warmup_instrumented is True and "--instr-atstart=no" not in whole.argv
+    # the instrumented warm-up leaves its profile; the uninstrumented one has none
+    assert (tmp_path / "callgrind._warmup.out").is_file()
+    assert not (Path(fast.out_dir) / "callgrind._warmup.out").exists()
+    a, b = _counts(fast), _counts(whole)
+    assert list(a) == list(b) == ["plain", "analyze_notiming", "analyze_timing"]
+    for m in a:  # measured: within a few hundred to ~1,500 instructions of ~100-300 M
+        assert abs(a[m] - b[m]) / b[m] < 1e-4, (m, a[m], b[m])
+    assert all(q.seconds > 0 for q in whole.queries)
+
+
+@pytest.mark.pg
+def test_vgdb_that_cannot_switch_falls_back_to_instrumenting_all(cg_sessions, cg_cluster,
+                                                                 tmp_path, monkeypatch):
+    """Where vgdb cannot reach valgrind (no ptrace: a container, a hardened kernel) the
+    backend ends after the warm-up and the session runs instrumented from the start.
+    vgdb's refusal is simulated (a vgdb first on PATH that fails as a refused one does):
+    this machine lets vgdb attach."""
+    from profkit.pg.workloads import get_workload
+
+    import tempfile
+
+    fake = Path(tempfile.mkdtemp(prefix="profkit-fake-vgdb-"))  # the cluster's user runs it
+    fake.chmod(0o755)
+    (fake / "vgdb").write_text("#!/bin/sh\necho 'vgdb error: ptrace attach failed' >&2\n"
+                               "exit 1\n")
+    (fake / "vgdb").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    try:
+        s = cgc.collect_callgrind_cluster(cg_cluster, get_workload("nested_loop").queries,
+                                          tmp_path / "out", timeout=600)
+    finally:
+        shutil.rmtree(fake)
+    assert s.warmup_instrumented is True and "--instr-atstart=no" not in s.argv
+    a, b = _counts(s), _counts(cg_sessions[0])
+    for m in b:
+        assert abs(a[m] - b[m]) / b[m] < 1e-4, (m, a[m], b[m])
+    with cg_cluster.connect() as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("warmup, message", [
+    ("SELECT * FROM no_such_table", "statement failed"),
+    # the backend ends itself in the warm-up, before instrumentation is switched on
+    ("SELECT pg_terminate_backend(pg_backend_pid())", "exited with|statement failed"),
+])
+def test_warmup_that_fails_is_reported(cg_cluster, tmp_path, warmup, message):
+    with pytest.raises(cgc.CallgrindError, match=message):
+        cgc.collect_callgrind_cluster(cg_cluster, {"plain": "SELECT 1"}, tmp_path,
+                                      warmup_sql=warmup, timeout=300)
+    assert (tmp_path / "single-user.out").exists()  # the backend's output is kept
+    with cg_cluster.connect() as conn:  # the cluster runs again
         assert conn.execute("SELECT 1").fetchone()[0] == 1
 
 
