@@ -393,6 +393,73 @@ def test_warmup_that_fails_is_reported(cg_cluster, tmp_path, warmup, message):
         assert conn.execute("SELECT 1").fetchone()[0] == 1
 
 
+_COUNT_IN_A_CHILD = """
+import sys
+from profkit.collect import callgrind as cgc
+from profkit.processes import OSUser
+postgres, datadir, name, uid, gid, home, out = sys.argv[1:]
+cgc.collect_callgrind(postgres=postgres, datadir=datadir, out_dir=out,
+                      os_user=OSUser(name, int(uid), int(gid), home),
+                      queries={"plain": "SELECT 1"}, warmup_sql="SELECT pg_sleep(120)")
+"""
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[1] == str(pid):
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.pg
+def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path):
+    """Ctrl-C while the backend runs its warm-up under valgrind (uninstrumented, fed
+    through a pipe): the valgrind profkit started is stopped by pid, and the cluster
+    starts again on its data directory."""
+    import signal
+    import sys
+    import time
+
+    from proc_helpers import alive
+
+    u = cg_cluster.os_user
+    with cgc.postmaster_stopped(cg_cluster) as datadir:
+        p = subprocess.Popen(
+            [sys.executable, "-c", _COUNT_IN_A_CHILD, str(cg_cluster.build.postgres),
+             str(datadir), u.name, str(u.uid), str(u.gid), u.home, str(tmp_path / "out")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 60
+            vg = []
+            while not vg and time.monotonic() < deadline:
+                vg = [c for c in _children_of(p.pid)
+                      if "valgrind" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")
+                      or "callgrind" in Path(f"/proc/{c}/comm").read_text()]
+                time.sleep(0.1)
+            assert vg, "valgrind did not start"
+            time.sleep(3)  # start-up done: the backend sleeps in its warm-up
+            assert alive(vg[0]) and p.poll() is None
+            p.send_signal(signal.SIGINT)
+            _out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
+        deadline = time.monotonic() + 10
+        while alive(vg[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(vg[0])
+    with cg_cluster.connect() as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+
+
 @pytest.mark.pg
 def test_perf_stat_mechanism_on_a_backend(cg_cluster, tmp_path):
     """perf stat attached to a backend around one query; task-clock stands in for
