@@ -433,3 +433,17 @@ def _install_handlers() -> None:
 def live_pids() -> list[int]:
     with _live_lock:
         return list(_live)
+
+
+def children(pid: int) -> list[int]:
+    """Pids of the processes whose parent is *pid* (from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out

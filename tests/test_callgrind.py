@@ -13,7 +13,7 @@ from profkit.collect import callgrind as cgc
 from profkit.collect import perf_stat
 from profkit.errors import ClusterError, ParseError, ProbeError
 from profkit.parse import callgrind as cgp
-from profkit.processes import run
+from profkit.processes import children, run
 
 FIX = Path(__file__).parent / "fixtures" / "callgrind"
 COLS = ["function", "module", "calls", "self", "total"]
@@ -404,19 +404,6 @@ cgc.collect_callgrind(postgres=postgres, datadir=datadir, out_dir=out,
 """
 
 
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if stat.rsplit(")", 1)[1].split()[1] == str(pid):
-                out.append(int(d.name))
-    return out
-
-
 @pytest.mark.pg
 def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path):
     """Ctrl-C while the backend runs its warm-up under valgrind (uninstrumented, fed
@@ -439,7 +426,7 @@ def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path
             deadline = time.monotonic() + 60
             vg = []
             while not vg and time.monotonic() < deadline:
-                vg = [c for c in _children_of(p.pid)
+                vg = [c for c in children(p.pid)
                       if "valgrind" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")
                       or "callgrind" in Path(f"/proc/{c}/comm").read_text()]
                 time.sleep(0.1)

@@ -31,7 +31,7 @@ import psycopg
 from profkit import paths
 from profkit.errors import ClusterError
 from profkit.pg.build import Build
-from profkit.processes import Background, OSUser, run
+from profkit.processes import Background, OSUser, children, run
 
 OS_USER = os.environ.get("PROFKIT_OS_USER", "profkit")
 DB_USER = "profkit"
@@ -385,17 +385,7 @@ class Cluster:
 
     def backend_pids(self) -> list[int]:
         """Pids of the postmaster's children (backends and auxiliary processes)."""
-        out = []
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    stat = (d / "stat").read_text()
-                except OSError:
-                    continue
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                if ppid == self.pid:
-                    out.append(int(d.name))
-        return out
+        return children(self.pid)
 
     def info(self) -> ClusterInfo:
         assert self.dir is not None
