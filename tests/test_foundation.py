@@ -260,11 +260,12 @@ def test_one_file_patch_rebuilds_incrementally(vanilla_build):
     out = run(["nm", b.postgres]).stdout
     assert "profkit_first_calls" in out
     if "ccache" in b.timings:  # fresh build: only the touched file is compiled for real
-        # measured here: 12 misses and 1,298 hits (step2, a patch to execProcnode.c and
-        # no header, showed the same 12): the touched file plus a few objects that miss in
-        # every new build tree; a header change would miss hundreds
+        # measured in a cold make test on 2026-12-03 (ccache's depend mode, only what
+        # profkit uses built): 18 misses, as step2, fast_timing and test-pk15-double-clock
+        # (patches to .c files, no header): the touched file plus the objects that miss in
+        # every new build tree; a header change (step1, step3) missed 363
         cc = b.timings["ccache"]
-        assert cc["cache_miss"] <= 15, b.timings
+        assert cc["cache_miss"] <= 24, b.timings
         assert cc["direct_cache_hit"] + cc["preprocessed_cache_hit"] >= b.timings["objects"] - 30, \
             b.timings
         cold = vanilla_build.timings.get("make_s", 0)
