@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from profkit.analyze.nodetime import (
@@ -324,35 +323,19 @@ YARDSTICK_BOUND = 0.15
 YARDSTICK_REPS = 3
 
 
-def _explain_frame(plan: list) -> pd.DataFrame:
-    """EXPLAIN (ANALYZE, FORMAT JSON) in EXPLAIN's pre-order (the order nodetime numbers
-    nodes in): node_id, parent_id, node_type, rows and inclusive_ms over all loops."""
-    rows: list[dict] = []
-
-    def walk(node: dict, parent: int | None) -> None:
-        i = len(rows)
-        loops = float(node["Actual Loops"])
-        rows.append({"node_id": i, "parent_id": parent, "node_type": node["Node Type"],
-                     "rows": float(node["Actual Rows"]) * loops, "loops": loops,
-                     "inclusive_ms": float(node.get("Actual Total Time", math.nan)) * loops})
-        for c in node.get("Plans", []):
-            walk(c, i)
-    walk(plan[0]["Plan"], None)
-    df = pd.DataFrame(rows)
-    df["parent_id"] = df["parent_id"].astype("Int64")
-    return df
-
-
 def explain_exclusive_shares(conn) -> tuple[list[float], list[float], float]:
     """Exclusive time share per node (EXPLAIN's pre-order) from EXPLAIN (ANALYZE, TIMING
     ON): raw, and minus the node's own clock reads
     (:func:`profkit.analyze.timing_accuracy.corrected_times`, the price of a read taken in
     situ: (TIMING ON − TIMING OFF execution time) / reads, medians of
-    :data:`YARDSTICK_REPS`). Returns (raw, corrected, ns per read).
+    :data:`YARDSTICK_REPS`), with benchmarks/nodetime_accuracy.py's helpers. Returns (raw,
+    corrected, ns per read).
 
     The raw shares hand a node the reads of every node below it: Query-1's Nested Loop
     holds the Materialize's 2 reads per row (~0.08 of the executor's time here)."""
-    from profkit.analyze.timing_accuracy import corrected_times, instr_calls_per_node
+    from conftest import benchmark_module
+
+    acc = benchmark_module("nodetime_accuracy")
 
     def run(timing: str) -> list:
         return conn.execute(f"EXPLAIN (ANALYZE, TIMING {timing}, FORMAT JSON) " + NL_QUERY1
@@ -362,23 +345,17 @@ def explain_exclusive_shares(conn) -> tuple[list[float], list[float], float]:
     for _ in range(YARDSTICK_REPS):
         on.append(run("ON"))
         off.append(run("OFF"))
-    frames = [_explain_frame(p) for p in on]
-    reads = 2.0 * float(instr_calls_per_node(frames[0]).sum())
+    frames = [acc.explain_frame(p) for p in on]
     gap_ms = (statistics.median(float(p[0]["Execution Time"]) for p in on)
               - statistics.median(float(p[0]["Execution Time"]) for p in off))
-    ns_per_read = max(0.0, gap_ms * 1e6 / reads)
+    ns_per_read = max(0.0, gap_ms * 1e6 / acc.reads_of(frames[0]))
+    ids = frames[0]["node_id"].tolist()
 
-    def shares(dfs: list[pd.DataFrame]) -> list[float]:
-        incl = pd.concat([d[["node_id", "inclusive_ms"]] for d in dfs]).groupby(
-            "node_id")["inclusive_ms"].mean()
-        df = frames[0].copy()
-        df["inclusive_ms"] = df["node_id"].map(incl)
-        kids = df.dropna(subset=["parent_id"]).groupby("parent_id")["inclusive_ms"].sum()
-        excl = (df["inclusive_ms"] - df["node_id"].map(kids).fillna(0.0)).clip(lower=0.0)
-        return (excl / excl.sum()).tolist()
+    def in_order(shares: dict[int, float]) -> list[float]:
+        return [shares.get(int(i), 0.0) for i in ids]
 
-    return (shares(frames), shares([corrected_times(f, ns_per_read) for f in frames]),
-            ns_per_read)
+    return (in_order(acc.shares_of(frames)),
+            in_order(acc.shares_of(acc.corrected(frames, ns_per_read))), ns_per_read)
 
 
 @pytest.mark.pg
