@@ -100,10 +100,14 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PROFKIT_", "MAKE", "VIRTUAL_ENV")) and k not in ("MFLAGS",)}
     if args.machine_cache:
-        # profkit.paths' default for root, and build.py's default ccache inside it
-        cache = Path("/var/cache/profkit") if os.geteuid() == 0 else \
-            Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "profkit"
-        if cache.exists() and any(cache.iterdir()):
+        # profkit's default cache (profkit.paths, PROFKIT_CACHE unset), with build.py's
+        # default ccache inside it
+        sys.path.insert(0, str(ROOT))
+        os.environ.pop("PROFKIT_CACHE", None)
+        from profkit.paths import cache_dir
+
+        cache = cache_dir()
+        if any(cache.iterdir()):
             sys.exit(f"{cache} is not empty: --machine-cache measures the cold path, so it "
                      "needs an empty cache (move it away first)")
         env.pop("CCACHE_DIR", None)

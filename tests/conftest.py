@@ -367,16 +367,22 @@ def join_sum_conn(pg_cluster, _join_sum_loaded):
         yield conn
 
 
-def kept_counts(run_dir) -> dict[tuple[str, str], int]:
-    """(build, mode) -> executions of a bench run that its summary's ``n`` counts: those
-    whose vCPU calibrations were not slow (stats.vcpu_adjust, the `cpu_kept_ms` rule)."""
+def kept_reps(run_dir) -> dict[tuple[str, str], set[int]]:
+    """(build, mode) -> the repetitions of a bench run whose executions its summary counts:
+    those whose vCPU calibrations were not slow (stats.vcpu_adjust, the `cpu_kept_ms`
+    rule)."""
     import pandas as pd
 
     from profkit.analyze import stats
 
     adjusted, _ = stats.vcpu_adjust(pd.read_csv(Path(run_dir) / "timings.csv"))
-    kept = adjusted.dropna(subset=["cpu_kept_ms"]).groupby(["build", "mode"]).size()
-    return {k: int(v) for k, v in kept.items()}
+    kept = adjusted.dropna(subset=["cpu_kept_ms"]).groupby(["build", "mode"])["rep"]
+    return {k: {int(r) for r in v} for k, v in kept}
+
+
+def kept_counts(run_dir) -> dict[tuple[str, str], int]:
+    """(build, mode) -> how many executions of a bench run its summary's ``n`` counts."""
+    return {k: len(v) for k, v in kept_reps(run_dir).items()}
 
 
 def prefetch_counts(request, keys_of) -> None:

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import kept_counts
+from conftest import kept_counts, kept_reps
 from proc_helpers import alive
 
 from profkit.experiments import bench
@@ -249,12 +249,9 @@ def test_summary_overheads_and_instruction_counts(small_run):
     # its interval, from the repetitions whose plain and TIMING-on executions the vCPU
     # calibration both kept: none from fewer than two such pairs (a slow host rejected 4
     # of these 18 executions once, leaving vanilla's plain query 1)
-    from profkit.analyze import stats
-
-    adj, _ = stats.vcpu_adjust(pd.read_csv(d / "timings.csv"))
-    ok = adj[adj["build"] == "vanilla"].dropna(subset=["cpu_kept_ms"])
-    pairs = len(set(ok.loc[ok["mode"] == "plain", "rep"])
-                & set(ok.loc[ok["mode"] == "analyze_timing", "rep"]))
+    reps = kept_reps(d)
+    pairs = len(reps.get(("vanilla", "plain"), set())
+                & reps.get(("vanilla", "analyze_timing"), set()))
     ci_low = v.loc[("vanilla", "analyze_timing"), "ci_low_pct"]
     if pairs >= 2:
         assert ci_low > 0, (pairs, ci_low)

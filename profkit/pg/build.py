@@ -303,6 +303,13 @@ def split_link_flags(ldflags: str) -> tuple[str, str]:
             " ".join(w for w in words if _SHUFFLE.match(w)))
 
 
+def link_make_vars(ldflags: str) -> list[str]:
+    """The variables every make in a build's tree needs on its command line (none unless
+    the build has a code layout)."""
+    ex = split_link_flags(ldflags)[1]
+    return [f"LDFLAGS_EX={ex}"] if ex else []
+
+
 def split_modifiers(name: str) -> tuple[str, str | None, int | None]:
     """'step5@clang@layout2' -> ('step5', 'clang', 2); 'step5' -> ('step5', None, None).
     An unknown modifier is a BuildError naming the known ones."""
@@ -823,8 +830,8 @@ def _do_build(
                 merge_stderr=True, what=what)
 
         step = "configure"
-        conf_ldflags, ex_ldflags = split_link_flags(spec.ldflags)
-        make_vars = [f"LDFLAGS_EX={ex_ldflags}"] if ex_ldflags else []
+        conf_ldflags = split_link_flags(spec.ldflags)[0]
+        make_vars = link_make_vars(spec.ldflags)
         (d / "build").mkdir()
         say(f"{spec.name}: configure")
         t0 = time.monotonic()

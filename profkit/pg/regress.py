@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profkit.errors import CommandFailed, ProfkitError
-from profkit.pg.build import Build, ccache_env, split_link_flags
+from profkit.pg.build import Build, ccache_env, link_make_vars
 from profkit.pg.cluster import ensure_os_user
 from profkit.processes import run
 
@@ -51,10 +51,9 @@ def regress(build: Build, *, timeout: float = 3600) -> RegressResult:
     # install needs the whole tree: make the rest first, with the build's ccache.
     make_log = build.dir / "regress-make.log"
     try:
-        # a layout build links with its seed given to make (build.split_link_flags)
-        ex = split_link_flags(build.spec.get("ldflags") or "")[1]
-        run(["make", f"-j{os.cpu_count() or 2}", "-s", *([f"LDFLAGS_EX={ex}"] if ex else [])],
-            cwd=tree, timeout=3 * 3600,
+        # a layout build links with its seed given to make (build.link_make_vars)
+        run(["make", f"-j{os.cpu_count() or 2}", "-s",
+             *link_make_vars(build.spec.get("ldflags") or "")], cwd=tree, timeout=3 * 3600,
             stdout_path=make_log, merge_stderr=True,
             env={**ccache_env(), "LC_ALL": "C"}, what=f"make ({build.name}, for make check)")
     except CommandFailed as e:
