@@ -229,16 +229,24 @@ def test_record_one_query_through_psql_then_import(tmp_path, vanilla_build):
                  "FROM generate_series(1, 3000000) AS g")  # no newline at the end
     bad = tmp_path / "bad.sql"
     bad.write_text("SELECT nosuchcolumn FROM pg_class")
+    # psql stops at the first error while the script still has ~1 MB to send it: the
+    # script's writes fail (EPIPE), it is not killed by SIGPIPE, and it says why psql ended
+    flood = tmp_path / "flood.sql"
+    flood.write_text("SELECT nosuchcolumn FROM pg_class;\n" + "SELECT 1;\n" * 100_000)
     tarball = tmp_path / "q.tar.gz"
     with Cluster(vanilla_build, name="pk15-record-q") as cl:
         dsn = cl.dsn
         cp = _record_query(tmp_path, "--query-file", str(q), "-o", str(tarball), "--", dsn)
         failed = _record_query(tmp_path, "--query-file", str(bad), "-o",
                                str(tmp_path / "bad.tar.gz"), "--", dsn)
+        flooded = _record_query(tmp_path, "--query-file", str(flood), "-o",
+                                str(tmp_path / "bad.tar.gz"), "--", dsn)
     assert cp.returncode == 0, cp.stderr
-    assert failed.returncode == 1 and len(failed.stderr.strip().splitlines()) == 1, \
-        (failed.returncode, failed.stderr)
-    assert 'column "nosuchcolumn" does not exist' in failed.stderr, failed.stderr
+    for f in (failed, flooded):
+        assert f.returncode == 1 and len(f.stderr.strip().splitlines()) == 1, \
+            (f.returncode, f.stderr)
+        assert 'column "nosuchcolumn" does not exist' in f.stderr, f.stderr
+        assert "psql ended before the query finished" in f.stderr, f.stderr
     assert not (tmp_path / "bad.tar.gz").exists()
     bad_dsn = _record_query(tmp_path, "--query-file", str(q), "--", f"host={tmp_path} port=1")
     assert bad_dsn.returncode == 1 and "psql ended before it connected" in bad_dsn.stderr, \

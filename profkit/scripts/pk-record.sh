@@ -138,11 +138,15 @@ wait_for_line() {
 }
 
 if [ -n "$qfile" ]; then
+    # psql ends on the first error (ON_ERROR_STOP) or a failed connection, perhaps while
+    # this script still writes to it: a write then fails (EPIPE) instead of killing the
+    # script with SIGPIPE, and wait_for_line reports psql's own message
+    trap '' PIPE
     mkfifo "$tmp/psql.in" || die "cannot create a fifo in $tmp"
     psql -X -q -A -t -v ON_ERROR_STOP=1 "$@" <"$tmp/psql.in" >"$tmp/psql.out" 2>"$tmp/psql.err" &
     psql_pid=$!
     exec 3>"$tmp/psql.in"
-    printf '%s\n' "SELECT pg_backend_pid();" '\timing on' '\echo pk-record-ready' >&3
+    printf '%s\n' "SELECT pg_backend_pid();" '\timing on' '\echo pk-record-ready' >&3 2>/dev/null
     wait_for_line pk-record-ready "it connected"
     IFS= read -r pid <"$tmp/psql.out" || pid=""
     case "$pid" in ''|*[!0-9]*) die "could not read the backend pid from psql (got '$pid')" ;; esac
@@ -220,8 +224,8 @@ if [ -n "$qfile" ]; then
             printf '%s\n' "$line"
         done <"$qfile"
         printf '%s\n' ';'
-    done >&3
-    printf '%s\n' '\echo pk-record-done' >&3
+    done >&3 2>/dev/null
+    printf '%s\n' '\echo pk-record-done' >&3 2>/dev/null
     wait_for_line pk-record-done "the query finished"
 else
     sleep "$seconds"
@@ -248,7 +252,7 @@ if [ -n "$qfile" ]; then
         esac
     done <"$tmp/psql.out"
     query_ms=${query_ms# }
-    printf '%s\n' '\q' >&3
+    printf '%s\n' '\q' >&3 2>/dev/null
     exec 3>&-
     wait "$psql_pid"
     psql_pid=""
