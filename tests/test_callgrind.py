@@ -160,6 +160,65 @@ def test_real_callgrind_run_on_a_small_program(tmp_path):
     assert prof.inclusive("work") == prof.totals  # only work() was collected
 
 
+def test_collect_jumps_gives_the_same_costs(tmp_path):
+    """valgrind --collect-jumps=yes adds jump=/jcnd= lines (each followed by a position
+    line without cost) and jfi=/jfn= names: the same program's table is the same as
+    without them, calls and all."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is needed (build-essential)"
+    exe = tmp_path / "fib"
+    run([gcc, "-O1", "-g", "-fno-inline", "-o", exe, FIX / "fib.c"], timeout=60)
+    tables = {}
+    for name, extra in (("plain", []), ("jumps", ["--collect-jumps=yes"])):
+        out = tmp_path / f"{name}.out"
+        run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *extra,
+             "--toggle-collect=work", exe, "500"], timeout=120)
+        text = out.read_text()
+        if name == "jumps":
+            assert "\njcnd=" in text and "\njump=" in text, "valgrind wrote no jumps"
+        prof = cgp.parse_callgrind_file(out)
+        assert prof.totals == int(prof.functions["self"].sum()) > 0
+        tables[name] = prof.functions.set_index("function")[["calls", "self", "total"]]
+    pd.testing.assert_frame_equal(tables["plain"].sort_index(), tables["jumps"].sort_index())
+    assert tables["jumps"].loc["fib", "calls"] == 465
+
+
+def test_jump_target_names_fill_the_name_tables():
+    """jfn=(id) name defines a function id that a later fn=(id) reuses."""
+    text = ("# callgrind format\nevents: Ir\nfn=(1) main\n1 10\n"
+            "jfi=(2) other.c\njfn=(3) helper\njump=4 +2\n* \n"
+            "fl=(2)\nfn=(3)\n5 7\ntotals: 17\n")
+    f = cgp.parse_callgrind(text).functions.set_index("function")
+    assert f.loc["main", "self"] == 10 and f.loc["helper", "self"] == 7
+
+
+def test_another_producer_another_event_no_totals():
+    """Callgrind format from another producer (lsprofcalltree, pyprof2calltree, Xdebug):
+    no 'Ir', no totals: line (the format makes it optional). The first event is read,
+    the unit is its name, the total is the sum read; a file by valgrind without totals
+    stays an error (test_truncated_file_strict_and_lenient)."""
+    text = ("events: Ticks\nsummary: 130\nfi=a.py\nfn=f a:1\n1 100\ncfn=g a:9\n"
+            "calls=3 9\n1 25\n\nfi=a.py\nfn=g a:9\n9 25\n")
+    prof = cgp.parse_callgrind(text)
+    assert prof.event == "Ticks" and prof.totals == 125 and prof.summary == 130
+    f = prof.functions.set_index("function")
+    assert f.loc["f a:1", "self"] == 100 and f.loc["f a:1", "total"] == 125
+    assert f.loc["g a:9", "calls"] == 3 and set(f["unit"]) == {"Ticks"}
+    with pytest.raises(ParseError, match="not 'Ir'"):
+        cgp.parse_callgrind(text, event="Ir")
+
+
+def test_an_object_id_never_defined_reads_as_unknown():
+    """An old callgrind wrote cob=(8) with no line naming object 8: the object is '???'
+    and the costs stay right (a function id never defined is still an error)."""
+    text = ("# callgrind format\ncreator: callgrind-0.10.1\nevents: Ir\n"
+            "ob=(1) /bin/prog\nfn=(1) main\n1 10\ncob=(8)\ncfn=(2) lib_fn\ncalls=2 1\n"
+            "1 6\nob=(8)\nfn=(2)\n3 6\ntotals: 16\n")
+    f = cgp.parse_callgrind(text).functions.set_index("function")
+    assert f.loc["lib_fn", "module"] == "???" and f.loc["lib_fn", "self"] == 6
+    assert f.loc["main", "module"] == "prog" and f.loc["main", "total"] == 16
+
+
 def _fib_leafsum(n: int) -> int:
     """What fib.c's fib(n) returns: leaf(x) = 3x + 1 at the leaves (n < 2)."""
     if n < 2:

@@ -18,8 +18,18 @@ What is read:
 - ``fn=`` opens a function's block; the cost lines that follow are its *self* cost.
   A cost line right after ``calls=N ...`` is the *inclusive* cost of that call arc
   and is not self cost.
-- Name compression: ``(id) name`` defines an id, a later ``(id)`` reuses it; fn/cfn,
-  ob/cob and fl/fi/fe/cfi/cfl keep separate tables, as the specification says.
+- Name compression: ``(id) name`` defines an id, a later ``(id)`` reuses it; fn/cfn/jfn,
+  ob/cob and fl/fi/fe/cfi/cfl/jfi keep separate tables, as the specification says. An
+  object or file id used before it is defined (seen in files from other machines: an old
+  callgrind's ``cob=(8)`` that no line names) reads as ``???``, callgrind's own name for an
+  unknown object: costs and function names do not depend on it. A function id used before
+  it is defined is an error (the file was cut at the start).
+- ``--collect-jumps=yes`` output: ``jump=``/``jcnd=`` lines and the position line after
+  each carry no cost; ``jfi=``/``jfn=`` name the target's file and function (read only to
+  keep the name tables right).
+- The event: ``Ir`` (instructions) when the file has it, else the first of ``events:``
+  (an Xdebug or sampling profile: ``Time``, ``Ticks``); ``event=`` chooses another.
+  ``unit`` is ``instructions`` for ``Ir``, else the event's name.
 - Recursion: callgrind names the 2nd and deeper nested activations of a function
   ``name'2`` (``--separate-recs``, default 2). They are merged into ``name``.
 
@@ -84,9 +94,10 @@ class CallgrindProfile:
 class _Names:
     """A callgrind name-compression table."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, unknown: str | None = None) -> None:
         self.kind = kind
         self.by_id: dict[str, str] = {}
+        self.unknown = unknown  # the name of an id never defined; None: an error
 
     def resolve(self, value: str, lineno: int) -> str:
         m = _NAME.match(value)
@@ -99,6 +110,8 @@ class _Names:
         try:
             return self.by_id[ident]
         except KeyError:
+            if self.unknown is not None:
+                return self.unknown
             raise ParseError(
                 f"callgrind output line {lineno}: {self.kind} id ({ident}) used before it was "
                 "defined; the file is corrupt or was cut at the start"
@@ -117,21 +130,23 @@ def parse_callgrind(
     *,
     run_id: str = "",
     build: str = "",
-    event: str = "Ir",
+    event: str | None = None,
     strict: bool = True,
 ) -> CallgrindProfile:
     """Parse callgrind output *text*; see the module docstring for the format.
 
-    With *strict* (default) a file without ``totals:`` (valgrind killed while writing,
-    disk full) raises :class:`ParseError`; with ``strict=False`` what was written is
-    returned and ``totals`` is the sum of the self costs read.
+    With *strict* (default) a file written by valgrind's callgrind without ``totals:``
+    (valgrind killed while writing, disk full) raises :class:`ParseError`; with
+    ``strict=False`` what was written is returned and ``totals`` is the sum of the self
+    costs read. Another producer's file without ``totals:`` (the format makes it optional)
+    gets that sum too. *event*: ``None`` reads ``Ir`` when the file has it, else its first.
     """
     return _parse(enumerate(text.splitlines(), 1), "<callgrind output>", run_id=run_id,
                   build=build, event=event, strict=strict)
 
 
 def _parse(numbered: Iterable[tuple[int, str]], where: str, *, run_id: str = "",
-           build: str = "", event: str = "Ir", strict: bool = True) -> CallgrindProfile:
+           build: str = "", event: str | None = None, strict: bool = True) -> CallgrindProfile:
     it = iter(numbered)
     head = list(itertools.islice(it, 200))
     first = next((ln for _, ln in head if ln.strip()), None)
@@ -158,9 +173,10 @@ def _parse(numbered: Iterable[tuple[int, str]], where: str, *, run_id: str = "",
         raise ParseError(f"{where}: {e}") from None
 
 
-def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: str,
+def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: str | None,
           strict: bool) -> CallgrindProfile:
-    fn_names, ob_names, fl_names = _Names("fn"), _Names("ob"), _Names("file")
+    fn_names = _Names("fn")
+    ob_names, fl_names = _Names("ob", unknown="???"), _Names("file", unknown="???")
     header: dict[str, str] = {}
     events: tuple[str, ...] = ()
     ev_idx = -1
@@ -213,17 +229,19 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
             continue
         key, sep, value = line.partition("=")
         if sep and key in ("fn", "cfn", "ob", "cob", "fl", "fi", "fe", "cfi", "cfl", "calls",
-                           "jump", "jcnd", "cob"):
+                           "jump", "jcnd", "jfi", "jfn"):
             if key == "fn":
                 cur_fn = (cur_ob, fn_names.resolve(value, lineno))
                 self_cost.setdefault(cur_fn, 0)
             elif key == "cfn":
                 cfn = fn_names.resolve(value, lineno)
+            elif key == "jfn":
+                fn_names.resolve(value, lineno)  # a jump target: only the table
             elif key == "ob":
                 cur_ob = ob_names.resolve(value, lineno)
             elif key == "cob":
                 cob = ob_names.resolve(value, lineno)
-            elif key in ("fl", "fi", "fe", "cfi", "cfl"):
+            elif key in ("fl", "fi", "fe", "cfi", "cfl", "jfi"):
                 fl_names.resolve(value, lineno)  # keep the table consistent
             elif key == "calls":
                 parts_ = value.split()
@@ -237,6 +255,8 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
             hkey, hval = hkey.strip(), hval.strip()
             if hkey == "events":
                 events = tuple(hval.split())
+                if event is None and events:
+                    event = "Ir" if "Ir" in events else events[0]
                 if event not in events:
                     raise ParseError(
                         f"callgrind output has events {list(events)}, not {event!r}: "
@@ -265,6 +285,11 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
     if not events:
         raise ParseError("callgrind output has no 'events:' line: the file was cut in its header")
     self_sum = sum(self_cost.values())
+    # ``totals:`` is optional in the format: valgrind's callgrind always ends a complete file
+    # with it, other producers (lsprofcalltree, pyprof2calltree, Xdebug) may not
+    by_valgrind = header.get("creator", "").startswith("callgrind")
+    if not saw_totals and (summary == self_sum or not by_valgrind):
+        saw_totals, totals = True, self_sum
     if not saw_totals:
         if strict:
             raise ParseError(
@@ -278,7 +303,9 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
             f"callgrind output inconsistent: totals {totals} but function self costs sum to "
             f"{self_sum}; the file is corrupt"
         )
-    df = _functions_table(self_cost, arcs, totals, run_id=run_id, build=build)
+    assert event is not None  # set with events
+    df = _functions_table(self_cost, arcs, totals, run_id=run_id, build=build,
+                          unit=UNIT if event == "Ir" else event)
     return CallgrindProfile(
         events=events, event=event, totals=totals, summary=summary, parts=max(parts, 1),
         header=header, functions=df,
@@ -296,6 +323,7 @@ def _functions_table(
     *,
     run_id: str,
     build: str,
+    unit: str = UNIT,
 ) -> pd.DataFrame:
     def key(ob: str, fn: str) -> tuple[str, str]:
         return (os.path.basename(ob), _base(fn))
@@ -324,7 +352,7 @@ def _functions_table(
         rows.append({
             "run_id": run_id, "build": build, "tool": TOOL, "function": k[1], "module": k[0],
             "calls": calls.get(k, pd.NA), "self": float(s), "total": float(total),
-            "self_share": (s / totals) if totals else math.nan, "unit": UNIT,
+            "self_share": (s / totals) if totals else math.nan, "unit": unit,
         })
     if not rows:
         df = tables.empty("functions")
