@@ -120,6 +120,87 @@ def test_seed_excerpt_instrumentation_calls() -> None:
     assert "InstrStartNode" not in set(q1["function"])
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le-bom", "utf-16-be-bom", "utf-8-sig",
+                                      "crlf"])
+def test_windows_encodings_read_like_the_original(tmp_path: Path, encoding: str) -> None:
+    """What Windows writes: PowerShell's `gprof prog.exe gmon.out > report.txt` is UTF-16
+    with a byte-order mark and CRLF line ends; Notepad adds a UTF-8 byte-order mark. The
+    tables are those of the same report as Unix text."""
+    text = (FIX / "cycles.gprof.txt").read_text()
+    crlf = text.replace("\n", "\r\n")
+    data = {"utf-16": crlf.encode("utf-16"),
+            "utf-16-le-bom": b"\xff\xfe" + crlf.encode("utf-16-le"),
+            "utf-16-be-bom": b"\xfe\xff" + crlf.encode("utf-16-be"),
+            "utf-8-sig": text.encode("utf-8-sig"),
+            "crlf": crlf.encode()}[encoding]
+    path = tmp_path / "report.txt"
+    path.write_bytes(data)
+    want = parse_gprof(FIX / "cycles.gprof.txt")
+    got = parse_gprof(path)
+    assert len(got.functions) == 7
+    pd.testing.assert_frame_equal(got.functions, want.functions)
+    pd.testing.assert_frame_equal(got.call_edges, want.call_edges)
+
+
+# A BSD-style report (the layout of macOS's and AIX's gprof, which cannot run here; written
+# for this test): the call graph header says "descendents" and "called+self" over three
+# lines, flat profile names end with their index, "(N)" for one the call graph omits.
+BSD_REPORT = """\
+granularity: each sample hit covers 4 byte(s) for 0.86% of 1.16 seconds
+
+                                  called/total       parents
+index  %time    self descendents  called+self    name    \tindex
+                                  called/total       children
+
+                                                     <spontaneous>
+[1]     99.1    0.00        1.15                 start [1]
+                0.44        0.71       1/1           main [2]
+
+-----------------------------------------------
+
+                0.44        0.71       1/1           start [1]
+[2]     99.1    0.44        0.71       1         main [2]
+                0.58        0.13    1024/1024        fft [3]
+
+-----------------------------------------------
+
+                0.58        0.13    1024/1024        main [2]
+[3]     61.2    0.58        0.13    1024         fft [3]
+
+-----------------------------------------------
+
+\f
+flat profile:
+
+granularity: each sample hit covers 4 byte(s) for 0.86% of 1.16 seconds
+
+  %   cumulative   self              self     total
+ time   seconds   seconds    calls  ms/call  ms/call  name
+ 50.0       0.58     0.58     1024     0.57     0.69  fft [3]
+ 37.9       1.02     0.44        1   440.00  1150.00  main [2]
+ 11.2       1.15     0.13                             mcount (4)
+
+\f
+Index by function name
+
+   [3] fft                    [2] main                  (4) mcount
+"""
+
+
+def test_bsd_report_call_graph_and_indexed_names(tmp_path: Path) -> None:
+    path = tmp_path / "bsd.txt"
+    path.write_text(BSD_REPORT)
+    prof = parse_gprof(path)
+    f = prof.functions.set_index("function")
+    assert sorted(f.index) == ["fft", "main", "mcount", "start"]
+    assert f.loc["fft", "calls"] == 1024 and f.loc["fft", "self"] == 0.58
+    assert pd.isna(f.loc["mcount", "calls"]) and f.loc["mcount", "self"] == 0.13
+    assert f.loc["main", "total"] == pytest.approx(1.15)
+    e = {(r.caller, r.callee): r.calls for r in prof.call_edges.itertuples()}
+    assert e[("main", "fft")] == 1024 and e[("start", "main")] == 1
+    assert pd.isna(e[(SPONTANEOUS, "start")])
+
+
 def test_empty_report() -> None:
     prof = parse_gprof(FIX / "empty.gprof.txt")
     assert prof.functions.empty and prof.call_edges.empty

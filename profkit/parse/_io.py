@@ -12,13 +12,16 @@ Usage::
         ...
         raise parse_error(path_or_file_or_lines, lineno, "expected ..., got ...")
 
-Decoding: each line is UTF-8; a line that is not valid UTF-8 is decoded as Latin-1
+Decoding: a file that starts with a UTF-16 byte-order mark (Windows PowerShell's ``>``)
+is read as UTF-16, a UTF-8 byte-order mark is dropped; otherwise each line is UTF-8; a
+line that is not valid UTF-8 is decoded as Latin-1
 instead (every byte one character), so distinct byte strings stay distinct names
 (``f\\xe9`` and ``f\\xe8`` do not both become ``f\\ufffd``) and the result is still a
 valid ``str`` that CSV, JSON and Parquet writers accept.
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import os
@@ -75,12 +78,19 @@ def _open_path(path: Path) -> IO[bytes]:
     except OSError as e:
         raise parse_error(path, None, f"cannot read it: {e.strerror or e}") from None
     try:
-        head = f.peek(2)[:2] if hasattr(f, "peek") else b""
+        head = f.peek(4)[:4] if hasattr(f, "peek") else b""
     except OSError as e:
         f.close()
         raise parse_error(path, None, f"cannot read it: {e.strerror or e}") from None
-    if head == _GZIP_MAGIC or path.suffix == ".gz":
+    if head[:2] == _GZIP_MAGIC or path.suffix == ".gz":
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) and head != codecs.BOM_UTF32_LE:
+        # Windows PowerShell's `gprof prog.exe gmon.out > report.txt` writes UTF-16 with a
+        # byte-order mark: decoded as such (lines keep their "\r\n")
+        return io.TextIOWrapper(f, encoding="utf-16", errors="replace",  # type: ignore[return-value]
+                                newline="")
+    if head[:3] == codecs.BOM_UTF8:
+        f.read(3)  # a UTF-8 byte-order mark is not part of the first line
     return f
 
 

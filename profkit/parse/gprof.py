@@ -1,7 +1,9 @@
 """GNU gprof's text report → the ``functions`` and ``call_edges`` tables.
 
 Producer: ``gprof BINARY gmon.out`` (default output: flat profile, call graph, index;
-``-b``, ``-p`` (flat only) and ``-q`` (call graph only) outputs are read too).
+``-b``, ``-p`` (flat only) and ``-q`` (call graph only) outputs are read too; so is the
+call graph of BSD-derived gprofs, macOS's and AIX's, whose header says ``descendents``
+and ``called+self``).
 Example (flat profile row, call graph child line)::
 
      6.01    108.44    10.29 4000215014     0.00     0.00  InstrStartNode
@@ -63,7 +65,10 @@ _TOKEN = re.compile(r"\s*(\S+)")
 _FLAT_COLS = re.compile(r"time\s+seconds\s+seconds\s+(?:calls\s+)?(?P<unit>[^\s/]+)/call\s+"
                         r"(?P<unit2>[^\s/]+)/call\s+name|time\s+seconds\s+seconds\s+"
                         r"(?:calls\s+)?name")
-_CG_COLS = re.compile(r"index\s+%\s*time\s+self\s+children\s+called\s+name")
+# GNU: "index % time    self  children    called     name"; BSD-derived gprofs (macOS,
+# AIX): "index  %time    self descendents  called+self    name    index"
+_CG_COLS = re.compile(r"index\s+%\s*time\s+self\s+(?:children|descendents)\s+"
+                      r"called(?:\+self)?\s+name(?:\s+index)?")
 # gprof prints the leading "[N]" in a 6-character field, so from index 10000 on the
 # closing bracket is cut ("[13794   0.0 ...") and from 100000 on a digit too; the
 # trailing "[N]" is always whole, so it is the index and the leading one only a prefix.
@@ -184,10 +189,23 @@ def _flat_row(text: str) -> tuple[float, float, float, int | None, float, float,
     else:
         calls, spc, tpc = None, math.nan, math.nan
         name = text[rest_at:].strip()
+    name = _drop_bsd_index(name)
     why = _name_problem(name)
     if why:
         return why
     return float(nums[0]), float(nums[1]), float(nums[2]), calls, spc, tpc, name
+
+
+def _drop_bsd_index(name: str) -> str:
+    """BSD-derived gprofs (macOS, AIX) end a flat profile name with its call graph index,
+    ``.fft [3]``, or ``_moncount (5191)`` where it would be; GNU prints the bare name."""
+    if name[-1:] not in ("]", ")"):
+        return name
+    head, sep, tail = name.rpartition(" ")
+    if sep and head and len(tail) > 2 and tail[0] + tail[-1] in ("[]", "()") \
+            and tail[1:-1].isdigit():
+        return head.rstrip()
+    return name
 
 
 def _cg_tail(text: str) -> tuple[str, str] | None:
@@ -359,6 +377,8 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                 continue  # blank lines separate nothing in a call graph: skip them
             if state == "cg" and _cg_end(text):
                 state = "scan"
+            elif state == "cg" and text.split() == ["called/total", "children"]:
+                continue  # the BSD header's third line
             else:
                 if state == "cg" and not (text.startswith("[") or text[:1].isspace()):
                     raise parse_error(where, lineno, f"expected a call graph entry line or "
