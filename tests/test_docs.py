@@ -195,7 +195,9 @@ def test_readme_images_script_renders_a_run(tmp_path: Path) -> None:
 
 #: "issue 13", "Issue 3's", "(issue 14)", "issues 3 and 6", "issue #13", "#13" — not the
 #: colours of an SVG ("#555", fill:#060) nor GNU patch's "Hunk #2".
-ISSUE_NUMBER = re.compile(r"\bissues?\s*(?:no\.?\s*)?#?\s*\d+|(?<![\w&#\"':=/-])(?<!Hunk )#\d{1,4}\b",
+# "issue" right after "-" or "/" is part of another project's file name
+# (gprof2dot's tests/prof/issue29.prof, callgrind/googlecode-issue34.callgrind)
+ISSUE_NUMBER = re.compile(r"(?<![-/])\bissues?\s*(?:no\.?\s*)?#?\s*\d+|(?<![\w&#\"':=/-])(?<!Hunk )#\d{1,4}\b",
                           re.IGNORECASE)
 
 
@@ -204,7 +206,8 @@ def test_issue_number_pattern() -> None:
                  "see #13", "(#4)", "ISSUE13"):
         assert ISSUE_NUMBER.search(text), text
     for text in ('color="#555555"', "fill:#060", "Hunk #2 FAILED at 123.", "an issue with 3 nodes",
-                 "issue-free", "&#8594;", "url#13"):
+                 "issue-free", "&#8594;", "url#13", "callgrind/googlecode-issue34.callgrind",
+                 "prof/issue29.prof"):
         assert not ISSUE_NUMBER.search(text), text
 
 

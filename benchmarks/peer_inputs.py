@@ -1,0 +1,144 @@
+"""profkit's parsers on other people's profiles: gprof2dot's test inputs, read by profkit
+and by gprof2dot (the pip package, an independent implementation), compared.
+
+    python benchmarks/peer_inputs.py GPROF2DOT_TESTS_DIR [--flamegraph-suite DIR]
+
+GPROF2DOT_TESTS_DIR is the ``tests`` folder of a gprof2dot checkout
+(https://github.com/jrfonseca/gprof2dot): gprof reports (``prof/*.prof``), callgrind files
+(``callgrind/*.callgrind``, ``compare/callgrind/test/*.callgrind``) and ``perf script``
+texts (``perf/*.perf``) recorded on many machines (Windows, macOS, embedded targets,
+old valgrind versions, Python profilers that write the callgrind format).
+
+For each file it prints whether profkit reads it and whether the numbers agree:
+
+- callgrind: self cost per function (recursion suffixes ``'N`` merged), profkit against
+  gprof2dot's ``CallgrindParser``: the number of functions whose self cost differs;
+- gprof: calls per call-graph edge (summed per caller and callee) against gprof2dot's
+  ``GprofParser``, where the report has a call graph;
+- perf: profkit's folding against FlameGraph's stackcollapse-perf.pl, byte for byte
+  (with --flamegraph-suite, default ../shared/flamegraph-suite).
+
+A file profkit refuses is listed with profkit's message: a refusal is right only when the
+file is not what it claims to be (cut, no header); the message must say so.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+
+from profkit.errors import ParseError  # noqa: E402
+from profkit.parse.callgrind import parse_callgrind_file  # noqa: E402
+from profkit.parse.gprof import parse_gprof  # noqa: E402
+from profkit.parse.perf_script import fold_perf_script  # noqa: E402
+
+_REC = re.compile(r"'\d+$")
+
+
+def _g2d():
+    import gprof2dot
+
+    return gprof2dot
+
+
+def callgrind_row(path: Path) -> str:
+    g = _g2d()
+    try:
+        prof = parse_callgrind_file(path)
+    except ParseError as e:
+        return f"refused: {e}"
+    mine: dict[str, float] = {}
+    for r in prof.functions.itertuples():
+        mine[r.function] = mine.get(r.function, 0) + r.self
+    with open(path, encoding="utf-8", errors="replace") as f:
+        theirs_prof = g.CallgrindParser(f).parse()
+    theirs: dict[str, float] = {}
+    for fn in theirs_prof.functions.values():
+        k = _REC.sub("", fn.name)
+        theirs[k] = theirs.get(k, 0) + fn[g.SAMPLES]
+    differ = [k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0)]
+    return (f"event {prof.event}, {len(mine)} functions, total {prof.totals:,}; "
+            f"self cost differs from gprof2dot for {len(differ)}")
+
+
+def gprof_row(path: Path) -> str:
+    g = _g2d()
+    try:
+        prof = parse_gprof(path)
+    except ParseError as e:
+        return f"refused: {e}"
+    edges: dict[tuple[str, str], int] = {}  # a pair can be listed twice (cycle members)
+    for r in prof.call_edges.itertuples():
+        if not pd.isna(r.calls):
+            edges[(r.caller, r.callee)] = edges.get((r.caller, r.callee), 0) + int(r.calls)
+    text = path.read_bytes()
+    if text[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        text = text.decode("utf-16").encode()
+    try:
+        import io
+
+        theirs_prof = g.GprofParser(io.StringIO(text.decode("utf-8", "replace"))).parse()
+    except Exception as e:  # noqa: BLE001 - the peer's own failure is a finding too
+        return (f"{len(prof.functions)} functions, {len(edges)} edges; gprof2dot fails: "
+                f"{type(e).__name__}")
+    theirs: dict[tuple[str, str], int] = {}
+    for fn in theirs_prof.functions.values():
+        for call in fn.calls.values():
+            if g.CALLS in call:
+                callee = theirs_prof.functions[call.callee_id].name
+                theirs[(fn.name, callee)] = theirs.get((fn.name, callee), 0) + call[g.CALLS]
+    common = set(edges) & set(theirs)
+    differ = [k for k in common if edges[k] != theirs[k]]
+    return (f"{len(prof.functions)} functions, {len(edges)} edges with calls "
+            f"(gprof2dot {len(theirs)}, {len(common)} in both); calls differ on {len(differ)}")
+
+
+def perf_row(path: Path, suite: Path | None) -> str:
+    try:
+        mine = fold_perf_script(path).folded_bytes()
+    except ParseError as e:
+        return f"refused: {e}"
+    n = mine.count(b"\n")
+    perl = shutil.which("perl")
+    if suite is None or perl is None:
+        return f"{n} stacks (no stackcollapse-perf.pl to compare)"
+    theirs = subprocess.run([perl, str(suite / "stackcollapse-perf.pl"), str(path)],
+                            capture_output=True, check=True).stdout
+    same = "byte for byte the same" if mine == theirs else "DIFFERENT"
+    return f"{n} stacks; stackcollapse-perf.pl: {same}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tests_dir", type=Path)
+    ap.add_argument("--flamegraph-suite", type=Path,
+                    default=ROOT.parent / "shared" / "flamegraph-suite")
+    a = ap.parse_args(argv)
+    suite = a.flamegraph_suite if (a.flamegraph_suite / "stackcollapse-perf.pl").is_file() \
+        else None
+    d = a.tests_dir
+    groups = (("callgrind", sorted(d.glob("callgrind/*.callgrind"))
+               + sorted(d.glob("compare/callgrind/test/*.callgrind")), callgrind_row),
+              ("gprof", sorted(d.glob("prof/*.prof")), gprof_row),
+              ("perf script", sorted(d.glob("perf/*.perf")), lambda p: perf_row(p, suite)))
+    refused = 0
+    for kind, files, row in groups:
+        print(f"## {kind}: {len(files)} files")
+        for p in files:
+            line = row(p)
+            refused += line.startswith("refused")
+            print(f"- {p.relative_to(d)}: {line}")
+    print(f"refused: {refused}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
