@@ -183,6 +183,25 @@ def test_collect_jumps_gives_the_same_costs(tmp_path):
     assert tables["jumps"].loc["fib", "calls"] == 465
 
 
+def test_real_cachegrind_file(tmp_path):
+    """valgrind's cachegrind writes the same format without calls, name compression or
+    totals: (its summary: line ends the file): read, every instruction counted."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is needed (build-essential)"
+    exe = tmp_path / "fib"
+    run([gcc, "-O1", "-g", "-fno-inline", "-o", exe, FIX / "fib.c"], timeout=60)
+    out = tmp_path / "cachegrind.out"
+    cp = run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+              f"--cachegrind-out-file={out}", exe, "500"], timeout=120)
+    refs = int(next(ln for ln in cp.stderr.splitlines() if "I refs:" in ln or
+                    "I   refs:" in ln).split(":")[1].replace(",", ""))
+    assert "totals:" not in out.read_text()
+    prof = cgp.parse_callgrind_file(out)
+    assert prof.totals == prof.summary == refs, (prof.totals, prof.summary, refs)
+    f = prof.functions.set_index("function")
+    assert f.loc["leaf", "self"] > 0 and f.loc["fib", "self"] > 0
+
+
 def test_jump_target_names_fill_the_name_tables():
     """jfn=(id) name defines a function id that a later fn=(id) reuses."""
     text = ("# callgrind format\nevents: Ir\nfn=(1) main\n1 10\n"

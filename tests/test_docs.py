@@ -197,8 +197,8 @@ def test_readme_images_script_renders_a_run(tmp_path: Path) -> None:
 #: colours of an SVG ("#555", fill:#060) nor GNU patch's "Hunk #2".
 # "issue" right after "-" or "/" is part of another project's file name
 # (gprof2dot's tests/prof/issue29.prof, callgrind/googlecode-issue34.callgrind)
-ISSUE_NUMBER = re.compile(r"(?<![-/])\bissues?\s*(?:no\.?\s*)?#?\s*\d+|(?<![\w&#\"':=/-])(?<!Hunk )#\d{1,4}\b",
-                          re.IGNORECASE)
+ISSUE_NUMBER = re.compile(r"(?<![-/])\bissues?\s*(?:no\.?\s*)?#?\s*\d+"
+                          r"|(?<![\w&#\"':=/-])(?<!Hunk )#\d{1,4}\b", re.IGNORECASE)
 
 
 def test_issue_number_pattern() -> None:

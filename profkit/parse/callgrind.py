@@ -1,7 +1,8 @@
 """Parse callgrind's profile data file into the ``functions`` table.
 
 Producer: ``valgrind --tool=callgrind --callgrind-out-file=FILE [--toggle-collect=FN] PROG``
-(format: valgrind's docs/callgrind-format, "Callgrind Format Specification").
+(format: valgrind's docs/callgrind-format, "Callgrind Format Specification"); also read:
+``valgrind --tool=cachegrind`` files (no calls, no ``totals:``) and other producers'.
 
 Example (two lines of input, one row of output)::
 
