@@ -341,9 +341,14 @@ def test_read_folded_sums_duplicates_and_rejects_garbage(tmp_path: Path) -> None
     with pytest.raises(ParseError, match="line 1: expected 'frame;frame;leaf COUNT'"):
         read_folded(io.StringIO("lonely\n"))
     assert read_folded(io.StringIO("")) == {}
-    for bad in ("a;b nan\n", "a;b 1_000\n", "a;b -3\n", "a;b inf\n"):
+    for bad in ("a;b nan\n", "a;b 1_000\n", "a;b -3\n", "a;b inf\n", "a;b .5\n"):
         with pytest.raises(ParseError, match="line 1: expected a number"):
             read_folded(io.StringIO(bad))
+    # flamegraph.pl's count pattern (\d+(?:\.\d*)?) takes "6." (inferno's zero-fractionals)
+    assert read_folded(io.StringIO("a;b 6.\na;b 1.50\n")) == {"a;b": 7.5}
+    # difffolded.pl's two counts per line are two profiles, not a frame named "b 31"
+    with pytest.raises(ParseError, match=r"line 2: two counts .*differential.*--diff"):
+        read_folded(io.StringIO("a;b 4\na;b 31 56\n"))
 
 
 def test_read_folded_cut_inside_its_last_count(tmp_path: Path) -> None:

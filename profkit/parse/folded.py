@@ -137,7 +137,8 @@ def source_name(source: object, what: str) -> str:
 
 def _is_count(b: bytes) -> bool:
     """``123``, ``1.5``, ``1.84467440737096e+19`` (what folded writers print), nothing else
-    (no ``nan``, ``inf``, ``1_000``, signs or spaces that float() would take)."""
+    (no ``nan``, ``inf``, ``1_000``, signs or spaces that float() would take); ``6.``, which
+    flamegraph.pl reads as 6, too."""
     if b.isdigit():          # the common case, in C
         return True
     n = len(b)
@@ -150,9 +151,7 @@ def _is_count(b: bytes) -> bool:
         j = i + 1
         while j < n and 48 <= b[j] <= 57:
             j += 1
-        if j == i + 1:
-            return False
-        i = j
+        i = j  # "6." too: flamegraph.pl's count pattern takes it
     if i < n and b[i] in (69, 101):  # e E
         j = i + 1
         if j < n and b[j] in (43, 45):
@@ -179,8 +178,9 @@ def read_folded(source: Source) -> dict[str, float]:
     be integers or decimals (weights). Names are bytes decoded with ``surrogateescape``
     (non-UTF-8 names stay distinct and write back unchanged). Errors
     (:class:`ParseError`, naming the file and line): a line without a trailing count, a
-    count that is not a plain number, a line over 1 MB, and a last line without its
-    newline — a file cut inside its last count.
+    count that is not a plain number, two counts (a differential file: flamegraph.pl reads
+    a line's two trailing numbers as BEFORE AFTER), a line over 1 MB, and a last line
+    without its newline — a file cut inside its last count.
     """
     name = source_name(source, "folded stacks")
     lines, to_close = open_lines(source)
@@ -213,6 +213,13 @@ def read_folded(source: Source) -> dict[str, float]:
             if not math.isfinite(count):
                 raise ParseError(f"{name}, line {lineno}: count {_show(count_s)} is not a "
                                  "finite number")
+            before, sep2, first = stack.rstrip().rpartition(b" ")
+            if sep2 and before.strip() and _is_count(first):
+                raise ParseError(
+                    f"{name}, line {lineno}: two counts ({_show(first)} and {_show(count_s)}): "
+                    "this is a differential folded file (difffolded.pl's BEFORE AFTER), not "
+                    "one profile; give the two profiles instead (profkit flamegraph --diff "
+                    "BEFORE AFTER)")
             key = stack.rstrip().decode("utf-8", "surrogateescape")
             out[key] = out.get(key, 0.0) + count
     finally:
