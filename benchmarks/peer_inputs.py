@@ -1,7 +1,8 @@
-"""profkit's parsers on other people's profiles: gprof2dot's test inputs, read by profkit
+r"""profkit's parsers on other people's profiles: gprof2dot's test inputs, read by profkit
 and by gprof2dot (the pip package, an independent implementation), compared.
 
-    python benchmarks/peer_inputs.py GPROF2DOT_TESTS_DIR [--flamegraph-suite DIR]
+    python benchmarks/peer_inputs.py GPROF2DOT_TESTS_DIR [--inferno-tests DIR]
+                                     [--flamegraph-suite DIR]
 
 GPROF2DOT_TESTS_DIR is the ``tests`` folder of a gprof2dot checkout
 (https://github.com/jrfonseca/gprof2dot): gprof reports (``prof/*.prof``), callgrind files
@@ -17,6 +18,14 @@ For each file it prints whether profkit reads it and whether the numbers agree:
   ``GprofParser``, where the report has a call graph;
 - perf: profkit's folding against FlameGraph's stackcollapse-perf.pl, byte for byte
   (with --flamegraph-suite, default ../shared/flamegraph-suite).
+
+With --inferno-tests (the ``tests`` folder of https://github.com/jonhoo/inferno, the Rust
+port of FlameGraph): its ``perf script`` inputs (``data/collapse-perf/*.txt``) folded
+against stackcollapse-perf.pl, and its folded inputs (``data/flamegraph/*/*.txt``) read
+with profkit's ``read_folded`` against a reading by flamegraph.pl's own line pattern
+(``(.*)\s+?(\d+(?:\.\d*)?)``, a second such number making the line differential; lines
+starting with ``#`` are comments, as profkit and inferno take them, where flamegraph.pl
+would draw austin's ``# duration: 23873`` as a frame): stacks and total count.
 
 A file profkit refuses is listed with profkit's message: a refusal is right only when the
 file is not what it claims to be (cut, no header); the message must say so.
@@ -116,9 +125,41 @@ def perf_row(path: Path, suite: Path | None) -> str:
     return f"{n} stacks; stackcollapse-perf.pl: {same}"
 
 
+_FLAMEGRAPH_PL_LINE = re.compile(rb"^(.*)\s+?(\d+(?:\.\d*)?)$")
+
+
+def folded_row(path: Path) -> str:
+    from profkit.parse.folded import read_folded
+
+    theirs: dict[bytes, float] = {}
+    bad = differential = 0
+    for raw in path.read_bytes().splitlines():
+        if raw.startswith(b"#"):
+            continue
+        m = _FLAMEGRAPH_PL_LINE.match(raw.rstrip())
+        if not m:
+            bad += raw.strip() != b""
+            continue
+        stack, count = m.group(1), float(m.group(2))
+        if _FLAMEGRAPH_PL_LINE.match(stack.rstrip()):
+            differential += 1
+        theirs[stack.rstrip()] = theirs.get(stack.rstrip(), 0) + count
+    what = (f"flamegraph.pl's pattern: {len(theirs)} stacks, total {sum(theirs.values()):g}"
+            + (f", {bad} lines it ignores" if bad else "")
+            + (f", {differential} differential lines" if differential else ""))
+    try:
+        mine = read_folded(path)
+    except ParseError as e:
+        return f"refused: {e} ({what})"
+    same = (len(mine) == len(theirs) and abs(sum(mine.values()) - sum(theirs.values())) < 1e-6)
+    return (f"{len(mine)} stacks, total {sum(mine.values()):g}; {what}: "
+            f"{'the same' if same else 'DIFFERENT'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tests_dir", type=Path)
+    ap.add_argument("--inferno-tests", type=Path, default=None)
     ap.add_argument("--flamegraph-suite", type=Path,
                     default=ROOT.parent / "shared" / "flamegraph-suite")
     a = ap.parse_args(argv)
@@ -129,13 +170,20 @@ def main(argv: list[str] | None = None) -> int:
                + sorted(d.glob("compare/callgrind/test/*.callgrind")), callgrind_row),
               ("gprof", sorted(d.glob("prof/*.prof")), gprof_row),
               ("perf script", sorted(d.glob("perf/*.perf")), lambda p: perf_row(p, suite)))
+    roots = [d] * len(groups)
+    if a.inferno_tests is not None:
+        i = a.inferno_tests
+        groups += (("inferno perf script", sorted(i.glob("data/collapse-perf/*.txt")),
+                    lambda p: perf_row(p, suite)),
+                   ("inferno folded", sorted(i.glob("data/flamegraph/*/*.txt")), folded_row))
+        roots += [i, i]
     refused = 0
-    for kind, files, row in groups:
+    for (kind, files, row), root in zip(groups, roots, strict=True):
         print(f"## {kind}: {len(files)} files")
         for p in files:
             line = row(p)
             refused += line.startswith("refused")
-            print(f"- {p.relative_to(d)}: {line}")
+            print(f"- {p.relative_to(root)}: {line}")
     print(f"refused: {refused}")
     return 0
 
