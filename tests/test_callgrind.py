@@ -262,6 +262,44 @@ def test_parse_perf_stat_csv():
                                    "instructions:u") == (4153264.0, "")
 
 
+@pytest.mark.parametrize("flags, extra", [
+    ([], set()),
+    (["-r", "3"], {"variance_pct"}),
+    (["-I", "100"], {"time_s"}),
+    (["-a", "-A"], {"aggregate"}),
+    (["-a", "--per-core"], {"aggregate", "aggregate_cpus"}),
+    (["-a", "--per-socket"], {"aggregate", "aggregate_cpus"}),
+    (["-a", "-A", "-I", "100"], {"time_s", "aggregate"}),
+])
+def test_real_perf_stat_layouts_keep_their_columns(tmp_path, flags, extra):
+    """perf stat -x, with -r, -I, -A, --per-core, --per-socket: each layout's extra columns
+    are read as such, and value, unit, event and % counted stay in their own columns
+    (before, -I read the time stamp as the value and -r a run time as % counted)."""
+    from profkit.parse.perf_stat import parse_perf_stat
+
+    out = tmp_path / "stat.csv"
+    run(["perf", "stat", "-x,", "-o", str(out), *flags, "-e", "task-clock,context-switches",
+         "--", "sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"], timeout=120)
+    df = parse_perf_stat(out)
+    assert len(df) >= 2 and set(df["event"]) == {"task-clock", "context-switches"}, df
+    assert extra <= set(df.columns), (extra, list(df.columns))
+    assert not ({"variance_pct", "time_s", "aggregate", "aggregate_cpus"} - extra) & set(
+        df.columns), list(df.columns)
+    tc = df[df["event"] == "task-clock"]
+    assert set(tc["unit"]) == {"msec"}, tc
+    counted = df[df["supported"]]
+    assert ((counted["runtime_pct"] > 0) & (counted["runtime_pct"] <= 100)).all(), df
+    assert (tc.loc[tc["supported"], "value"] > 0).all(), tc
+    if "time_s" in extra:
+        assert (df["time_s"] > 0).all() and df["time_s"].is_monotonic_increasing, df
+    if "aggregate" in extra:
+        assert df["aggregate"].str.match(r"CPU\d+$|S\d+").all(), df
+    if "aggregate_cpus" in extra:
+        assert (df["aggregate_cpus"] >= 1).all(), df
+    if "variance_pct" in extra:
+        assert (df["variance_pct"] >= 0).all(), df
+
+
 def test_perf_stat_availability_matches_perf():
     got = perf_stat.counts()
     cp = subprocess.run(["perf", "stat", "-x,", "-e", "instructions:u", "true"],

@@ -11,6 +11,14 @@ becomes rows ``event=task-clock, value=105.9, unit=msec, supported=True,
 runtime_pct=100.0`` and ``event=instructions, value=NaN, supported=False`` (a VM
 without hardware counters answers ``<not supported>``; ``<not counted>`` is kept the
 same way). ``# started on ...`` comments and blank lines are skipped.
+
+Other ``perf stat -x,`` layouts are read by their columns, never shifted into the wrong
+ones: ``-r N`` adds the spread over the N runs after the event (``2.17%``:
+``variance_pct``); ``-I MS`` starts each line with its time stamp (``time_s``); ``-A``,
+``--per-socket``/``--per-die``/``--per-core``/``--per-node`` and ``--per-thread`` start
+it with what was aggregated (``CPU0``; ``S0-D0-C1`` and the number of CPUs in it;
+``postgres-4242``: ``aggregate`` and ``aggregate_cpus``). These columns are present when
+the input has them.
 """
 from __future__ import annotations
 
@@ -25,6 +33,40 @@ from profkit.parse._io import Source, describe, open_text, parse_error
 # perf prints counter values as plain decimals ("105.90", "1234"); -x, turns grouping off
 _NUMBER = re.compile(r"-?\d{1,30}(?:\.\d{1,30})?(?:[eE][-+]?\d{1,3})?")
 _UNCOUNTED = ("<not supported>", "<not counted>")
+# what -A / --per-socket / --per-die / --per-core / --per-cache / --per-node /
+# --per-thread put first: CPU3, S0, S0-D0, S0-D0-C1, S0-D0-L3-ID0, N0, postgres-4242
+_AGGREGATE = re.compile(r"CPU\d{1,6}|S\d{1,4}(?:-D\d{1,4})?(?:-C\d{1,6}|-L\d-ID\d{1,6})?"
+                        r"|N\d{1,4}|[^,]{1,64}-\d{1,10}")
+_INT = re.compile(r"\d{1,10}")
+
+
+def _is_value(s: str) -> bool:
+    s = s.strip()
+    return s in _UNCOUNTED or bool(_NUMBER.fullmatch(s))
+
+
+def _prefix(fields: list[str]) -> dict:
+    """The columns -I, -A, --per-X put before the value: ``{"time_s": ...}``,
+    ``{"aggregate": ..., "aggregate_cpus": ...}``, and how many there are (``"n"``)."""
+    out: dict = {"n": 0}
+    i = 0
+    # -I: a time stamp, then a value or what -A/--per-X aggregated (a plain line has its
+    # unit there: never a number, never CPU0)
+    if len(fields) > 3 and _NUMBER.fullmatch(fields[0].strip()) and (
+            _is_value(fields[1]) or _AGGREGATE.fullmatch(fields[1].strip())):
+        out["time_s"] = float(fields[0])
+        i = 1
+    head = fields[i].strip() if len(fields) > i else ""
+    if head and not _is_value(head) and _AGGREGATE.fullmatch(head):
+        out["aggregate"] = head
+        i += 1
+        # --per-socket/die/core/node: the number of CPUs aggregated, then the value
+        if (len(fields) > i + 3 and _INT.fullmatch(fields[i].strip())
+                and _is_value(fields[i + 1]) and not _is_value(fields[i + 2])):
+            out["aggregate_cpus"] = int(fields[i])
+            i += 1
+    out["n"] = i
+    return out
 
 
 def _optional_float(s: str, what: str, where: str, lineno: int) -> float:
@@ -59,6 +101,12 @@ def parse_perf_stat(source: Source, *, run_id: str = "", build: str = "") -> pd.
         if not text.strip() or text.startswith("#"):
             continue
         fields = _fields(text, where, lineno)
+        pre = _prefix(fields)
+        fields = fields[pre.pop("n"):]
+        if len(fields) > 3 and fields[3].strip().endswith("%"):  # -r N: the runs' spread
+            pre["variance_pct"] = _optional_float(fields[3].strip()[:-1], "spread over the "
+                                                  "runs (-r)", where, lineno)
+            fields = fields[:3] + fields[4:]
         if len(fields) < 3 or not fields[2].strip():
             raise parse_error(where, lineno, f"expected 'value,unit,event,...' (perf stat "
                               f"-x,), got {text[:120]!r}")
@@ -74,7 +122,7 @@ def parse_perf_stat(source: Source, *, run_id: str = "", build: str = "") -> pd.
                                                     lineno) if len(fields) > 4 else math.nan,
                      "metric": _optional_float(fields[5], "metric value", where, lineno)
                      if len(fields) > 5 else math.nan,
-                     "metric_unit": fields[6].strip() if len(fields) > 6 else ""})
+                     "metric_unit": fields[6].strip() if len(fields) > 6 else "", **pre})
     if not rows:
         df = tables.empty("perf_stat")
         df["metric"] = pd.Series(dtype="float64")
