@@ -33,6 +33,7 @@ file is not what it claims to be (cut, no header); the message must say so.
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import shutil
 import subprocess
@@ -42,9 +43,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import gprof2dot  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from profkit.errors import ParseError  # noqa: E402
+from profkit.parse._io import read_text  # noqa: E402
 from profkit.parse.callgrind import parse_callgrind_file  # noqa: E402
 from profkit.parse.gprof import parse_gprof  # noqa: E402
 from profkit.parse.perf_script import fold_perf_script  # noqa: E402
@@ -52,58 +55,52 @@ from profkit.parse.perf_script import fold_perf_script  # noqa: E402
 _REC = re.compile(r"'\d+$")
 
 
-def _g2d():
-    import gprof2dot
-
-    return gprof2dot
+def _ours(parse, path: Path):
+    """profkit's reading of *path*, or the line saying it refused (with its message)."""
+    try:
+        return parse(path)
+    except ParseError as e:
+        return f"refused: {e}"
 
 
 def callgrind_row(path: Path) -> str:
-    g = _g2d()
-    try:
-        prof = parse_callgrind_file(path)
-    except ParseError as e:
-        return f"refused: {e}"
+    prof = _ours(parse_callgrind_file, path)
+    if isinstance(prof, str):
+        return prof
     mine: dict[str, float] = {}
     for r in prof.functions.itertuples():
         mine[r.function] = mine.get(r.function, 0) + r.self
     with open(path, encoding="utf-8", errors="replace") as f:
-        theirs_prof = g.CallgrindParser(f).parse()
+        theirs_prof = gprof2dot.CallgrindParser(f).parse()
     theirs: dict[str, float] = {}
     for fn in theirs_prof.functions.values():
         k = _REC.sub("", fn.name)
-        theirs[k] = theirs.get(k, 0) + fn[g.SAMPLES]
+        theirs[k] = theirs.get(k, 0) + fn[gprof2dot.SAMPLES]
     differ = [k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0)]
     return (f"event {prof.event}, {len(mine)} functions, total {prof.totals:,}; "
             f"self cost differs from gprof2dot for {len(differ)}")
 
 
 def gprof_row(path: Path) -> str:
-    g = _g2d()
-    try:
-        prof = parse_gprof(path)
-    except ParseError as e:
-        return f"refused: {e}"
+    prof = _ours(parse_gprof, path)
+    if isinstance(prof, str):
+        return prof
     edges: dict[tuple[str, str], int] = {}  # a pair can be listed twice (cycle members)
     for r in prof.call_edges.itertuples():
         if not pd.isna(r.calls):
             edges[(r.caller, r.callee)] = edges.get((r.caller, r.callee), 0) + int(r.calls)
-    text = path.read_bytes()
-    if text[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        text = text.decode("utf-16").encode()
-    try:
-        import io
-
-        theirs_prof = g.GprofParser(io.StringIO(text.decode("utf-8", "replace"))).parse()
+    try:  # the text as profkit decodes it (a UTF-16 report too), so both read the same
+        theirs_prof = gprof2dot.GprofParser(io.StringIO(read_text(path))).parse()
     except Exception as e:  # noqa: BLE001 - the peer's own failure is a finding too
         return (f"{len(prof.functions)} functions, {len(edges)} edges; gprof2dot fails: "
                 f"{type(e).__name__}")
     theirs: dict[tuple[str, str], int] = {}
     for fn in theirs_prof.functions.values():
         for call in fn.calls.values():
-            if g.CALLS in call:
+            if gprof2dot.CALLS in call:
                 callee = theirs_prof.functions[call.callee_id].name
-                theirs[(fn.name, callee)] = theirs.get((fn.name, callee), 0) + call[g.CALLS]
+                theirs[(fn.name, callee)] = (theirs.get((fn.name, callee), 0)
+                                             + call[gprof2dot.CALLS])
     common = set(edges) & set(theirs)
     differ = [k for k in common if edges[k] != theirs[k]]
     return (f"{len(prof.functions)} functions, {len(edges)} edges with calls "
@@ -111,10 +108,10 @@ def gprof_row(path: Path) -> str:
 
 
 def perf_row(path: Path, suite: Path | None) -> str:
-    try:
-        mine = fold_perf_script(path).folded_bytes()
-    except ParseError as e:
-        return f"refused: {e}"
+    folding = _ours(fold_perf_script, path)
+    if isinstance(folding, str):
+        return folding
+    mine = folding.folded_bytes()
     n = mine.count(b"\n")
     perl = shutil.which("perl")
     if suite is None or perl is None:
@@ -147,10 +144,9 @@ def folded_row(path: Path) -> str:
     what = (f"flamegraph.pl's pattern: {len(theirs)} stacks, total {sum(theirs.values()):g}"
             + (f", {bad} lines it ignores" if bad else "")
             + (f", {differential} differential lines" if differential else ""))
-    try:
-        mine = read_folded(path)
-    except ParseError as e:
-        return f"refused: {e} ({what})"
+    mine = _ours(read_folded, path)
+    if isinstance(mine, str):
+        return f"{mine} ({what})"
     same = (len(mine) == len(theirs) and abs(sum(mine.values()) - sum(theirs.values())) < 1e-6)
     return (f"{len(mine)} stacks, total {sum(mine.values()):g}; {what}: "
             f"{'the same' if same else 'DIFFERENT'}")
