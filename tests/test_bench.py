@@ -284,7 +284,14 @@ def test_summary_overheads_and_instruction_counts(small_run):
     assert set(s["ref_build"]) == {"vanilla"} and set(s["preset"]) == {"vanilla"}
     aa = v.loc[("aa", "plain")]
     assert abs(aa.vs_ref_instr_pct) < 0.01 and aa.plain_instr == per[("aa", "plain")]
-    assert aa.vs_ref_ci_low_pct <= aa.vs_ref_pct <= aa.vs_ref_ci_high_pct
+    # its interval, like vanilla's above: from the repetitions whose plain executions of
+    # both builds the vCPU calibration kept, none from fewer than two such pairs (a CI run
+    # kept one of aa's three once)
+    aa_pairs = len(reps.get(("vanilla", "plain"), set()) & reps.get(("aa", "plain"), set()))
+    if aa_pairs >= 2:
+        assert aa.vs_ref_ci_low_pct <= aa.vs_ref_pct <= aa.vs_ref_ci_high_pct, aa_pairs
+    else:
+        assert np.isnan(aa.vs_ref_ci_low_pct) and np.isnan(aa.vs_ref_ci_high_pct), aa_pairs
     assert v.loc[("aa", "analyze_notiming"), "vs_ref_instr_pct"] == pytest.approx(
         (per[("aa", "analyze_notiming")] / per[("vanilla", "plain")] - 1) * 100, abs=1e-3)
     for f in ("report.md", "overheads.png", "overheads.svg"):
