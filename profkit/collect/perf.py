@@ -760,7 +760,7 @@ def load_profile(run: RunDir | str | os.PathLike[str]) -> PerfProfile:
     rd = run if isinstance(run, RunDir) else load_run(run)
     if not rd.file(FUNCTIONS_PARQUET).exists():
         raise PerfError(f"run {rd.run_id} has not been folded yet: fold_run({str(rd.path)!r})")
-    counts = read_folded(rd.file(FOLDED))
+    counts = read_folded(rd.file(FOLDED), strict=True)
     folding = PerfFolding(counts=counts, modules={}, samples=int(sum(counts.values())))
     stacks = tables.validate(pd.read_parquet(rd.file(STACKS_PARQUET)), "stacks")
     functions = tables.validate(pd.read_parquet(rd.file(FUNCTIONS_PARQUET)), "functions")

@@ -302,7 +302,7 @@ def fold_run(run: RunDir | str | os.PathLike[str]) -> PySpyProfile:
     raw = rd.file(RAW)
     if not raw.exists():
         raise PySpyError(f"no {RAW} in {rd.path}: record first")
-    counts = read_folded(_normalised(raw, rd.file(FOLDED)))
+    counts = read_folded(_normalised(raw, rd.file(FOLDED)), strict=True)
     label = str(rd.provenance.get("build_name") or "")
     stacks = stacks_table(counts, run_id=rd.run_id, build=label, tool=TOOL)
     funcs = functions_table(counts, root_is_process=False, run_id=rd.run_id, build=label,

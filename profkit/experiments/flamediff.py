@@ -355,7 +355,7 @@ def read_recordings(folder: str | Path, *, align: bool = False
             if not freq:
                 raise FlameDiffError(f"{p}: its provenance has no perf frequency (perf.freq); "
                                      "only perf runs recorded by profkit can be read as time")
-            counts = read_folded(folded)
+            counts = read_folded(folded, strict=True)
             recs.append(FD.Recording(drop_frames(counts) if align else counts, execs,
                                      1000.0 / float(freq), label=f"{d.name}/{p.name}"))
             prs.append(pr)

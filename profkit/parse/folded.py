@@ -165,7 +165,7 @@ def _is_count(b: bytes) -> bool:
     return i == n
 
 
-def read_folded(source: Source) -> dict[str, float]:
+def read_folded(source: Source, *, strict: bool = False) -> dict[str, float]:
     """Read folded stacks (``a;b;c 12``) into ``{stack: count}``.
 
     Producer: ``stackcollapse-perf.pl``, ``perf script report stackcollapse``,
@@ -179,8 +179,12 @@ def read_folded(source: Source) -> dict[str, float]:
     (non-UTF-8 names stay distinct and write back unchanged). Errors
     (:class:`ParseError`, naming the file and line): a line without a trailing count, a
     count that is not a plain number, two counts (a differential file: flamegraph.pl reads
-    a line's two trailing numbers as BEFORE AFTER), a line over 1 MB, and a last line
-    without its newline — a file cut inside its last count.
+    a line's two trailing numbers as BEFORE AFTER) and a line over 1 MB.
+
+    A last line without its newline is read, as flamegraph.pl and inferno read it: a file
+    written by ``"\\n".join(lines)``, or saved by an editor, often ends so. *strict*
+    refuses it as a file cut inside its last count; profkit passes it for the files its
+    collectors wrote, which always end with a newline.
     """
     name = source_name(source, "folded stacks")
     lines, to_close = open_lines(source)
@@ -197,7 +201,7 @@ def read_folded(source: Source) -> dict[str, float]:
             line = b.rstrip(b"\r\n")
             if not line.strip() or line.startswith(b"#"):
                 continue
-            if not newline:
+            if not newline and strict:
                 raise ParseError(
                     f"{name}, line {lineno}: expected a newline after the count: the file ends "
                     f"inside its last line {_show(line)} (truncated? if the file is complete, "
