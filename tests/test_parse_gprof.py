@@ -222,6 +222,33 @@ def test_bad_reports(name: str, message: str) -> None:
         parse_gprof(FIX / f"{name}.gprof.txt")
 
 
+@pytest.mark.parametrize("name", ["cycles.gprof.txt", "cycles.brief.gprof.txt"])
+def test_last_line_without_its_newline(tmp_path: Path, name: str) -> None:
+    """A whole report whose last line (in the index, gprof's last section) lost its
+    newline, as a pasted one may, reads like the original; one cut inside a flat row does
+    not, nor does `gprof -b -p` output (its last line is a row, whose name may be cut)."""
+    text = (FIX / name).read_bytes()
+    assert text.endswith(b"\n")
+    f = tmp_path / name
+    f.write_bytes(text.rstrip(b"\n"))
+    a, b = parse_gprof(FIX / name), parse_gprof(f)
+    pd.testing.assert_frame_equal(a.functions, b.functions)
+    pd.testing.assert_frame_equal(a.call_edges, b.call_edges)
+    assert len(a.functions) > 3
+    # cut inside the name of the flat profile's third row: refused, strict or not
+    lines = text.decode().splitlines(keepends=True)
+    first = next(i for i, ln in enumerate(lines) if ln.strip().startswith("time"))
+    cut = "".join(lines[:first + 3]) + lines[first + 3][:-3]
+    f.write_text(cut)
+    for strict in (True, False):
+        with pytest.raises(ParseError, match=rf"line {first + 4}: the gprof report is "
+                                             r"truncated: the line ends without a newline"):
+            parse_gprof(f, strict=strict)
+    f.write_bytes((FIX / "cycles.flat-only.gprof.txt").read_bytes().rstrip(b"\n"))
+    with pytest.raises(ParseError, match="truncated: the line ends without a newline"):
+        parse_gprof(f, strict=False)
+
+
 def test_trimmed_report_non_strict() -> None:
     prof = parse_gprof(FIX / "truncated-at-entry.gprof.txt", strict=False)
     assert len(prof.functions) == 7  # the flat profile is complete
