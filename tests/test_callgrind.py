@@ -183,6 +183,56 @@ def test_collect_jumps_gives_the_same_costs(tmp_path):
     assert tables["jumps"].loc["fib", "calls"] == 465
 
 
+THREADS_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+static pthread_barrier_t both;  /* both workers alive at once: two thread ids */
+static long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+static void *worker(void *a) {
+    long s = 0;
+    pthread_barrier_wait(&both);
+    for (int i = 0; i < 100; i++) s += fib((int)(long)a);
+    return (void *)s;
+}
+int main(void) {
+    pthread_t t[2]; long s = 0;
+    pthread_barrier_init(&both, 0, 3);
+    for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(10 + i));
+    pthread_barrier_wait(&both);
+    for (int i = 0; i < 2; i++) { void *r; pthread_join(t[i], &r); s += (long)r; }
+    printf("%ld\n", s); return 0;
+}
+"""
+
+
+def test_separate_threads_files(tmp_path):
+    """--separate-threads=yes: callgrind leaves the file it was given empty and writes one
+    profile per thread beside it; the empty one says so, and the thread files add up to
+    what valgrind collected, each worker's calls its own."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is needed (build-essential)"
+    src = tmp_path / "threads.c"
+    src.write_text(THREADS_C)
+    exe = tmp_path / "threads"
+    run([gcc, "-O1", "-g", "-fno-inline", "-pthread", "-o", exe, src], timeout=60)
+    out = tmp_path / "cg.out"
+    cp = run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+              "--separate-threads=yes", exe], timeout=120)
+    assert cp.stdout.strip() == str(100 * (55 + 89))  # fib(10) + fib(11), 100 times
+    collected = int(next(ln for ln in cp.stderr.splitlines() if "Collected" in ln).split()[-1])
+    assert out.stat().st_size == 0
+    with pytest.raises(ParseError, match=r"cg.out is empty, and 3 files beside it \(cg.out-01 "
+                                         r"\.\.\. cg.out-03\) .*--separate-threads=yes"):
+        cgp.parse_callgrind_file(out)
+    profs = [cgp.parse_callgrind_file(tmp_path / f"cg.out-0{i}") for i in (1, 2, 3)]
+    assert sum(p.totals for p in profs) == collected
+    # fib(n) makes 2 fib(n+1) - 1 calls: 177 for fib(10), 287 for fib(11)
+    calls = sorted(int(p.functions.set_index("function").loc["fib", "calls"])
+                   for p in profs[1:])
+    assert calls == [17700, 28700]
+    assert "fib" not in set(profs[0].functions["function"])  # the main thread only waits
+
+
 def test_real_cachegrind_file(tmp_path):
     """valgrind's cachegrind writes the same format without calls, name compression or
     totals: (its summary: line ends the file): read, every instruction counted."""

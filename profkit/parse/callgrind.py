@@ -44,6 +44,7 @@ functions. ``calls`` counts every call into it, nested ones included (as gprof d
 """
 from __future__ import annotations
 
+import glob
 import itertools
 import math
 import os
@@ -378,6 +379,15 @@ def parse_callgrind_file(path: str | Path, **kwargs: object) -> CallgrindProfile
             f"callgrind output {p} does not exist: did valgrind run, and could its user write "
             "to that directory?"
         )
+    threads = sorted(p.parent.glob(glob.escape(p.name) + "-[0-9][0-9]*"))
+    if threads and p.is_file() and p.stat().st_size == 0:
+        # --separate-threads=yes: callgrind leaves the file it was given empty and writes
+        # one profile per thread, FILE-01 (the main thread), FILE-02, ...
+        raise ParseError(
+            f"{p} is empty, and {len(threads)} files beside it ({threads[0].name} ... "
+            f"{threads[-1].name}) are callgrind's profiles of one thread each "
+            "(--separate-threads=yes): read each of those, or record again without "
+            "--separate-threads for one profile of the whole process")
     lines = ((n, ln.rstrip("\r\n")) for n, ln in open_text(p))
     return _parse(lines, str(p), **kwargs)  # type: ignore[arg-type]
 
