@@ -42,17 +42,11 @@ $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
 # PYTEST_ARGS leaves empty (pytest's exit status 5) is not a failure unless both are.
 # The last lines say which tests failed in either phase, and why (each phase writes
 # JUnit XML to $(RESULTS); a log cut to its head and tail keeps them).
-# The tests' Python processes (pytest, its workers, the CLI and notebook kernels they
-# start) keep their compiled modules in the clone's __pycache__ folders even where the
-# environment sets PYTHONDONTWRITEBYTECODE: each of them would otherwise compile
-# profkit's modules and rewrite the test modules' asserts again (~5 s per pytest process).
 TEST_JOBS ?= $(shell nproc)
 RESULTS := $(CURDIR)/.test-results
 
-test: export PYTHONDONTWRITEBYTECODE :=
 test: setup
 	@rm -rf $(RESULTS); mkdir -p $(RESULTS); r1=0; r2=0; \
-	$(BIN)/python -m compileall -q profkit benchmarks scripts >/dev/null; \
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --phase shared \
 	  --durations=25 --junitxml=$(RESULTS)/shared.xml $(PYTEST_ARGS) || r1=$$?; \
 	$(BIN)/pytest --phase alone --durations=25 --junitxml=$(RESULTS)/alone.xml \
