@@ -556,7 +556,8 @@ def tick_grid(nodes: pd.DataFrame, tick_ms: float, *, column: str = INCLUSIVE
     one of ~5 test runs here, Linux 6.18, one execution whose every time was off by the
     same 0.967 ms); ``on_grid`` counts what is on it.  EXPLAIN prints per-loop averages
     rounded to 1 µs, hence the tolerance ``0.5 µs × loops`` (+ 1 ns per tick for the
-    kernel's tick jitter).  Adds ``ticks`` (nearest whole number), ``off_grid_ms`` and ``on_grid``.
+    kernel's tick jitter).  Adds ``ticks`` (nearest whole number), ``off_grid_ms`` and
+    ``on_grid``.
     """
     if tick_ms <= 0:
         raise TimingAccuracyError(f"tick must be > 0 ms, got {tick_ms}")
