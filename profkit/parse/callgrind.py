@@ -379,10 +379,11 @@ def parse_callgrind_file(path: str | Path, **kwargs: object) -> CallgrindProfile
             f"callgrind output {p} does not exist: did valgrind run, and could its user write "
             "to that directory?"
         )
-    threads = sorted(p.parent.glob(glob.escape(p.name) + "-[0-9][0-9]*"))
-    if threads and p.is_file() and p.stat().st_size == 0:
-        # --separate-threads=yes: callgrind leaves the file it was given empty and writes
-        # one profile per thread, FILE-01 (the main thread), FILE-02, ...
+    # --separate-threads=yes: callgrind leaves the file it was given empty and writes
+    # one profile per thread, FILE-01 (the main thread), FILE-02, ...
+    threads = (sorted(p.parent.glob(glob.escape(p.name) + "-[0-9][0-9]*"))
+               if p.is_file() and p.stat().st_size == 0 else [])
+    if threads:
         raise ParseError(
             f"{p} is empty, and {len(threads)} files beside it ({threads[0].name} ... "
             f"{threads[-1].name}) are callgrind's profiles of one thread each "
