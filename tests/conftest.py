@@ -170,7 +170,8 @@ class _BackgroundBuilds:
         say(f"build {name} ready after {time.monotonic() - t0:.0f} s of waiting")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        stopped = self.proc.poll() is None
+        if stopped:
             self.proc.terminate()
             try:
                 self.proc.wait(60)
@@ -178,6 +179,9 @@ class _BackgroundBuilds:
                 self.proc.kill()
                 self.proc.wait()
         self._f.close()
+        # the user's cache keeps the log only of a background build that failed
+        if stopped or self.proc.returncode == 0:
+            self.log.unlink(missing_ok=True)
 
 
 _BACKGROUND: _BackgroundBuilds | None = None

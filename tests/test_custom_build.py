@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from profkit import paths
 from profkit.errors import BuildError, PatchError
 from profkit.pg import build as B
 
@@ -36,6 +37,9 @@ def unique_name():
 
     (B.specs_dir() / f"{name}.json").unlink(missing_ok=True)
     shutil.rmtree(B.specs_dir() / name, ignore_errors=True)
+    # and the log of a build of it that failed on purpose (the user's cache keeps none)
+    for log in paths.sub("logs").glob(f"{name}-*-failed-*.log"):
+        log.unlink()
 
 
 # --------------------------------------------------------------------------- bad input

@@ -222,6 +222,7 @@ def test_patch_that_does_not_apply():
     assert "hunk #2" in msg and "@@ -455,6 +456,7 @@" in msg
     assert _no_entry_for("test-broken"), "a failed build must leave no cache entry"
     assert Path(ei.value.log_path).exists()
+    Path(ei.value.log_path).unlink()  # the user's cache keeps no log of the tests' builds
 
 
 def test_patch_that_does_not_apply_is_said_before_waiting_for_another_build():
@@ -240,6 +241,7 @@ def test_patch_that_does_not_apply_is_said_before_waiting_for_another_build():
     assert str(ei.value).startswith("build 'test-broken' failed at step 'patch': ")
     assert str(ei.value).endswith(f"(log: {ei.value.log_path})")
     assert _no_entry_for("test-broken")
+    Path(ei.value.log_path).unlink()
 
 
 def test_configure_failure():
@@ -250,6 +252,8 @@ def test_configure_failure():
     assert "step 'configure'" in str(ei.value)
     assert "C compiler" in str(ei.value) or "cannot create executables" in str(ei.value)
     assert _no_entry_for("test-badcflags")
+    assert Path(ei.value.log_path).exists()
+    Path(ei.value.log_path).unlink()
 
 
 @pytest.mark.slow
