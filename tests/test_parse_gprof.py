@@ -214,7 +214,8 @@ def test_empty_report() -> None:
     ("truncated-midline", r"line 16: the gprof report is truncated: the line ends without a newline"),
     ("truncated-callgraph", (r"truncated: the call graph entry starting at line 70 has no "
                             r"closing '-----' separator")),
-    ("truncated-at-entry", r"truncated: the call graph is not followed by 'Index by function"),
+    ("truncated-at-entry", r"truncated: the call graph is not followed by a form feed or 'Index by "
+                           r"function"),
     ("noheader", r"not a gprof report: no flat profile header"),
 ])
 def test_bad_reports(name: str, message: str) -> None:
@@ -247,6 +248,37 @@ def test_last_line_without_its_newline(tmp_path: Path, name: str) -> None:
     f.write_bytes((FIX / "cycles.flat-only.gprof.txt").read_bytes().rstrip(b"\n"))
     with pytest.raises(ParseError, match="truncated: the line ends without a newline"):
         parse_gprof(f, strict=False)
+
+
+@pytest.mark.parametrize("name", ["cycles.gprof.txt", "cycles.brief.gprof.txt",
+                                  "cycles.callgraph-only.gprof.txt"])
+def test_call_graph_closed_without_its_index(tmp_path: Path, name: str) -> None:
+    """A report that stops after what gprof writes to close the call graph (its form
+    feed, or its explanation in the full layout) has the whole call graph: it reads like
+    the original, strictly, with or without the form feed's newline.  BSD gprofs' reports
+    and excerpts of them end this way.  Cut at the last entry's '-----' it is refused."""
+    lines = (FIX / name).read_text().split("\n")  # not splitlines: it splits at \f too
+    lines = [ln + "\n" for ln in lines[:-1]]
+    whole = parse_gprof(FIX / name)
+    assert len(whole.call_edges) >= 5
+    index = next(i for i, ln in enumerate(lines) if ln.startswith("Index by function name"))
+    assert lines[index - 1].strip("\n") == "\f"
+    f = tmp_path / name
+    cuts = {"after the form feed": "".join(lines[:index]),
+            "the form feed without its newline": "".join(lines[:index]).rstrip("\n")}
+    expl = [i for i, ln in enumerate(lines) if ln.startswith(" This table describes")]
+    if expl:  # the full layout: cut inside the explanation, mid-line
+        cuts["inside the explanation"] = "".join(lines[:expl[0] + 3]) + lines[expl[0] + 3][:9]
+    assert len(cuts) == (3 if name == "cycles.gprof.txt" else 2)
+    for why, text in cuts.items():
+        f.write_text(text)
+        got = parse_gprof(f)
+        pd.testing.assert_frame_equal(got.call_edges, whole.call_edges, obj=why)
+        pd.testing.assert_frame_equal(got.functions, whole.functions, obj=why)
+    last_sep = max(i for i, ln in enumerate(lines[:index]) if ln.startswith("-----"))
+    f.write_text("".join(lines[:last_sep + 1]))
+    with pytest.raises(ParseError, match="the call graph is not followed by a form feed"):
+        parse_gprof(f)
 
 
 def test_trimmed_report_non_strict() -> None:

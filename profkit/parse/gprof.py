@@ -31,8 +31,9 @@ What is kept:
 
 Strictness (gprof's text is read, never guessed at): a report with no flat-profile or
 call-graph header raises :class:`ParseError`; so does a report that stops mid-line, in
-the middle of a call-graph entry, after the call graph without its index, or right
-after the flat profile's last row (``strict=False`` accepts the last two: ``gprof -b
+the middle of a call-graph entry, after the call graph's last entry without the form
+feed, explanation or index gprof writes after it, or right after the flat profile's
+last row (``strict=False`` accepts the last two: ``gprof -b
 -p`` output and trimmed excerpts). Blank lines separate nothing: inside the flat
 profile or the call graph they are skipped, not taken as the section's end. A row or
 line whose name starts with a digit, holds a tab or a bare number column is rejected
@@ -305,11 +306,11 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
     """Parse a gprof text report (path, file object or lines); see the module docstring.
 
     *module* (e.g. ``postgres``) fills the ``module`` column: gprof profiles one binary.
-    ``strict``: gprof always ends a flat profile with its explanation or a form feed and
-    a call graph with the "Index by function name" section, so a report that stops
-    without them is a truncated one and raises; pass ``strict=False`` for hand-trimmed
-    excerpts and for ``gprof -b -p`` output (a brief flat profile ends with its last row,
-    which a cut report cannot be told from).
+    ``strict``: gprof always ends a flat profile with its explanation or a form feed, and
+    a call graph with a form feed, its explanation or the "Index by function name"
+    section, so a report that stops without them is a truncated one and raises; pass
+    ``strict=False`` for hand-trimmed excerpts and for ``gprof -b -p`` output (a brief
+    flat profile ends with its last row, which a cut report cannot be told from).
     """
     where = describe(source)
     flat: list[dict] = []
@@ -317,7 +318,8 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
     primaries: dict[int, dict] = {}
     edges: list[dict] = []
     sample_s: float | None = None
-    has_flat = has_cg = has_index = False
+    has_flat = has_cg = False
+    cg_closed = False        # the call graph was ended by what gprof writes after it
     state = "scan"           # scan | flat | cg | cg_entry
     flat_gap = False         # a blank line since the last flat row
     per_call = math.nan
@@ -371,12 +373,14 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
             if _is_form_feed(text) or blank:
                 if state == "cg" and _is_form_feed(text):
                     state = "scan"
+                    cg_closed = True
                 elif state == "cg_entry" and not blank:
                     raise parse_error(where, lineno, "form feed inside a call graph entry "
                                       "(expected its lines, then a '-----' separator)")
                 continue  # blank lines separate nothing in a call graph: skip them
             if state == "cg" and _cg_end(text):
                 state = "scan"
+                cg_closed = True
             elif state == "cg" and text.split() == ["called/total", "children"]:
                 continue  # the BSD header's third line
             else:
@@ -404,7 +408,7 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                 flat_gap = False
                 continue
         if text.startswith("Index by function name"):
-            has_index = True
+            cg_closed = True
             continue
         if stripped.startswith("index") and _CG_COLS.fullmatch(stripped):
             has_cg = True
@@ -416,9 +420,10 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                           f"starting at line {entry_lines[0][0]} has no closing '-----' "
                           f"separator (file ends at line {lineno}). Regenerate it with "
                           f"`gprof BINARY gmon.out > report.txt`.")
-    if lineno and not line.endswith("\n") and not (has_index and state == "scan"):
-        # cut short; but a report whose last line, in its index (gprof's last section),
-        # lost its newline, as a pasted one may, is whole
+    if lineno and not line.endswith("\n") and not (cg_closed and state == "scan"):
+        # cut short; but a report whose last line, after its call graph (in the index,
+        # gprof's last section, or the call graph's explanation), lost its newline, as a
+        # pasted one may, is whole
         raise parse_error(where, lineno, "the gprof report is truncated: the line ends without "
                           "a newline. Regenerate it with `gprof BINARY gmon.out > report.txt`.")
     if nonblank and not (has_flat or has_cg):
@@ -432,9 +437,13 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                           "feed after it, so rows may be missing. Regenerate it with `gprof "
                           "BINARY gmon.out > report.txt`; for `gprof -b -p` output or a trimmed "
                           "excerpt pass --no-strict (strict=False).")
-    if strict and has_cg and not has_index:
+    if strict and has_cg and not cg_closed:
+        # a call graph cut after an entry's '-----' separator looks whole; what gprof
+        # writes after the call graph (the form feed that ends its section, its
+        # explanation, the index) says it is
         raise parse_error(where, None, f"the gprof report is truncated: the call graph is not "
-                          f"followed by 'Index by function name' (file ends at line {lineno}). "
+                          f"followed by a form feed or 'Index by function name' (file ends "
+                          f"at line {lineno}). "
                           f"Regenerate it with `gprof BINARY gmon.out > report.txt`, or pass "
                           f"--no-strict (strict=False) for a trimmed excerpt.")
     functions = _functions_table(flat, flat_order, primaries, run_id=run_id, build=build,
