@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 
@@ -279,6 +280,53 @@ def test_call_graph_closed_without_its_index(tmp_path: Path, name: str) -> None:
     f.write_text("".join(lines[:last_sep + 1]))
     with pytest.raises(ParseError, match="the call graph is not followed by a form feed"):
         parse_gprof(f)
+
+
+def test_report_in_cycles(tmp_path: Path) -> None:
+    """A gprof that counts cycles (an embedded target's: Xtensa) prints "cycles" where GNU
+    prints "seconds", under a line of multipliers "(K)" (thousands), and a call graph header
+    without "time".  Made here from the real brief report by changing only its headers:
+    the same calls and edges, each time figure read as thousands of cycles, in columns
+    named for cycles."""
+    text = (FIX / "cycles.brief.gprof.txt").read_text()
+    flat_head = ("  %   cumulative   self              self     total           \n"
+                 " time   seconds   seconds    calls  us/call  us/call  name    \n")
+    cg_head = "index % time    self  children    called     name\n"
+    assert flat_head in text and cg_head in text
+    cyc = (text.replace("Each sample counts as 0.01 seconds.\n", "")
+           .replace(flat_head, "                                         self      total\n"
+                    "     cumulative       self             cycles     cycles\n"
+                    "  %      cycles     cycles    calls     /call      /call  name\n"
+                    "           (K)        (K)                (K)        (K)\n")
+           .replace(cg_head, "index    %      self  children    called     name\n"
+                    "                (K)     (K) \n"))
+    f = tmp_path / "xtensa.gprof.txt"
+    f.write_text(cyc)
+    sec, got = parse_gprof(FIX / "cycles.brief.gprof.txt"), parse_gprof(f)
+    assert (sec.time_unit, got.time_unit) == ("seconds", "cycles")
+    fs, fc = sec.functions, got.functions
+    assert "self_seconds" not in fc and "children_seconds" not in got.call_edges
+    assert list(fc["function"]) == list(fs["function"]) and len(fc) == 7
+    assert fc["calls"].equals(fs["calls"]) and set(fc["unit"]) == {"cycles"}
+    # 0.31 (K) -> 310 cycles; 250.38 (K)/call -> 250,380 cycles per call
+    assert list(fc["self_cycles"]) == [round(v * 1000, 6) for v in fs["self_seconds"]]
+    assert list(fc["self"]) == list(fc["self_cycles"])
+    assert list(fc["cumulative_cycles"].dropna()) == \
+        [round(v * 1000, 6) for v in fs["cumulative_seconds"].dropna()]
+    assert fc.loc[fc["function"] == "fib", "self_cycles_per_call"].item() == 250380.0
+    assert fc["total"].dropna().round(6).tolist() == (fs["total"].dropna() * 1000).round(6).tolist()
+    es, ec = sec.call_edges, got.call_edges
+    assert list(zip(ec["caller"], ec["callee"], ec["calls"], strict=True)) == \
+        list(zip(es["caller"], es["callee"], es["calls"], strict=True)) and len(ec) >= 8
+    assert ec["children_cycles"].dropna().tolist() == \
+        (es["children_seconds"].dropna() * 1000).round(6).tolist()
+    assert got.flat_csv().splitlines()[:2] == [
+        "name,calls,self_cycles,cumulative_cycles,percent_time", "uncounted_work,,310.0,310.0,88.71"]
+    r = CliRunner().invoke(parse_group, ["gprof", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output)["flat_profile"][1]
+    assert row == {"name": "leaf", "calls": 8040, "self_cycles": 30.0,
+                   "cumulative_cycles": 340.0, "percent_time": 8.58}
 
 
 def test_trimmed_report_non_strict() -> None:

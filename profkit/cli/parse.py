@@ -132,7 +132,8 @@ def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
               as_json: bool) -> None:
     """Print gprof's flat profile as CSV (name,calls,self_seconds,cumulative_seconds,
     percent_time; calls empty where gprof shows none), or with --call-graph its edges.
-    FILE may be `-` (stdin) or gzip-compressed."""
+    FILE may be `-` (stdin) or gzip-compressed. A report in cycles (an embedded target's
+    gprof) gives self_cycles,cumulative_cycles."""
     import pandas as pd
 
     from profkit.parse.gprof import parse_gprof
@@ -145,9 +146,10 @@ def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
             df = prof.call_edges[["caller", "callee", "calls"]]
         else:
             flat = prof.functions[prof.functions["in_flat"]]
+            u = prof.time_unit  # "cycles" for a gprof that counts cycles
             df = pd.DataFrame({"name": flat["function"], "calls": flat["calls"],
-                               "self_seconds": flat["self_seconds"],
-                               "cumulative_seconds": flat["cumulative_seconds"],
+                               f"self_{u}": flat[f"self_{u}"],
+                               f"cumulative_{u}": flat[f"cumulative_{u}"],
                                "percent_time": flat["percent_time"]})
         doc = {"file": file, "call_edges" if call_graph else "flat_profile": records(df)}
         import json

@@ -3,7 +3,9 @@
 Producer: ``gprof BINARY gmon.out`` (default output: flat profile, call graph, index;
 ``-b``, ``-p`` (flat only) and ``-q`` (call graph only) outputs are read too; so is the
 call graph of BSD-derived gprofs, macOS's and AIX's, whose header says ``descendents``
-and ``called+self``).
+and ``called+self``; and the report of a gprof that counts cycles, an embedded target's,
+whose headers say ``cycles`` over a ``(K)`` multiplier line: its time columns are
+``self_cycles``, ``cumulative_cycles``, ... and ``time_unit`` is ``"cycles"``).
 Example (flat profile row, call graph child line)::
 
      6.01    108.44    10.29 4000215014     0.00     0.00  InstrStartNode
@@ -68,8 +70,14 @@ _FLAT_COLS = re.compile(r"time\s+seconds\s+seconds\s+(?:calls\s+)?(?P<unit>[^\s/
                         r"(?:calls\s+)?name")
 # GNU: "index % time    self  children    called     name"; BSD-derived gprofs (macOS,
 # AIX): "index  %time    self descendents  called+self    name    index"
-_CG_COLS = re.compile(r"index\s+%\s*time\s+self\s+(?:children|descendents)\s+"
+_CG_COLS = re.compile(r"index\s+%\s*(?P<time>time\s+)?self\s+(?:children|descendents)\s+"
                       r"called(?:\+self)?\s+name(?:\s+index)?")
+# a gprof that counts cycles, not seconds (an embedded target's, Xtensa): "%  cycles  cycles
+# calls  /call  /call  name" over a line of multipliers "(K)  (K) ..." (thousands); its
+# call graph header has no "time" ("index  %  self  children  called  name") and the same
+# multiplier line under it
+_FLAT_CYCLES = re.compile(r"%\s+cycles\s+cycles\s+(?:calls\s+/call\s+/call\s+)?name")
+_MULTIPLIER = {"()": 1.0, "(K)": 1e3, "(M)": 1e6, "(G)": 1e9}
 # gprof prints the leading "[N]" in a 6-character field, so from index 10000 on the
 # closing bracket is cut ("[13794   0.0 ...") and from 100000 on a digit too; the
 # trailing "[N]" is always whole, so it is the index and the leading one only a prefix.
@@ -93,6 +101,9 @@ class GprofProfile:
     has_flat: bool = False
     has_call_graph: bool = False
     meta: dict[str, str] = field(default_factory=dict)
+    #: "seconds", or "cycles" for a gprof that counts cycles (its time columns are then
+    #: ``self_cycles``, ``cumulative_cycles``, ... instead of ``self_seconds``, ...)
+    time_unit: str = "seconds"
 
     def flat_csv(self) -> str:
         """The flat profile as CSV: ``name,calls,self_seconds,cumulative_seconds,
@@ -108,9 +119,10 @@ class GprofProfile:
 
 def flat_csv(functions: pd.DataFrame) -> str:
     flat = functions[functions["in_flat"]] if "in_flat" in functions else functions
+    u = "cycles" if "self_cycles" in flat else "seconds"
     df = pd.DataFrame({
         "name": flat["function"], "calls": flat["calls"],
-        "self_seconds": flat["self_seconds"], "cumulative_seconds": flat["cumulative_seconds"],
+        f"self_{u}": flat[f"self_{u}"], f"cumulative_{u}": flat[f"cumulative_{u}"],
         "percent_time": flat["percent_time"],
     })
     return df.to_csv(index=False, lineterminator="\n")
@@ -319,6 +331,9 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
     edges: list[dict] = []
     sample_s: float | None = None
     has_flat = has_cg = False
+    time_unit = "seconds"
+    flat_mult = cg_mult = 1.0  # cycles per printed unit of a cycles report ("(K)": 1000)
+    want_mult = False        # a cycles header was the last line: its multipliers may follow
     cg_closed = False        # the call graph was ended by what gprof writes after it
     state = "scan"           # scan | flat | cg | cg_entry
     flat_gap = False         # a blank line since the last flat row
@@ -332,6 +347,15 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
         blank = not text.strip()
         if not blank:
             nonblank += 1
+        if want_mult and not blank:
+            want_mult = False
+            m = _multiplier(text)
+            if m is not None:
+                if state == "flat":
+                    flat_mult = per_call = m
+                else:
+                    cg_mult = m
+                continue
         if state == "flat":
             if _is_form_feed(text):
                 state = "scan"
@@ -345,8 +369,9 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                 name, _cyc = _split_cycle(name)
                 flat_order.setdefault(name, len(flat))
                 flat.append({
-                    "function": name, "calls": calls, "self_seconds": self_s,
-                    "cumulative_seconds": cum, "percent_time": pct,
+                    "function": name, "calls": calls,
+                    "self_seconds": round(self_s * flat_mult, 6),
+                    "cumulative_seconds": round(cum * flat_mult, 6), "percent_time": pct,
                     # rounded so that 250.38 us/call is 0.00025038, not ...97e-04
                     "self_s_per_call": round(spc * per_call, 12) if calls is not None
                     else math.nan,
@@ -407,14 +432,27 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                 state = "flat"
                 flat_gap = False
                 continue
+        if stripped.startswith("%") and _FLAT_CYCLES.fullmatch(stripped):
+            has_flat = True
+            time_unit = "cycles"
+            per_call = 1.0
+            state = "flat"
+            flat_gap = False
+            want_mult = True
+            continue
         if text.startswith("Index by function name"):
             cg_closed = True
             continue
-        if stripped.startswith("index") and _CG_COLS.fullmatch(stripped):
-            has_cg = True
-            state = "cg"
-            entry_lines = []
-            continue
+        if stripped.startswith("index"):
+            m = _CG_COLS.fullmatch(stripped)
+            if m:
+                has_cg = True
+                state = "cg"
+                entry_lines = []
+                if m["time"] is None:
+                    time_unit = "cycles"
+                    want_mult = True
+                continue
     if state == "cg_entry":
         raise parse_error(where, None, f"the gprof report is truncated: the call graph entry "
                           f"starting at line {entry_lines[0][0]} has no closing '-----' "
@@ -446,11 +484,25 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                           f"at line {lineno}). "
                           f"Regenerate it with `gprof BINARY gmon.out > report.txt`, or pass "
                           f"--no-strict (strict=False) for a trimmed excerpt.")
+    if cg_mult != 1.0:
+        for d in primaries.values():
+            d["self"], d["children"] = round(d["self"] * cg_mult, 6), round(d["children"] * cg_mult, 6)
+        for e in edges:
+            e["self_seconds"] = round(e["self_seconds"] * cg_mult, 6)
+            e["children_seconds"] = round(e["children_seconds"] * cg_mult, 6)
     functions = _functions_table(flat, flat_order, primaries, run_id=run_id, build=build,
-                                 module=module)
-    call_edges = _edges_table(edges, run_id=run_id, build=build)
+                                 module=module, time_unit=time_unit)
+    call_edges = _edges_table(edges, run_id=run_id, build=build, time_unit=time_unit)
     return GprofProfile(functions=functions, call_edges=call_edges, sample_seconds=sample_s,
-                        has_flat=has_flat, has_call_graph=has_cg)
+                        has_flat=has_flat, has_call_graph=has_cg, time_unit=time_unit)
+
+
+def _multiplier(text: str) -> float | None:
+    """The multiplier of a cycles report's unit line ("(K)   (K)" -> 1000), else None."""
+    toks = text.split()
+    if toks and all(t in _MULTIPLIER for t in toks) and len(set(toks)) == 1:
+        return _MULTIPLIER[toks[0]]
+    return None
 
 
 def _entry(entry: list[tuple[int, str]], primaries: dict[int, dict], edges: list[dict],
@@ -506,7 +558,8 @@ def _entry(entry: list[tuple[int, str]], primaries: dict[int, dict], edges: list
 
 
 def _functions_table(flat: list[dict], flat_order: dict[str, int], primaries: dict[int, dict],
-                     *, run_id: str, build: str, module: str) -> pd.DataFrame:
+                     *, run_id: str, build: str, module: str,
+                     time_unit: str = "seconds") -> pd.DataFrame:
     by_name = {p["function"]: p for p in primaries.values()}
     rows: list[dict] = []
     for f in flat:
@@ -546,13 +599,16 @@ def _functions_table(flat: list[dict], flat_order: dict[str, int], primaries: di
     grand = float(df.loc[df["in_flat"], "self_seconds"].sum())
     df["self_share"] = (df["percent_time"] / 100.0).round(10).where(
         df["in_flat"], df["self_seconds"] / grand if grand else math.nan)
-    df["unit"] = "seconds"
+    df["unit"] = time_unit
+    if time_unit == "cycles":  # the columns say what their numbers are
+        df = df.rename(columns=_CYCLE_COLUMNS)
     schema = list(tables.SCHEMAS["functions"])
     df = df[schema + [c for c in df.columns if c not in schema]]
     return tables.validate(df, "functions")
 
 
-def _edges_table(edges: list[dict], *, run_id: str, build: str) -> pd.DataFrame:
+def _edges_table(edges: list[dict], *, run_id: str, build: str,
+                 time_unit: str = "seconds") -> pd.DataFrame:
     cols = ["caller", "callee", "calls", "total_calls", "self_seconds", "children_seconds",
             "caller_index", "callee_index"]
     df = pd.DataFrame(edges, columns=cols)
@@ -562,7 +618,15 @@ def _edges_table(edges: list[dict], *, run_id: str, build: str) -> pd.DataFrame:
         df[c] = pd.array(df[c].tolist(), dtype="Int64")
     for c in ("self_seconds", "children_seconds"):
         df[c] = df[c].astype("float64")
+    if time_unit == "cycles":
+        df = df.rename(columns=_CYCLE_COLUMNS)
     return tables.validate(df, "call_edges")
+
+
+_CYCLE_COLUMNS = {"self_seconds": "self_cycles", "cumulative_seconds": "cumulative_cycles",
+                  "self_s_per_call": "self_cycles_per_call",
+                  "total_s_per_call": "total_cycles_per_call",
+                  "children_seconds": "children_cycles"}
 
 
 def read_gprof(path: str | os.PathLike[str], **kwargs: str) -> GprofProfile:
