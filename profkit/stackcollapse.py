@@ -1,13 +1,14 @@
 """``profkit-stackcollapse-perf``: FlameGraph's stackcollapse-perf.pl as a drop-in command.
 
 Same command line (``[--pid] [--tid] [--kernel] [--jit] [--all] [--addrs]
-[--event-filter=EVENT] [--inline] [--context] [FILE...]``, files read one after the other,
-stdin without files or for ``-``), same output to the byte, same notes on stderr; plus
-profkit's ``--strict``. This module imports only the compiled core (``profkit._fold``) so
-that start-up stays a small part of folding a big capture (tests/test_perf_compat.py
-checks its output against the Perl script; benchmarks/bench_folding.py times it);
-``--inline``, ``--context``, ``--help`` and anything else it does not know go to the
-full implementation, :func:`profkit.parse.perf_script.main`.
+[--event-filter=EVENT] [--inline] [--context] [--srcline] [FILE...]``, files read one
+after the other, stdin without files or for ``-``), same output to the byte, same notes
+on stderr; plus profkit's ``--strict``. This module imports only the compiled core
+(``profkit._fold``) so that start-up stays a small part of folding a big capture
+(tests/test_perf_compat.py checks its output against the Perl script;
+benchmarks/bench_folding.py times it); ``--inline``, ``--context``, ``--srcline``,
+``--help`` and anything else it does not know go to the full implementation,
+:func:`profkit.parse.perf_script.main`.
 """
 from __future__ import annotations
 

@@ -439,6 +439,121 @@ def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
     assert b"outer:inl.c:" in ctx
 
 
+# ---------------------------------------------------------------- --srcline
+
+SRCLINE_C = r"""
+#include <stdio.h>
+#include <string.h>
+static volatile unsigned long sink;
+static inline unsigned long mix(unsigned long x) { return x * 2654435761u ^ (x >> 7); }
+__attribute__((noinline)) unsigned long leaf(unsigned long n)
+{ unsigned long s = 0; for (unsigned long i = 0; i < n; i++) s += mix(i); return s; }
+__attribute__((noinline)) unsigned long mid(unsigned long n)
+{ char buf[4096]; memset(buf, 1 + (int)(n & 7), sizeof buf - 1); buf[sizeof buf - 1] = 0;
+  return leaf(n) + (unsigned long)strlen(buf); }
+int main(void) { for (int r = 0; r < 400; r++) sink += mid(150000 + r);
+  printf("%lu\\n", sink); return 0; }
+"""
+
+
+def test_srcline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
+    """`perf script -F+srcline` of a program recorded here (and of its stripped copy,
+    whose frames have no symbol): --srcline adds each frame's source line as the Perl
+    script does, with every option, through the library, `profkit parse perf-script` and
+    the drop-in command."""
+    _need_oracle()
+    for tool in ("gcc", "perf", "strip"):
+        assert shutil.which(tool), f"{tool} is installed by scripts/setup-system.sh"
+    src, exe = tmp_path / "srcl.c", tmp_path / "srcl"
+    src.write_text(SRCLINE_C)
+    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(src)],
+                   check=True)
+    # built apart (its own build id: perf would find the first one's symbols by it)
+    stripped = tmp_path / "srcl-stripped"
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(stripped), str(src)],
+                   check=True)
+    subprocess.run(["strip", str(stripped)], check=True)
+    text = b""
+    for prog in (exe, stripped):
+        data = tmp_path / f"{prog.name}.data"
+        subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), str(prog)],
+                       check=True, capture_output=True, timeout=120)
+        text += subprocess.run(["perf", "script", "-i", str(data), "-F+srcline"], check=True,
+                               capture_output=True, timeout=300).stdout
+    txt = tmp_path / "srcl.txt"
+    txt.write_bytes(text)
+    assert text.count(b"\n  srcl.c:") > 20          # perf wrote the source lines
+    ours = fold_perf_script(txt, srcline=True).folded_bytes()
+    assert ours == _perl(text, "--srcline")
+    assert b";main:srcl.c:" in ours and b";leaf:srcl.c:" in ours
+    # a frame of the stripped copy: its module's name, and perf's "srcl-stripped[11bc]"
+    assert b";[srcl-stripped]:srcl-stripped" in ours
+    for opt in OPTIONS:
+        assert fold_perf_script(txt, srcline=True, **{opt: True}).folded_bytes() == \
+            _perl(text, "--srcline", f"--{opt}"), opt
+    cli = subprocess.run([sys.executable, "-m", "profkit", "parse", "perf-script", "--srcline",
+                          "--kernel", str(txt)], capture_output=True, check=True)
+    assert cli.stdout == _perl(text, "--srcline", "--kernel")
+    exe_cmd = Path(sys.executable).with_name("profkit-stackcollapse-perf")
+    drop = subprocess.run([str(exe_cmd), "--srcline", "--pid", str(txt)], capture_output=True,
+                          check=True)
+    assert drop.stdout == _perl(text, "--srcline", "--pid")
+    # without --srcline the source lines are what the Perl script skips; --strict names them
+    assert fold_perf_script(txt).folded_bytes() == _perl(text)
+    with pytest.raises(ParseError, match=r"line 3: .*source line of `perf script "
+                                         r"-F\+srcline`: fold with srcline=True"):
+        fold_perf_script(txt, strict=True)
+    with pytest.raises(ParseError, match="srcline=True runs in the Python implementation"):
+        fold_perf_script(txt, srcline=True, implementation="c")
+
+
+SRCLINE_EDGES = b"""prog 10/11 1.000001: 3 cycles:
+\t    4000 leaf+0x10 (/opt/prog)
+  leaf.c:10 (discriminator 2)
+\t    5000 outer->inner+0x8 (/opt/prog)
+  outer.c:3
+  [inlined] inner.h:7
+\t    6000 [unknown] ([unknown])
+\t    7000 main+0x1 (/opt/prog)
+  main.c:1
+
+prog 10/11 1.000002: 5 faults:
+\t    4000 leaf+0x10 (/opt/prog)
+  leaf.c:10
+
+prog 10/12 1.000003: 2 cycles:
+\t    8000 [unknown] (/opt/lib.so)
+  lib.so[8000]
+\t    9000 start+0x2 (/opt/prog)
+  ??:0
+
+prog 10/12 1.000004: 4 cycles:
+\t    4000 leaf+0x10 (/opt/prog)
+"""
+
+
+@pytest.mark.parametrize("args", [("--srcline",), ("--srcline", "--event-filter=faults"),
+                                  ("--srcline", "--tid", "--addrs"), ()])
+def test_srcline_reads_the_lines_the_perl_script_reads(args: tuple[str, ...]) -> None:
+    """A frame of an unknown module reads no source line; an inline chain (a->b) reads one
+    per name; "[...]" parts are dropped; a sample of another event reads none; a text that
+    ends waiting for a source line is the Perl script's too.  Without --srcline, a source
+    line with a discriminator, "leaf.c:10 (discriminator 2)", is a frame to the Perl
+    script's pattern: profkit reads it so too."""
+    kw: dict[str, object] = {}
+    for a in args:
+        k, _, v = a[2:].partition("=")
+        kw[k.replace("-", "_")] = v or True
+    ours = fold_perf_script(io.BytesIO(SRCLINE_EDGES), **kw).folded_bytes()  # type: ignore[arg-type]
+    assert ours == _perl(SRCLINE_EDGES, *args)
+    want = {("--srcline",): b"prog;main:main.c:1;[unknown];outer:outer.c:3;inner_[i]:inner.h:7;"
+                            b"leaf:leaf.c:10 (discriminator 2) 3\n"
+                            b"prog;start:??:0;[lib.so]:lib.so 2\n",
+            ("--srcline", "--event-filter=faults"): b"prog;leaf:leaf.c:10 5\n"}
+    if args in want:
+        assert ours == want[args]
+
+
 @pytest.mark.parametrize("cache_max,table_max", [(0, 1 << 30), (4096, 0), (20_000, 3000)])
 def test_c_core_limits_keep_the_output(cache_max: int, table_max: int) -> None:
     """Past its line cache's size the core folds without it, and its table of samples is

@@ -39,6 +39,9 @@ def parse_group() -> None:
               help="Un-inline using addr2line (one addr2line per module; slow on big profiles, "
                    "needs the recorded binaries).")
 @click.option("--context", is_flag=True, help="Add source context to --inline.")
+@click.option("--srcline", is_flag=True,
+              help="The input is `perf script -F+srcline` output: add each frame's source "
+                   "line to its name.")
 @click.option("--samples", is_flag=True,
               help="profkit: count 1 per sample instead of its period.")
 @click.option("--vdso", "vdso", default=None, metavar="IMAGE|self",
@@ -53,11 +56,12 @@ def parse_group() -> None:
 @_friendly
 def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, all_: bool,
                     addrs: bool, event_filter: str | None, inline: bool, context: bool,
-                    samples: bool, vdso: str | None, strict: bool, functions: bool,
-                    output: str | None) -> None:
+                    srcline: bool, samples: bool, vdso: str | None, strict: bool,
+                    functions: bool, output: str | None) -> None:
     """Fold `perf script` text exactly as FlameGraph's stackcollapse-perf.pl does (same
     options, same output); the profkit options change that on request. FILE may be `-`."""
-    if not (samples or vdso or functions or inline or context or file.endswith(".gz")):
+    if not (samples or vdso or functions or inline or context or srcline
+            or file.endswith(".gz")):
         # stackcollapse-perf.pl's own reading: the compiled core straight to bytes, as
         # profkit-stackcollapse-perf does (no str per stack, no pandas)
         _fold_fast(file, pid=pid, tid=tid, kernel=kernel or all_, jit=jit or all_, addrs=addrs,
@@ -72,7 +76,8 @@ def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, al
         vsyms = VdsoSymbols.from_image(vdso)
     fold = fold_perf_script(_source(file), pid=pid, tid=tid, kernel=kernel, jit=jit, all=all_,
                             addrs=addrs, event_filter=event_filter, inline=inline,
-                            context=context, weight="samples" if samples else "period",
+                            context=context, srcline=srcline,
+                            weight="samples" if samples else "period",
                             vdso=vsyms, strict=strict,
                             warn=lambda m: click.echo(m, err=True))
     if event_filter is not None and fold.samples == 0 and fold.events:

@@ -38,7 +38,10 @@ stackcollapse-perf.pl's options, same meaning: ``pid``, ``tid``, ``kernel`` (``_
 ``inline`` (with ``context``): un-inline through ``addr2line``, one ``addr2line`` process
 per module fed every address at once (the Perl script starts one per frame; either way
 it costs seconds to minutes on a large profile, and the binaries must be the recorded
-ones).
+ones); ``srcline``: the text is ``perf script -F+srcline`` output, and the line after
+each frame (``  file.c:12``) is added to its name (``leaf:file.c:12``) as the Perl script
+reads it: one line per name of the frame, none from an ``[unknown] ([unknown])`` on,
+``[...]`` parts dropped (``inline`` and ``srcline`` run in the Python implementation).
 
 **profkit's options** (used by its own collectors, :mod:`profkit.collect.perf`):
 
@@ -74,6 +77,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
@@ -268,6 +272,7 @@ class FoldOptions:
     weight: Literal["period", "samples"] = "period"
     vdso_names: bool = False
     strict: bool = False
+    srcline: bool = False
 
 
 # --------------------------------------------------------------------------- errors
@@ -300,7 +305,14 @@ def _error(kind: str, lineno: int, text: bytes, name: str) -> ParseError:
         msg += ("; regenerate it with `perf script -i perf.data`, or fold it without "
                 "strict=True (--strict) to drop the incomplete sample as "
                 "stackcollapse-perf.pl does")
+    if kind == "unrecognized" and _SRCLINE_LIKE.fullmatch(text):
+        msg += ("; this looks like a source line of `perf script -F+srcline`: fold with "
+                "srcline=True (--srcline)")
     return ParseError(msg)
+
+
+# what perf script -F+srcline prints under a frame: "  file.c:12", "  libc.so.6[2724a]"
+_SRCLINE_LIKE = re.compile(rb"\s+\S+(?::\d+|\[[0-9a-fx]+\])(?: \(discriminator \d+\))?\s*")
 
 
 class _FoldError(Exception):
@@ -415,6 +427,10 @@ def _perl_split_arrow(s: bytes) -> list[bytes]:
     return parts
 
 
+_BRACKETED = re.compile(rb"\[.*?\]")
+_PERL_SPACE = b" \t\n\r\x0b\x0c"
+
+
 def _is_go_method(f: bytes) -> bool:
     """``m/\\.\\(.*\\)\\./``."""
     a = f.find(b".(")
@@ -513,7 +529,10 @@ class _PyFolder:
         self.sample_line = 0
         self.last_newline = True
         self.nbytes = 0
-        self.names: dict[tuple[bytes, bool], tuple[list[bytes], bytes] | None] = {}
+        self.names: dict[tuple[bytes, bool], tuple[list[bytes], bytes, int] | None] = {}
+        # --srcline: a frame's names waiting for their source lines, how many it has,
+        # its module
+        self.pending: tuple[list[bytes], int, bytes] | None = None
 
     # -- one line (with its "\n", except maybe the last)
     def line(self, raw: bytes) -> None:
@@ -526,6 +545,9 @@ class _PyFolder:
         else:
             s = raw
             self.last_newline = False
+        if self.pending is not None:
+            self._srcline(s)
+            return
         if self.lineno == 1 and s.startswith(b"PERFILE"):
             raise _FoldError("perf_data", 1, s[:16])
         if len(s) > MAX_LINE:
@@ -607,17 +629,39 @@ class _PyFolder:
                     self.names[key] = got
             if got is None:
                 return
-            names, mod = got
-            if self.want_modules:
-                for nm in names:
-                    self.modules.setdefault(nm, mod)
-            self.stack[0:0] = names
+            names, mod, reads = got
+            if self.o.srcline and reads:
+                # the Perl script reads the line after the frame as each name's source
+                # line ("file.c:12"), up to the first unknown one, whatever that line is
+                self.pending = (list(names), reads, mod)
+                self.pending_done = 0
+                return
+            self._push(names, mod)
             return
         if strict:
             raise _FoldError("unrecognized", self.lineno, s)
         self.unrecognized += 1
         if self.first_unrecognized is None:
             self.first_unrecognized = (self.lineno, s[:200])
+
+    def _push(self, names: list[bytes], mod: bytes) -> None:
+        if self.want_modules:
+            for nm in names:
+                self.modules.setdefault(nm, mod)
+        self.stack[0:0] = names
+
+    def _srcline(self, s: bytes) -> None:
+        """--srcline: *s* is the source line of the next pending name: its [...] parts
+        dropped, trimmed, appended as ":file.c:12" unless nothing is left."""
+        assert self.pending is not None
+        names, n, mod = self.pending
+        src = _BRACKETED.sub(b"", s).strip(_PERL_SPACE)
+        if src:
+            names[self.pending_done] += b":" + src
+        self.pending_done += 1
+        if self.pending_done == n:
+            self.pending = None
+            self._push(names, mod)
 
     def _check_header(self, s: bytes, h: tuple[int, bytes, bytes | None]) -> None:
         """strict: COMM PID[/TID] then only [CPU], TIME:, PERIOD, EVENT: in that order."""
@@ -647,18 +691,21 @@ class _PyFolder:
             raise _FoldError("header", self.lineno, s)
 
     def _frame(self, pc: bytes, rawfunc: bytes, mod: bytes, java: bool
-               ) -> tuple[list[bytes], bytes] | None:
+               ) -> tuple[list[bytes], bytes, int] | None:
+        """The frame's names, its module and how many of the names take a source line
+        under --srcline (none after an unknown one, none for addr2line's)."""
         o = self.o
         if self.inline is not None and _inline_candidate(mod):
             res = self.inline(pc, rawfunc, mod)
             if res not in (b"", b"??", b"??:??:0"):
-                return [res], mod
+                return [res], mod, 0
         i = rawfunc.rfind(b"+0x")
         if i >= 0 and i + 3 < len(rawfunc) and _LOWHEX.issuperset(rawfunc[i + 3:]):
             rawfunc = rawfunc[:i]
         if rawfunc[:1] == b"(":
             return None
         out: list[bytes] = []
+        reads = -1
         for func in _perl_split_arrow(rawfunc):
             if func == b"[unknown]":
                 if self.vdso is not None and mod == b"[vdso]":
@@ -671,6 +718,8 @@ class _PyFolder:
                         func = mod[mod.rfind(b"/") + 1:]
                     else:
                         func = b"unknown"
+                        if reads < 0:
+                            reads = len(out)
                     func = b"[" + func + b" <" + pc + b">]" if o.addrs else b"[" + func + b"]"
             func = func.replace(b";", b":")
             if not _is_go_method(func):
@@ -688,7 +737,7 @@ class _PyFolder:
                 if b"_[j]" not in func:
                     func += b"_[j]"
             out.append(func)
-        return out, mod
+        return out, mod, len(out) if reads < 0 else reads
 
     def finish(self) -> None:
         if self.o.strict:
@@ -923,6 +972,7 @@ def fold_perf_script(
     event_filter: str | None = None,
     inline: bool = False,
     context: bool = False,
+    srcline: bool = False,
     weight: Literal["period", "samples"] = "period",
     vdso: VdsoSymbols | str | os.PathLike[str] | bytes | None = None,
     vdso_names: bool = False,
@@ -936,7 +986,10 @@ def fold_perf_script(
     Options named like the Perl script's have its meaning (``all`` = ``kernel`` +
     ``jit``); ``weight``, ``vdso``/``vdso_names`` and ``strict`` are profkit's (module
     docstring). ``implementation``: ``"c"`` (the compiled core; an error if it is not
-    built), ``"python"`` (the reference), ``"auto"`` (C when built and ``inline`` is off).
+    built), ``"python"`` (the reference), ``"auto"`` (C when built and ``inline`` and
+    ``srcline`` are off). ``srcline``: the text is ``perf script -F+srcline`` output, whose
+    line after each frame ("  file.c:12") is appended to the frame's name, as the Perl
+    script's ``--srcline`` does.
     ``warn``: called with the Perl script's stderr notes (event filtering, lines skipped).
     An empty input gives an empty folding. Errors: :class:`~profkit.errors.ParseError`
     naming the file, the line and what was expected.
@@ -955,15 +1008,16 @@ def fold_perf_script(
     opts = FoldOptions(pid=pid, tid=tid, kernel=kernel or all, jit=jit or all, addrs=addrs,
                        event_filter=event_filter or None, inline=inline, context=context,
                        weight=weight, vdso_names=vdso_names or vsyms is not None,
-                       strict=strict)
+                       strict=strict, srcline=srcline)
     use_c = implementation == "c" or (implementation == "auto" and _fold is not None
-                                       and not inline)
+                                       and not inline and not srcline)
     if use_c and _fold is None:
         raise ParseError("the compiled folding core (profkit._fold) is not built: "
                          "reinstall profkit with `pip install -e .` (needs a C compiler and "
                          "python3-dev), or pass implementation='python'")
-    if use_c and inline:
-        raise ParseError("inline=True runs in the Python implementation only")
+    if use_c and (inline or srcline):
+        raise ParseError(f"{'inline' if inline else 'srcline'}=True runs in the Python "
+                         f"implementation only")
     name = _source_name(source)
     f, it = _open(source)
     close = f if isinstance(source, str | os.PathLike) else None
@@ -1110,6 +1164,8 @@ def main(argv: list[str] | None = None) -> int:
                       ("kernel", "annotate kernel functions with a _[k]"),
                       ("jit", "annotate jit functions with a _[j]"),
                       ("context", "adds source context to --inline"),
+                      ("srcline", "parses output of 'perf script -F+srcline' and adds "
+                                  "source context"),
                       ("addrs", "include raw addresses where symbols can't be found")):
         ap.add_argument(f"--{opt}", action="store_true", help=what)
     ap.add_argument("--event-filter", default="", metavar="EVENT", help="event name filter")
@@ -1129,12 +1185,13 @@ def main(argv: list[str] | None = None) -> int:
             src: Any = sys.stdin.buffer if files[0] == "-" else files[0]
             counts = fold_perf_script(src, pid=a.pid, tid=a.tid, kernel=a.kernel, jit=a.jit,
                                       all=a.all, addrs=a.addrs, inline=a.inline,
-                                      context=a.context, event_filter=a.event_filter or None,
+                                      context=a.context, srcline=a.srcline,
+                                      event_filter=a.event_filter or None,
                                       strict=a.strict, warn=warn).counts
         else:
             counts = fold_perf_script(_concat(files), pid=a.pid, tid=a.tid, kernel=a.kernel,
                                       jit=a.jit, all=a.all, addrs=a.addrs, inline=a.inline,
-                                      context=a.context,
+                                      context=a.context, srcline=a.srcline,
                                       event_filter=a.event_filter or None,
                                       strict=a.strict, warn=warn).counts
         total = counts
