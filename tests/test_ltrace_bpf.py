@@ -156,6 +156,33 @@ def test_bpftrace_gives_the_same_counts(join_sum_conn, prediction, tmp_path):
     assert not children_named("bpftrace"), "bpftrace left running"
 
 
+def test_bcc_imports_under_warnings_as_errors(tmp_path):
+    """Debian 12's bcc/__init__.py holds an invalid escape sequence: compiling it warns
+    (SyntaxWarning on Python 3.12, DeprecationWarning on 3.11), and under -W error the
+    import failed ("bcc ... failed to import: invalid escape sequence").  A fresh pycache
+    prefix makes Python compile bcc's source as a new machine would."""
+    import subprocess
+    import sys
+
+    plain = "from profkit.collect import kheaders\nprint(kheaders.import_bcc().BPF.__name__)\n"
+    recorded = ("import warnings\n"
+                "from profkit.collect import kheaders\n"
+                "with warnings.catch_warnings(record=True) as seen:\n"
+                "    warnings.simplefilter('always')\n"
+                "    bcc = kheaders.import_bcc()\n"
+                "print(bcc.BPF.__name__, [str(w.message) for w in seen])\n")
+    for name, code, want in (("plain", plain, "BPF"), ("recorded", recorded, "BPF []")):
+        prefix = tmp_path / name
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": str(prefix)}
+        for k in ("PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE"):  # the prefix shows the compile
+            env.pop(k, None)
+        cp = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env,
+                            capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 0, (name, cp.stderr[-2000:])
+        assert cp.stdout.strip() == want, (name, cp.stdout)
+        assert list(prefix.rglob("bcc/__init__.*.pyc")), f"{name}: bcc's source was not compiled"
+
+
 @pytest.mark.pg
 @BPFTRACE_ALONE
 def test_falls_back_to_bpftrace_when_bcc_is_missing(join_sum_conn, monkeypatch):

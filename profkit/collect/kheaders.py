@@ -33,6 +33,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -57,9 +58,22 @@ class BccUnavailable(ProbeError):
 
 
 def import_bcc() -> ModuleType:
-    """Import Debian's ``bcc`` package into this interpreter (venv or not)."""
+    """Import Debian's ``bcc`` package into this interpreter (venv or not).
+
+    bcc's own source has an invalid escape sequence (``'\\.'`` in a regex, line 749 of
+    Debian 12's bcc/__init__.py): compiling it warns (SyntaxWarning from Python 3.12,
+    DeprecationWarning before), and under ``-W error`` or ``PYTHONWARNINGS=error`` the
+    import failed. That warning is about bcc's code, not the caller's: it is silenced for
+    the import only."""
     if "bcc" in sys.modules:
         return sys.modules["bcc"]
+    with warnings.catch_warnings():
+        for cat in (SyntaxWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", message="invalid escape sequence", category=cat)
+        return _import_bcc()
+
+
+def _import_bcc() -> ModuleType:
     try:
         import bcc  # already importable (system python, or a .pth)
         return bcc
