@@ -415,20 +415,26 @@ int main(void) { double s = 0; for (long i = 0; i < 1500000; i++) s += outer(i);
 """
 
 
+def _perf_script_of(prog: Path, *script_args: str) -> bytes:
+    """`perf record -g` of *prog* run here, then its `perf script` text."""
+    data = prog.with_name(prog.name + ".data")
+    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), str(prog)],
+                   check=True, capture_output=True, timeout=120)
+    return subprocess.run(["perf", "script", "-i", str(data), *script_args], check=True,
+                          capture_output=True, timeout=300).stdout
+
+
 def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
     """A program with inlined functions, compiled with -g and recorded by perf here:
     --inline (and --context) un-inline through addr2line exactly as the Perl script."""
     _need_oracle()
     for tool in ("gcc", "perf", "addr2line"):
         assert shutil.which(tool), f"{tool} is installed by scripts/setup-system.sh"
-    src, exe, data = tmp_path / "inl.c", tmp_path / "inl", tmp_path / "inl.data"
+    src, exe = tmp_path / "inl.c", tmp_path / "inl"
     src.write_text(INLINE_C)
     subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(src)],
                    check=True)
-    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), str(exe)],
-                   check=True, capture_output=True, timeout=120)
-    text = subprocess.run(["perf", "script", "-i", str(data)], check=True,
-                          capture_output=True, timeout=120).stdout
+    text = _perf_script_of(exe)
     txt = tmp_path / "inl.txt"
     txt.write_bytes(text)
     ours = fold_perf_script(txt, inline=True).folded_bytes()
@@ -473,13 +479,7 @@ def test_srcline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
     subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(stripped), str(src)],
                    check=True)
     subprocess.run(["strip", str(stripped)], check=True)
-    text = b""
-    for prog in (exe, stripped):
-        data = tmp_path / f"{prog.name}.data"
-        subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), str(prog)],
-                       check=True, capture_output=True, timeout=120)
-        text += subprocess.run(["perf", "script", "-i", str(data), "-F+srcline"], check=True,
-                               capture_output=True, timeout=300).stdout
+    text = _perf_script_of(exe, "-F+srcline") + _perf_script_of(stripped, "-F+srcline")
     txt = tmp_path / "srcl.txt"
     txt.write_bytes(text)
     assert text.count(b"\n  srcl.c:") > 20          # perf wrote the source lines

@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -369,9 +370,8 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                 name, _cyc = _split_cycle(name)
                 flat_order.setdefault(name, len(flat))
                 flat.append({
-                    "function": name, "calls": calls,
-                    "self_seconds": round(self_s * flat_mult, 6),
-                    "cumulative_seconds": round(cum * flat_mult, 6), "percent_time": pct,
+                    "function": name, "calls": calls, "self_seconds": self_s,
+                    "cumulative_seconds": cum, "percent_time": pct,
                     # rounded so that 250.38 us/call is 0.00025038, not ...97e-04
                     "self_s_per_call": round(spc * per_call, 12) if calls is not None
                     else math.nan,
@@ -484,17 +484,22 @@ def parse_gprof(source: Source, *, run_id: str = "", build: str = "",
                           f"at line {lineno}). "
                           f"Regenerate it with `gprof BINARY gmon.out > report.txt`, or pass "
                           f"--no-strict (strict=False) for a trimmed excerpt.")
-    if cg_mult != 1.0:
-        for d in primaries.values():
-            d["self"], d["children"] = round(d["self"] * cg_mult, 6), round(d["children"] * cg_mult, 6)
-        for e in edges:
-            e["self_seconds"] = round(e["self_seconds"] * cg_mult, 6)
-            e["children_seconds"] = round(e["children_seconds"] * cg_mult, 6)
+    # a cycles report prints thousands ("(K)"): its figures become cycles, once, here
+    _scale(flat, ("self_seconds", "cumulative_seconds"), flat_mult)
+    _scale(primaries.values(), ("self", "children"), cg_mult)
+    _scale(edges, ("self_seconds", "children_seconds"), cg_mult)
     functions = _functions_table(flat, flat_order, primaries, run_id=run_id, build=build,
                                  module=module, time_unit=time_unit)
     call_edges = _edges_table(edges, run_id=run_id, build=build, time_unit=time_unit)
     return GprofProfile(functions=functions, call_edges=call_edges, sample_seconds=sample_s,
                         has_flat=has_flat, has_call_graph=has_cg, time_unit=time_unit)
+
+
+def _scale(rows: Iterable[dict], keys: tuple[str, str], mult: float) -> None:
+    if mult != 1.0:
+        for r in rows:
+            for k in keys:
+                r[k] = round(r[k] * mult, 6)
 
 
 def _multiplier(text: str) -> float | None:

@@ -530,9 +530,10 @@ class _PyFolder:
         self.last_newline = True
         self.nbytes = 0
         self.names: dict[tuple[bytes, bool], tuple[list[bytes], bytes, int] | None] = {}
-        # --srcline: a frame's names waiting for their source lines, how many it has,
-        # its module
+        # --srcline: a frame's names waiting for their source lines, how many take one,
+        # its module; and how many have had theirs
         self.pending: tuple[list[bytes], int, bytes] | None = None
+        self.pending_done = 0
 
     # -- one line (with its "\n", except maybe the last)
     def line(self, raw: bytes) -> None:
