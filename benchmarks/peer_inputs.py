@@ -2,7 +2,7 @@ r"""profkit's parsers on other people's profiles: gprof2dot's test inputs, read 
 and by gprof2dot (the pip package, an independent implementation), compared.
 
     python benchmarks/peer_inputs.py GPROF2DOT_TESTS_DIR [--inferno-tests DIR]
-                                     [--flamegraph-suite DIR]
+                                     [--speedscope-samples DIR] [--flamegraph-suite DIR]
 
 GPROF2DOT_TESTS_DIR is the ``tests`` folder of a gprof2dot checkout
 (https://github.com/jrfonseca/gprof2dot): gprof reports (``prof/*.prof``), callgrind files
@@ -13,7 +13,9 @@ old valgrind versions, Python profilers that write the callgrind format).
 For each file it prints whether profkit reads it and whether the numbers agree:
 
 - callgrind: self cost per function (recursion suffixes ``'N`` merged), profkit against
-  gprof2dot's ``CallgrindParser``: the number of functions whose self cost differs;
+  gprof2dot's ``CallgrindParser``: the number of functions whose self cost differs; and
+  the calls of each caller -> callee arc against gprof2dot's and against valgrind's own
+  ``callgrind_annotate --tree=caller`` (where it reads the file);
 - gprof: calls per call-graph edge (summed per caller and callee) against gprof2dot's
   ``GprofParser``, where the report has a call graph;
 - perf: profkit's folding against FlameGraph's stackcollapse-perf.pl, byte for byte
@@ -26,6 +28,10 @@ with profkit's ``read_folded`` against a reading by flamegraph.pl's own line pat
 (``(.*)\s+?(\d+(?:\.\d*)?)``, a second such number making the line differential; lines
 starting with ``#`` are comments, as profkit and inferno take them, where flamegraph.pl
 would draw austin's ``# duration: 23873`` as a frame): stacks and total count.
+
+With --speedscope-samples (the ``sample/profiles`` folder of
+https://github.com/jlfwong/speedscope): its callgrind files (``callgrind/*.log``) as above,
+its ``perf script`` texts (``linux-perf/*.txt``) folded against stackcollapse-perf.pl.
 
 A file profkit refuses is listed with profkit's message: a refusal is right only when the
 file is not what it claims to be (cut, no header); the message must say so.
@@ -53,6 +59,36 @@ from profkit.parse.gprof import parse_gprof  # noqa: E402
 from profkit.parse.perf_script import fold_perf_script  # noqa: E402
 
 _REC = re.compile(r"'\d+$")
+# callgrind_annotate --tree=caller: cost columns, then "<" (a caller of the function on
+# the next "*" line, with its calls "(Nx)") or "*", then file:function and [object]
+_ANNOTATE_LINE = re.compile(r"^[\d,.()%\s]*?\s([<*>])\s+(.*?)(?: \(([\d,]+)x\))?"
+                            r"(?: \[([^\]]*)\])?$")
+
+
+def annotate_arcs(path: Path) -> dict[tuple[str, str], int] | None:
+    """Calls per (caller, callee) as valgrind's callgrind_annotate --tree=caller prints
+    them (recursion levels fn'2 merged into fn, objects summed); None where
+    callgrind_annotate cannot read the file."""
+    cp = subprocess.run(["callgrind_annotate", "--tree=caller", "--threshold=100",
+                         "--auto=no", str(path)], capture_output=True, text=True, timeout=600)
+    if cp.returncode != 0:
+        return None
+    arcs: dict[tuple[str, str], int] = {}
+    callers: list[tuple[str, int]] = []
+    for line in cp.stdout.splitlines():
+        m = _ANNOTATE_LINE.match(line)
+        if not m:
+            callers = []
+            continue
+        mark, where, n, _obj = m.groups()
+        fn = _REC.sub("", where.split(":", 1)[1])
+        if mark == "<":
+            callers.append((fn, int(n.replace(",", ""))))
+        elif mark == "*":
+            for caller, calls in callers:
+                arcs[(caller, fn)] = arcs.get((caller, fn), 0) + calls
+            callers = []
+    return arcs
 
 
 def _ours(parse, path: Path):
@@ -77,8 +113,27 @@ def callgrind_row(path: Path) -> str:
         k = _REC.sub("", fn.name)
         theirs[k] = theirs.get(k, 0) + fn[gprof2dot.SAMPLES]
     differ = [k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0)]
+    edges: dict[tuple[str, str], int] = {}
+    for r in prof.call_edges.itertuples():
+        edges[(r.caller, r.callee)] = edges.get((r.caller, r.callee), 0) + int(r.calls)
+    peer: dict[tuple[str, str], int] = {}
+    for fn in theirs_prof.functions.values():
+        for call in fn.calls.values():
+            if gprof2dot.CALLS in call and call[gprof2dot.CALLS]:
+                k = (_REC.sub("", fn.name),
+                     _REC.sub("", theirs_prof.functions[call.callee_id].name))
+                peer[k] = peer.get(k, 0) + call[gprof2dot.CALLS]
+    annotate = annotate_arcs(path)
+    by_annotate = ("callgrind_annotate cannot read it" if annotate is None else
+                   f"{_count_differ(edges, annotate)} from callgrind_annotate --tree=caller's")
     return (f"event {prof.event}, {len(mine)} functions, total {prof.totals:,}; "
-            f"self cost differs from gprof2dot for {len(differ)}")
+            f"self cost differs from gprof2dot for {len(differ)}; {len(edges)} call arcs, "
+            f"calls differ from gprof2dot's for {_count_differ(edges, peer)}, {by_annotate}")
+
+
+def _count_differ(a: dict, b: dict) -> int:
+    """Keys whose values differ, a key missing on one side counted too."""
+    return sum(a.get(k) != b.get(k) for k in set(a) | set(b))
 
 
 def gprof_row(path: Path) -> str:
@@ -156,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tests_dir", type=Path)
     ap.add_argument("--inferno-tests", type=Path, default=None)
+    ap.add_argument("--speedscope-samples", type=Path, default=None)
     ap.add_argument("--flamegraph-suite", type=Path,
                     default=ROOT.parent / "shared" / "flamegraph-suite")
     a = ap.parse_args(argv)
@@ -173,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
                     lambda p: perf_row(p, suite)),
                    ("inferno folded", sorted(i.glob("data/flamegraph/*/*.txt")), folded_row))
         roots += [i, i]
+    if a.speedscope_samples is not None:
+        sp = a.speedscope_samples
+        groups += (("speedscope callgrind", sorted(sp.glob("callgrind/*.log")), callgrind_row),
+                   ("speedscope perf script", sorted(sp.glob("linux-perf/*.txt")),
+                    lambda p: perf_row(p, suite)))
+        roots += [sp, sp]
     refused = 0
     for (kind, files, row), root in zip(groups, roots, strict=True):
         print(f"## {kind}: {len(files)} files")

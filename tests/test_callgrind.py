@@ -1,6 +1,7 @@
 """callgrind: parser on recorded outputs, the real tool, and a real PostgreSQL backend."""
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import subprocess
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from conftest import benchmark_module
 
 from profkit.collect import callgrind as cgc
 from profkit.collect import perf_stat
@@ -84,6 +87,49 @@ def test_postgres_fixture_matches_expected():
     assert prof.inclusive("exec_simple_query") == prof.totals  # the toggle root
     with pytest.raises(KeyError):
         prof.inclusive("no_such_function")
+
+
+def annotate_arcs(path: Path) -> dict[tuple[str, str], int]:
+    """valgrind's callgrind_annotate --tree=caller read (benchmarks/peer_inputs.py)."""
+    return benchmark_module("peer_inputs").annotate_arcs(path)
+
+
+def edges_of(prof: cgp.CallgrindProfile) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for r in prof.call_edges.itertuples():
+        out[(r.caller, r.callee)] = out.get((r.caller, r.callee), 0) + int(r.calls)
+    return out
+
+
+@pytest.mark.parametrize("name", ["fib.callgrind.out", "fib_instr_cachesim.callgrind.out",
+                                  "pg18_nested_loop_analyze_notiming.callgrind.out.gz"])
+def test_call_edges_are_callgrind_annotates(name, tmp_path):
+    """Every caller -> callee pair and its calls, as valgrind's own callgrind_annotate
+    counts them; each function's calls are the sum of its edges."""
+    path = FIX / name
+    if name.endswith(".gz"):  # callgrind_annotate reads plain files only
+        path = tmp_path / name.removesuffix(".gz")
+        path.write_bytes(gzip.decompress((FIX / name).read_bytes()))
+    prof = cgp.parse_callgrind_file(FIX / name)
+    mine = edges_of(prof)
+    theirs = annotate_arcs(path)
+    assert len(mine) > 300 and mine == theirs, sorted(
+        (k, mine.get(k), theirs.get(k)) for k in set(mine) ^ set(theirs))[:10]
+    into = prof.call_edges.groupby("callee")["calls"].sum()
+    calls = prof.functions.dropna(subset=["calls"]).groupby("function")["calls"].sum()
+    assert (calls[calls > 0].sort_index() == into.sort_index()).all()
+    if name.startswith("fib."):
+        # fib.c: work calls leaf 1000 times, fib(12) calls itself 2*F(13) - 2 times
+        assert mine[("work", "leaf")] == 1000 and mine[("fib", "fib")] == 464
+        assert mine[("work", "fib")] == 1 and mine[("fib", "leaf")] == 233
+    if name.startswith("pg18"):
+        # every Instr* call comes from the wrapper, once per row through each node
+        assert mine[("ExecProcNodeInstr", "InstrStartNode")] == 1_606_607
+        assert mine[("ExecProcNodeInstr", "InstrStopNode")] == 1_606_607
+        assert mine[("ExecProcNodeInstr", "ExecNestLoop")] == 800_001
+        # calls=0 arcs (in progress when collection started) are not edges
+        assert ("main", "PostgresSingleUserMain") not in mine
+        assert mine[("exec_simple_query", "PortalRun")] == 1
 
 
 def test_instr_positions_and_several_events():
@@ -451,6 +497,10 @@ def test_profiles_hold_exact_call_counts(cg_sessions):
     g = notiming.functions.set_index("function")
     assert g.loc["InstrStopNode", "calls"] == g.loc["InstrStartNode", "calls"]
     assert g.loc["InstrStopNode", "calls"] >= 2 * rows
+    # the call graph of a real backend, read as callgrind_annotate reads it
+    edges = edges_of(notiming)
+    assert edges[("ExecProcNodeInstr", "ExecNestLoop")] == rows + 1
+    assert edges == annotate_arcs(by_mode["analyze_notiming"].out_file)
     timing = cgp.parse_callgrind_file(by_mode["analyze_timing"].out_file)
     h = timing.functions
     clock = h[h["function"].str.startswith("clock_gettime")]
@@ -561,6 +611,8 @@ def test_warmup_that_fails_is_reported(cg_cluster, tmp_path, warmup, message):
 
 _COUNT_IN_A_CHILD = """
 import sys
+from conftest import benchmark_module
+
 from profkit.collect import callgrind as cgc
 from profkit.processes import OSUser
 postgres, datadir, name, uid, gid, home, out = sys.argv[1:]

@@ -129,6 +129,7 @@ README_COMMANDS = {
     "gprof": "test_gprof_error (success: tests/test_collect_gprof.py, needs the gprof build)",
     "flamegraph": "test_flamegraph_and_parse",
     "parse perf-script": "test_flamegraph_and_parse", "parse gprof": "test_parse_gprof_cmd",
+    "parse callgrind": "test_parse_callgrind_cmd",
     "clock-cost": "test_clock_cost", "probe": "test_cluster_psql_load_probe",
     "clock-calls": "test_cluster_psql_load_probe", "observers": "test_observers",
     "correction": "test_correction", "timing-accuracy": "test_timing_accuracy",
@@ -252,6 +253,47 @@ def test_parse_gprof_cmd(tmp_path: Path) -> None:
     assert cp.returncode == 1 and "Traceback" not in cp.stderr, cp.stderr
     assert cp.stderr.strip() == ("profkit: cannot write to standard output: No space left on "
                                  "device"), cp.stderr
+
+
+def test_parse_callgrind_cmd(tmp_path: Path) -> None:
+    cg = FIX / "callgrind"
+    fib = str(cg / "fib.callgrind.out")
+    rows = profkit("parse", "callgrind", fib).stdout.splitlines()
+    # by self cost; callgrind_annotate prints the same self figures (fib: 6,723 as fib'2
+    # and 17 as fib), its --inclusive=yes main 19,273
+    assert rows[:2] == ["function,object,calls,self_Ir,inclusive_Ir,self_percent",
+                        "_dl_relocate_object,ld-linux-x86-64.so.2,4,23314,65680,16.4018"]
+    assert {"main,fib,1,26,19273,0.0183", "fib,fib,465,6740,7206,4.7417",
+            "leaf,fib,1233,2466,2466,1.7349"} <= set(rows)
+    assert len(rows) == 1 + 247
+    edges = profkit("parse", "callgrind", "--call-graph", fib).stdout.splitlines()
+    assert edges[0] == "caller,callee,calls,caller_object,callee_object"
+    assert {"work,leaf,1000,fib,fib", "fib,fib,464,fib,fib", "fib,leaf,233,fib,fib"} <= set(edges)
+    # stdin, gzip, JSON
+    doc = json.loads(profkit("parse", "callgrind", "--json", "-",
+                             stdin=Path(fib).read_text()).stdout)
+    assert (doc["event"], doc["events"], doc["totals"]) == ("Ir", ["Ir"], 142143)
+    assert doc["functions"][0]["self_Ir"] == 23314 and len(doc["functions"]) == 247
+    pg = json.loads(profkit("parse", "callgrind", "--json", "--call-graph",
+                            str(cg / "pg18_nested_loop_analyze_notiming.callgrind.out.gz")).stdout)
+    assert {"caller": "ExecProcNodeInstr", "callee": "ExecNestLoop", "calls": 800001,
+            "caller_object": "postgres", "callee_object": "postgres"} in pg["call_edges"]
+    # another event; a file valgrind did not finish; errors that say what to do
+    dr = profkit("parse", "callgrind", "--event", "Dr",
+                 str(cg / "fib_instr_cachesim.callgrind.out")).stdout
+    assert dr.startswith("function,object,calls,self_Dr,inclusive_Dr,self_percent\n")
+    assert "fib,fib,465,1395,1628,4.6047" in dr.splitlines()
+    assert "not 'Bc': choose one of those" in message(profkit(
+        "parse", "callgrind", "--event", "Bc", str(cg / "fib_instr_cachesim.callgrind.out"),
+        code=1))
+    cut = str(cg / "truncated.callgrind.out")
+    assert "with --no-strict" in message(profkit("parse", "callgrind", cut, code=1))
+    assert profkit("parse", "callgrind", "--no-strict", cut).stdout.startswith("function,")
+    assert "not a callgrind output file" in message(
+        profkit("parse", "callgrind", str(FIX / "gprof" / "cycles.gprof.txt"), code=1))
+    out = tmp_path / "f.csv"
+    profkit("parse", "callgrind", fib, "-o", str(out))
+    assert out.read_text().splitlines() == rows
 
 
 def test_flamegraph_and_parse(tmp_path: Path) -> None:

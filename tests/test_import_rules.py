@@ -114,6 +114,7 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
         "profkit.stackcollapse": "`parse perf-script` folds through the compiled drop-in's path",
         "profkit.parse.perf_script": "the parse commands' job is parsing files",
         "profkit.parse.gprof": "the parse commands' job is parsing files",
+        "profkit.parse.callgrind": "the parse commands' job is parsing files",
     },
     "profkit.cli.build": {"profkit.pg.build": "the build command's job is the build itself"},
     "profkit.cli.cluster": {
@@ -201,7 +202,7 @@ def test_front_door_exceptions_are_still_needed():
 #: - collect/: bpf's handle on profkit.processes (its `run` name is taken by the function).
 #: experiments/ has none. The ceilings are today's counts: lower one when you move an
 #: import to the top.
-FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 48, "collect": 1, "parse": 3}
+FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 49, "collect": 1, "parse": 3}
 
 
 def _counter() -> Any:

@@ -1,4 +1,4 @@
-"""CLI: ``profkit parse perf-script|gprof``: profiler output from files into tables.
+"""CLI: ``profkit parse perf-script|gprof|callgrind``: profiler output from files into tables.
 
 They read files from any machine: nothing here needs PostgreSQL.
 """
@@ -160,6 +160,54 @@ def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
         import json
 
         text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    _emit(text, output)
+
+
+@parse_group.command("callgrind")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--event", default=None, metavar="EVENT",
+              help="The cost column to read (default: Ir, instructions, when the file has it, "
+                   "else its first event).")
+@click.option("--call-graph", is_flag=True,
+              help="Print the call arcs (caller,callee,calls) instead, as callgrind_annotate "
+                   "--tree=caller counts them.")
+@click.option("--no-strict", is_flag=True,
+              help="Read a file valgrind did not finish (no 'totals:' line): the costs written.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
+@json_option
+@_friendly
+def callgrind_cmd(file: str, event: str | None, call_graph: bool, no_strict: bool,
+                  output: str | None, as_json: bool) -> None:
+    """Print a callgrind (or cachegrind) output file's functions as CSV, by self cost:
+    function,object,calls,self_EVENT,inclusive_EVENT,self_percent (recursion levels
+    fn'2... merged; calls empty where no arc leads in), or with --call-graph its arcs.
+    FILE may be `-` (stdin) or gzip-compressed."""
+    import pandas as pd
+
+    from profkit.parse.callgrind import parse_callgrind_file
+
+    prof = parse_callgrind_file(_source(file), event=event, strict=not no_strict)
+    if call_graph:
+        df = prof.call_edges[["caller", "callee", "calls", "caller_module", "callee_module"]]
+        df = df.rename(columns={"caller_module": "caller_object",
+                                "callee_module": "callee_object"})
+    else:
+        f = prof.functions
+        ev = prof.event
+        df = pd.DataFrame({"function": f["function"], "object": f["module"],
+                           "calls": f["calls"], f"self_{ev}": f["self"].astype("int64"),
+                           f"inclusive_{ev}": f["total"].astype("int64"),
+                           "self_percent": (f["self_share"] * 100).round(4)})
+    if as_json:
+        import json
+
+        doc = {"file": file, "event": prof.event, "events": list(prof.events),
+               "totals": prof.totals,
+               "call_edges" if call_graph else "functions": records(df)}
+        text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    else:
+        text = df.to_csv(index=False, lineterminator="\n")
     _emit(text, output)
 
 

@@ -33,6 +33,10 @@ What is read:
   ``unit`` is ``instructions`` for ``Ir``, else the event's name.
 - Recursion: callgrind names the 2nd and deeper nested activations of a function
   ``name'2`` (``--separate-recs``, default 2). They are merged into ``name``.
+- Call arcs (``cfn=`` + ``calls=``): the ``call_edges`` table, calls summed per caller and
+  callee (recursion levels merged the same way), what ``callgrind_annotate --tree=caller``
+  prints as ``(Nx)``. An arc with ``calls=0`` (a call already in progress when collection
+  started: the callers of the ``--toggle-collect`` function) is not an edge.
 
 Inclusive cost (``total``): the sum of the inclusive costs of call arcs into the
 function's outermost activation (the un-suffixed name, which callgrind only uses when
@@ -53,6 +57,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import pandas as pd
 
@@ -80,6 +85,9 @@ class CallgrindProfile:
     parts: int
     header: dict[str, str] = field(default_factory=dict)
     functions: pd.DataFrame = field(default_factory=lambda: tables.empty("functions"))
+    #: one row per caller -> callee pair: ``calls`` (every ``calls=`` line of the pair,
+    #: recursion levels merged as in ``functions``), ``caller_module``/``callee_module``
+    call_edges: pd.DataFrame = field(default_factory=lambda: _edges_table([], "", ""))
 
     def inclusive(self, function: str) -> int:
         """Inclusive cost of *function* (see module doc); KeyError if absent."""
@@ -297,7 +305,7 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
             raise ParseError(
                 "callgrind output is truncated (no 'totals:' line at the end): valgrind was "
                 "stopped while writing, or the disk is full. The file is kept; re-run the "
-                "collection, or parse with strict=False to read what was written."
+                "collection, or read what was written with --no-strict (strict=False)."
             )
         totals = self_sum
     elif strict and totals != self_sum:
@@ -310,7 +318,7 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
                           unit=UNIT if event == "Ir" else event)
     return CallgrindProfile(
         events=events, event=event, totals=totals, summary=summary, parts=max(parts, 1),
-        header=header, functions=df,
+        header=header, functions=df, call_edges=_edges_table(arcs, run_id, build),
     )
 
 
@@ -365,14 +373,41 @@ def _functions_table(
     return tables.validate(df, "functions")
 
 
-def parse_callgrind_file(path: str | Path, **kwargs: object) -> CallgrindProfile:
+def _edges_table(arcs: list[tuple[tuple[str, str], tuple[str, str], int, int]],
+                 run_id: str, build: str) -> pd.DataFrame:
+    """The ``call_edges`` table: calls summed per (caller, callee), each keyed like the
+    functions table (object's base name, recursion suffix merged: ``fib'2 -> fib'3`` and
+    ``fib -> fib'2`` are both ``fib -> fib``, as gprof counts recursive calls)."""
+    calls: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    for (cob_, cfn_), (tob, tfn), n, _cost in arcs:
+        if n == 0:  # a call in progress when collection started (the toggle's callers)
+            continue
+        calls[(os.path.basename(cob_), _base(cfn_), os.path.basename(tob), _base(tfn))] += n
+    df = pd.DataFrame(
+        [{"run_id": run_id, "build": build, "caller": c, "callee": t, "calls": n,
+          "caller_module": cm, "callee_module": tm}
+         for (cm, c, tm, t), n in calls.items()],
+        columns=["run_id", "build", "caller", "callee", "calls", "caller_module",
+                 "callee_module"])
+    df = df.sort_values(["calls", "caller", "callee"], ascending=[False, True, True],
+                        kind="stable").reset_index(drop=True)
+    df[["caller_module", "callee_module"]] = df[["caller_module", "callee_module"]].astype(
+        "string")
+    return tables.validate(df, "call_edges")
+
+
+def parse_callgrind_file(path: str | Path | BinaryIO, **kwargs: object) -> CallgrindProfile:
     """:func:`parse_callgrind` on a file; gzip-compressed files (``*.gz``) are read too.
+    *path* may also be an open binary stream (``sys.stdin.buffer``), read as it comes.
 
     The file streams through :func:`profkit.parse._io.open_text`: a directory, an
     unreadable file, a broken gzip stream or an endless line is one :class:`ParseError`.
     callgrind writes ASCII; bytes that are not UTF-8 (odd symbol names) are read as
     Latin-1, so distinct names stay distinct.
     """
+    if hasattr(path, "read"):
+        lines = ((n, ln.rstrip("\r\n")) for n, ln in open_text(path))
+        return _parse(lines, "<stdin>", **kwargs)  # type: ignore[arg-type]
     p = Path(path)
     if not p.exists():
         raise ParseError(
