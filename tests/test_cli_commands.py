@@ -127,6 +127,7 @@ README_COMMANDS = {
     "reproduce": "test_reproduce_error (success: tests/test_headline.py)",
     "bench": "test_bench_json", "perf": "test_perf_command",
     "gprof": "test_gprof_error (success: tests/test_collect_gprof.py, needs the gprof build)",
+    "callgrind": "test_callgrind_command",
     "flamegraph": "test_flamegraph_and_parse",
     "parse perf-script": "test_flamegraph_and_parse", "parse gprof": "test_parse_gprof_cmd",
     "parse callgrind": "test_parse_callgrind_cmd",
@@ -457,6 +458,51 @@ def test_perf_command(tmp_path: Path) -> None:
     assert "too few" not in cp.stderr
     assert re.search(r"instrumentation share \(self\): \d+\.\d%", cp.stdout), cp.stdout
     assert "unknown build" in message(profkit("perf", "no-such-build", code=1))
+
+
+@pytest.mark.pg
+@pytest.mark.builds("vanilla", "step3")
+def test_callgrind_command(tmp_path: Path) -> None:
+    """One execution under callgrind: its exact Instr* calls are what the plan's rows and
+    loops predict (gprof adds one call per node; callgrind adds none); step3 inlines them."""
+    import pandas as pd
+
+    from profkit.parse.callgrind import parse_callgrind_file
+
+    env = {"PROFKIT_PROFILES": str(tmp_path / "profiles")}
+    cp = profkit("callgrind", "vanilla", "--scale", str(SCALE), "--top", "5", env=env)
+    out = cp.stdout
+    m = re.search(r"one execution of Query-2 on vanilla: ([\d,]+) instructions in "
+                  r"exec_simple_query, ([\d,]+) of them in the executor", out)
+    assert m, out
+    total, executor = (int(g.replace(",", "")) for g in m.groups())
+    assert 0 < executor < total
+    assert SCALE == 0.01
+    rows = 200_000  # nested_loop's Nested Loop rows at scale 0.01 (both sides grow with it)
+    for fn in ("ExecProcNodeInstr", "InstrStartNode", "InstrStopNode"):
+        line = re.search(rf"^\s*{fn}\s+(\d+)\s+(\d+)\s+(-?\d+)\s*$", out, re.M)
+        assert line, (fn, out)
+        calls, predicted, unexplained = map(int, line.groups())
+        assert calls == predicted > 2 * rows and unexplained == 0, line.group(0)
+    top = out.split("by self instructions:\n")[1].splitlines()
+    assert top[0].split() == ["function", "calls", "self", "inclusive", "self_share"]
+    assert all(re.match(r"^\s*\w+\s+\d+\s+\d+\s+\d+\s+[\d.]+%$", ln) for ln in top[1:6])
+    assert top[6].startswith("instrumentation calls (predicted"), top
+    run = Path(re.search(r"^artifacts: (.+)$", out, re.M).group(1))
+    prof = parse_callgrind_file(run / "callgrind.analyze_notiming.out", run_id=run.name,
+                                build="vanilla")
+    assert prof.totals == total
+    pd.testing.assert_frame_equal(pd.read_parquet(run / "functions.parquet"), prof.functions)
+    edges = pd.read_parquet(run / "call_edges.parquet").set_index(["caller", "callee"])
+    assert edges.loc[("ExecProcNodeInstr", "ExecNestLoop"), "calls"] == rows + 1
+    assert json.loads((run / "provenance.json").read_text())["instructions"] == total
+    # step3 inlines the wrapper and the Instr* calls: nothing of them to count, said so
+    cp = profkit("callgrind", "step3", "--scale", str(SCALE), "--top", "1", env=env)
+    assert re.search(r"not called as functions in this build \(inlined or absent\): "
+                     r"ExecProcNodeInstr, InstrStartNode, InstrStopNode", cp.stdout), cp.stdout
+    assert "unknown build" in message(profkit("callgrind", "no-such-build", code=1))
+    assert "0 is not in the range" in message(profkit("callgrind", "vanilla", "--top", "0",
+                                                      code=2))
 
 
 @pytest.mark.pg

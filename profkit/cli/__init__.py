@@ -66,6 +66,7 @@ COMMANDS: list[click.Command] = [
     correction.correction_cmd,
     profile.perf_cmd,
     profile.gprof_cmd,
+    profile.callgrind_cmd,
     profile.pyspy_cmd,
     profile.import_cmd,
     profile.record_script_cmd,

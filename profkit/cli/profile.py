@@ -1,4 +1,5 @@
-"""``profkit perf``, ``profkit gprof``, ``profkit py-spy``: record, flamegraph, summary.
+"""``profkit perf``, ``profkit gprof``, ``profkit callgrind``, ``profkit py-spy``: record,
+flamegraph, summary.
 
 Each records into ``profiles/<run_id>/`` (raw artifacts + provenance + parquet tables)
 through its collector, renders a flamegraph into ``flamegraphs/`` where the tool gives
@@ -140,6 +141,36 @@ def gprof_cmd(build: str, workload: str, query: str | None, scale: float, mode: 
 
     click.echo(gprof_run(build, workload_spec(workload, query), scale=scale, mode=mode,
                          reps=reps, top=top_n, progress=_say).console())
+
+
+# --------------------------------------------------------------------------- callgrind
+
+@click.command("callgrind")
+@click.argument("build")
+@click.option("--workload", default="nested_loop", show_default=True,
+              help="Seed workload (nested_loop, join_sum, count_star) or a workload FILE.toml.")
+@click.option("--query", default=None, help="One of the workload file's named queries "
+              "(default: its first).")
+@click.option("--scale", type=float, default=0.01, show_default=True,
+              help="Workload scale factor (callgrind runs the query some 50 times slower).")
+@click.option("--mode", type=click.Choice(MODES), default="analyze_notiming",
+              show_default=True,
+              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
+@click.option("--top", "top_n", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Functions printed (by self instructions).")
+@_friendly
+def callgrind_cmd(build: str, workload: str, query: str | None, scale: float, mode: str,
+                  top_n: int) -> None:
+    """Count one execution of a query under callgrind in a single-user backend of BUILD
+    (any build: no -pg twin needed): its instructions, the top functions by self
+    instructions, and the instrumentation functions' exact calls next to what the plan
+    predicts. The raw profile is kept for callgrind_annotate, kcachegrind and
+    `profkit parse callgrind`."""
+    from profkit.experiments.profile import callgrind_run
+    from profkit.pg.workloads import workload_spec
+
+    click.echo(callgrind_run(build, workload_spec(workload, query), scale=scale, mode=mode,
+                             top=top_n, progress=_say).console())
 
 
 # --------------------------------------------------------------------------- py-spy

@@ -1,13 +1,17 @@
 """The single-build profile experiments: build → throwaway cluster → load → one backend
-runs the query under perf (:func:`perf_profile`) or in a -pg build (:func:`gprof_profile`,
-with the Instr* calls the plan predicts); flamegraphs with the run's provenance; and
-``make demo``'s Query-2 flamegraphs (vanilla, step3, and the differential).
+runs the query under perf (:func:`perf_profile`), in a -pg build (:func:`gprof_profile`,
+with the Instr* calls the plan predicts) or under callgrind (:func:`callgrind_profile`,
+exact calls and instructions of one execution, the same prediction); flamegraphs with
+the run's provenance; and ``make demo``'s Query-2 flamegraphs (vanilla, step3, and the
+differential).
 
-The tools themselves are driven by :mod:`profkit.collect.perf` and
-:mod:`profkit.collect.gprof`, which write the raw artifacts into the run directory.
+The tools themselves are driven by :mod:`profkit.collect.perf`,
+:mod:`profkit.collect.gprof` and :mod:`profkit.collect.callgrind`, which write the raw
+artifacts into the run directory.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import shutil
 import tarfile
@@ -53,6 +57,7 @@ from profkit.pg.workloads import SEED_QUERY_NAMES, check_args, workload_label
 from profkit.progress import say as _say
 from profkit.render.flamegraph import demo_views, render, write_svg
 from profkit.rundir import RunDir, open_run
+from profkit.tables import validate
 
 
 def flamegraph_dir(out: str | Path | None = None) -> Path:
@@ -481,6 +486,118 @@ def callgrind_on_cluster(cluster: Cluster, queries: dict[str, str], out_dir: str
     session = collect_callgrind_cluster(cluster, queries, out_dir)
     counts = instr_counts_from_session(session, build=build, workload=workload)
     return counts, parse_callgrind_file(session.queries[0].out_file, build=build)
+
+
+@dataclass
+class CallgrindResult:
+    """``profkit callgrind BUILD``'s profile: one execution's instruction counts, the
+    functions and call arcs callgrind counted, and the plan's prediction (None for the
+    plain query)."""
+
+    run: RunDir
+    profile: Any  # profkit.parse.callgrind.CallgrindProfile
+    counts: pd.DataFrame  # the instr_counts row of the query
+    prediction: Any
+
+    @property
+    def functions(self) -> pd.DataFrame:
+        return self.profile.functions
+
+    @property
+    def call_edges(self) -> pd.DataFrame:
+        return self.profile.call_edges
+
+    def calls(self, function: str) -> int | None:
+        """callgrind's exact call count of *function*, every call site summed (None when
+        the build has no such function: inlined, or not in this build)."""
+        rows = self.functions.loc[self.functions["function"] == function, "calls"].dropna()
+        return int(rows.sum()) if len(rows) else None
+
+    def instrumentation_calls(self) -> tuple[pd.DataFrame, list[str]]:
+        """The Instr* functions' calls beside the plan's prediction: callgrind counts every
+        call (no gprof artifact), so ``unexplained`` is what the prediction misses."""
+        rows, absent = [], []
+        for fn in INSTR_FUNCTIONS:
+            c = self.calls(fn)
+            if c is None:
+                absent.append(fn)
+                continue
+            p = (predicted_calls(self.prediction, fn) if self.prediction is not None
+                 else None)
+            rows.append({"function": fn, "calls": c, "predicted": "" if p is None else p,
+                         "unexplained": "" if p is None else c - p})
+        notes = []
+        if absent:
+            notes.append(f"not called as functions in this build (inlined or absent): "
+                         f"{', '.join(absent)}")
+        if self.prediction is not None and not self.prediction.totals.get("exact", True):
+            notes.append("the prediction is an upper bound (a loop may end without its "
+                         "NULL-returning call)")
+        return pd.DataFrame(rows), notes
+
+
+def callgrind_profile(build: Any, workload: str = "nested_loop", *, scale: float = 0.01,
+                      mode: str = "analyze_notiming", base: str | Path | None = None,
+                      progress: Callable[[str], None] | None = None) -> CallgrindResult:
+    """Build (cached) → throwaway cluster → load → EXPLAIN's prediction (EXPLAIN ANALYZE
+    modes) → the query once in a single-user backend under callgrind, after an
+    uninstrumented warm-up run of it (:func:`callgrind_on_cluster`). The run directory
+    holds the raw profile, ``functions.parquet`` and ``call_edges.parquet``."""
+    wl = check_args(workload, scale=scale, reps=1, mode=mode)
+    say = progress or (lambda _m: None)
+    b = build if isinstance(build, Build) else get_build(build, progress=say)
+    qname = query_name(workload, mode)
+    with open_run("callgrind", build=b, workload=workload, mode=mode, base=base,
+                  tools=("valgrind",), scale=scale) as rd:
+        pred = None
+        with Cluster(b, name=f"callgrind-{b.name}") as cl:
+            with cl.connect() as conn:
+                say(f"loading {workload} at scale {scale}")
+                wl.load(conn, scale)
+                if mode.startswith("analyze"):
+                    pred = explain_prediction(conn, wl.query(mode, fmt="json"), mode)
+            say(f"running {qname} of {b.name} under callgrind (single-user backend: the "
+                "cluster restarts afterwards)")
+            counts, prof = callgrind_on_cluster(cl, {mode: wl.query(mode)}, rd.path,
+                                                build=b.name, workload=workload)
+        prof = dataclasses.replace(
+            prof, functions=validate(prof.functions.assign(run_id=rd.run_id), "functions"),
+            call_edges=validate(prof.call_edges.assign(run_id=rd.run_id), "call_edges"))
+        rd.add_artifact(Path(str(counts["out_file"].iloc[0])).name,
+                        "callgrind's profile of the query (callgrind_annotate, kcachegrind, "
+                        "profkit parse callgrind)")
+        prof.functions.to_parquet(rd.file("functions.parquet"), index=False)
+        rd.add_artifact("functions.parquet", "functions table (callgrind: self, inclusive, "
+                        "calls per function)")
+        prof.call_edges.to_parquet(rd.file("call_edges.parquet"), index=False)
+        rd.add_artifact("call_edges.parquet", "call_edges table (caller -> callee calls)")
+        rd.update(instructions=int(counts["instructions"].iloc[0]),
+                  scope=str(counts["scope"].iloc[0]))
+        return CallgrindResult(rd, prof, counts, pred)
+
+
+def callgrind_run(build: str, workload: str, *, scale: float, mode: str, top: int = 15,
+                  progress: Callable[[str], None] | None = None) -> ProfileRun:
+    """``profkit callgrind BUILD``: :func:`callgrind_profile`, the instructions of one
+    execution, the top functions by self instructions and the Instr* calls beside what
+    the plan predicts."""
+    res = callgrind_profile(build, workload, scale=scale, mode=mode, progress=progress)
+    c = res.counts.iloc[0]
+    head = [f"run {res.run.run_id}: callgrind of one execution of {query_name(workload, mode)}"
+            f" on {build}: {int(c['instructions']):,} instructions in {c['scope']}"
+            + (f", {int(c['executor_instructions']):,} of them in the executor "
+               "(standard_ExecutorRun)" if pd.notna(c["executor_instructions"]) else "")]
+    top_fn = res.functions.head(top)
+    top_fn = pd.DataFrame({"function": top_fn["function"], "calls": top_fn["calls"],
+                           "self": top_fn["self"].astype("int64"),
+                           "inclusive": top_fn["total"].astype("int64"),
+                           "self_share": top_fn["self_share"].map("{:.1%}".format)})
+    table, notes = res.instrumentation_calls()
+    tables = [(f"functions, top {top} by self instructions:", top_fn)]
+    if len(table):
+        tables.append(("instrumentation calls (predicted from the plan's rows and loops):"
+                       if res.prediction is not None else "instrumentation calls:", table))
+    return ProfileRun(res, None, head, tables, [f"note: {n}" for n in notes])
 
 
 # --------------------------------------------------------------------------- py-spy
