@@ -17,7 +17,7 @@ def test_every_listed_command_is_attached_under_its_name() -> None:
     assert sorted(main.commands) == sorted(names)
     assert {"build", "cluster", "load", "regress", "parse", "flamegraph", "clock-cost",
             "clock-calls", "probe", "bench", "reproduce", "observers", "correction", "perf",
-            "gprof", "py-spy", "timing-accuracy", "import", "export",
+            "gprof", "callgrind", "py-spy", "timing-accuracy", "import", "export",
             "record-script", "nodetime"} == set(names)
     assert all(isinstance(c, click.Command) for c in COMMANDS)
 
