@@ -611,8 +611,6 @@ def test_warmup_that_fails_is_reported(cg_cluster, tmp_path, warmup, message):
 
 _COUNT_IN_A_CHILD = """
 import sys
-from conftest import benchmark_module
-
 from profkit.collect import callgrind as cgc
 from profkit.processes import OSUser
 postgres, datadir, name, uid, gid, home, out = sys.argv[1:]
@@ -643,12 +641,13 @@ def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path
         try:
             deadline = time.monotonic() + 60
             vg = []
-            while not vg and time.monotonic() < deadline:
+            while not vg and time.monotonic() < deadline and p.poll() is None:
                 vg = [c for c in children(p.pid)
                       if "valgrind" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")
                       or "callgrind" in Path(f"/proc/{c}/comm").read_text()]
                 time.sleep(0.1)
-            assert vg, "valgrind did not start"
+            # the child's own error, when it ended before starting valgrind
+            assert vg, ("valgrind did not start", p.poll() is not None and p.communicate()[1])
             time.sleep(3)  # start-up done: the backend sleeps in its warm-up
             assert alive(vg[0]) and p.poll() is None
             p.send_signal(signal.SIGINT)
