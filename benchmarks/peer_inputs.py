@@ -113,22 +113,39 @@ def callgrind_row(path: Path) -> str:
         k = _REC.sub("", fn.name)
         theirs[k] = theirs.get(k, 0) + fn[gprof2dot.SAMPLES]
     differ = [k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0)]
-    edges: dict[tuple[str, str], int] = {}
-    for r in prof.call_edges.itertuples():
-        edges[(r.caller, r.callee)] = edges.get((r.caller, r.callee), 0) + int(r.calls)
-    peer: dict[tuple[str, str], int] = {}
-    for fn in theirs_prof.functions.values():
-        for call in fn.calls.values():
-            if gprof2dot.CALLS in call and call[gprof2dot.CALLS]:
-                k = (_REC.sub("", fn.name),
-                     _REC.sub("", theirs_prof.functions[call.callee_id].name))
-                peer[k] = peer.get(k, 0) + call[gprof2dot.CALLS]
+    edges = edge_calls(prof.call_edges)
+    # gprof2dot keeps callgrind's recursion levels (fn'2) apart and its calls=0 arcs
+    peer = _gprof2dot_calls(theirs_prof, name=lambda n: _REC.sub("", n), nonzero=True)
     annotate = annotate_arcs(path)
     by_annotate = ("callgrind_annotate cannot read it" if annotate is None else
                    f"{_count_differ(edges, annotate)} from callgrind_annotate --tree=caller's")
     return (f"event {prof.event}, {len(mine)} functions, total {prof.totals:,}; "
             f"self cost differs from gprof2dot for {len(differ)}; {len(edges)} call arcs, "
             f"calls differ from gprof2dot's for {_count_differ(edges, peer)}, {by_annotate}")
+
+
+def edge_calls(call_edges: pd.DataFrame) -> dict[tuple[str, str], int]:
+    """Calls per (caller, callee) of a profkit call_edges table (a pair listed twice, as
+    gprof lists cycle members or callgrind the same name in two objects, summed; rows
+    without calls left out)."""
+    out: dict[tuple[str, str], int] = {}
+    for r in call_edges.itertuples():
+        if not pd.isna(r.calls):
+            out[(r.caller, r.callee)] = out.get((r.caller, r.callee), 0) + int(r.calls)
+    return out
+
+
+def _gprof2dot_calls(theirs_prof, *, name=lambda n: n,
+                     nonzero: bool = False) -> dict[tuple[str, str], int]:
+    """Calls per (caller, callee) as gprof2dot's parser read them (*name* maps its
+    function names; *nonzero* leaves out arcs of 0 calls)."""
+    out: dict[tuple[str, str], int] = {}
+    for fn in theirs_prof.functions.values():
+        for call in fn.calls.values():
+            if gprof2dot.CALLS in call and (call[gprof2dot.CALLS] or not nonzero):
+                k = (name(fn.name), name(theirs_prof.functions[call.callee_id].name))
+                out[k] = out.get(k, 0) + call[gprof2dot.CALLS]
+    return out
 
 
 def _count_differ(a: dict, b: dict) -> int:
@@ -140,22 +157,13 @@ def gprof_row(path: Path) -> str:
     prof = _ours(parse_gprof, path)
     if isinstance(prof, str):
         return prof
-    edges: dict[tuple[str, str], int] = {}  # a pair can be listed twice (cycle members)
-    for r in prof.call_edges.itertuples():
-        if not pd.isna(r.calls):
-            edges[(r.caller, r.callee)] = edges.get((r.caller, r.callee), 0) + int(r.calls)
+    edges = edge_calls(prof.call_edges)
     try:  # the text as profkit decodes it (a UTF-16 report too), so both read the same
         theirs_prof = gprof2dot.GprofParser(io.StringIO(read_text(path))).parse()
     except Exception as e:  # noqa: BLE001 - the peer's own failure is a finding too
         return (f"{len(prof.functions)} functions, {len(edges)} edges; gprof2dot fails: "
                 f"{type(e).__name__}")
-    theirs: dict[tuple[str, str], int] = {}
-    for fn in theirs_prof.functions.values():
-        for call in fn.calls.values():
-            if gprof2dot.CALLS in call:
-                callee = theirs_prof.functions[call.callee_id].name
-                theirs[(fn.name, callee)] = (theirs.get((fn.name, callee), 0)
-                                             + call[gprof2dot.CALLS])
+    theirs = _gprof2dot_calls(theirs_prof)
     common = set(edges) & set(theirs)
     differ = [k for k in common if edges[k] != theirs[k]]
     return (f"{len(prof.functions)} functions, {len(edges)} edges with calls "

@@ -95,10 +95,8 @@ def annotate_arcs(path: Path) -> dict[tuple[str, str], int]:
 
 
 def edges_of(prof: cgp.CallgrindProfile) -> dict[tuple[str, str], int]:
-    out: dict[tuple[str, str], int] = {}
-    for r in prof.call_edges.itertuples():
-        out[(r.caller, r.callee)] = out.get((r.caller, r.callee), 0) + int(r.calls)
-    return out
+    """Calls per (caller, callee) of *prof* (benchmarks/peer_inputs.py)."""
+    return benchmark_module("peer_inputs").edge_calls(prof.call_edges)
 
 
 @pytest.mark.parametrize("name", ["fib.callgrind.out", "fib_instr_cachesim.callgrind.out",

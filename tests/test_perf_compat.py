@@ -415,6 +415,19 @@ int main(void) { double s = 0; for (long i = 0; i < 1500000; i++) s += outer(i);
 """
 
 
+def _compiled(tmp_path: Path, name: str, source: str, *tools: str) -> Path:
+    """*source* compiled here with -O2 -g and frame pointers, as tmp_path/name; the
+    oracle and *tools* (besides gcc and perf) checked first."""
+    _need_oracle()
+    for tool in ("gcc", "perf", *tools):
+        assert shutil.which(tool), f"{tool} is installed by scripts/setup-system.sh"
+    src, exe = tmp_path / f"{name}.c", tmp_path / name
+    src.write_text(source)
+    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(src)],
+                   check=True)
+    return exe
+
+
 def _perf_script_of(prog: Path, *script_args: str) -> bytes:
     """`perf record -g` of *prog* run here, then its `perf script` text."""
     data = prog.with_name(prog.name + ".data")
@@ -427,13 +440,7 @@ def _perf_script_of(prog: Path, *script_args: str) -> bytes:
 def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
     """A program with inlined functions, compiled with -g and recorded by perf here:
     --inline (and --context) un-inline through addr2line exactly as the Perl script."""
-    _need_oracle()
-    for tool in ("gcc", "perf", "addr2line"):
-        assert shutil.which(tool), f"{tool} is installed by scripts/setup-system.sh"
-    src, exe = tmp_path / "inl.c", tmp_path / "inl"
-    src.write_text(INLINE_C)
-    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(src)],
-                   check=True)
+    exe = _compiled(tmp_path, "inl", INLINE_C, "addr2line")
     text = _perf_script_of(exe)
     txt = tmp_path / "inl.txt"
     txt.write_bytes(text)
@@ -467,13 +474,8 @@ def test_srcline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
     whose frames have no symbol): --srcline adds each frame's source line as the Perl
     script does, with every option, through the library, `profkit parse perf-script` and
     the drop-in command."""
-    _need_oracle()
-    for tool in ("gcc", "perf", "strip"):
-        assert shutil.which(tool), f"{tool} is installed by scripts/setup-system.sh"
-    src, exe = tmp_path / "srcl.c", tmp_path / "srcl"
-    src.write_text(SRCLINE_C)
-    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(src)],
-                   check=True)
+    exe = _compiled(tmp_path, "srcl", SRCLINE_C, "strip")
+    src = tmp_path / "srcl.c"
     # built apart (its own build id: perf would find the first one's symbols by it)
     stripped = tmp_path / "srcl-stripped"
     subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(stripped), str(src)],

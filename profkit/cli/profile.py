@@ -7,7 +7,9 @@ stacks (:mod:`profkit.experiments.profile`), and prints a short summary.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -18,6 +20,23 @@ from profkit.errors import StdoutFailed
 from profkit.modes import EXPLAIN_PREFIX
 
 MODES = tuple(EXPLAIN_PREFIX)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _workload_options(f: F) -> F:
+    """``--workload`` and ``--query``, as every profiling command takes them."""
+    f = click.option("--query", default=None, help="One of the workload file's named "
+                     "queries (default: its first).")(f)
+    return click.option("--workload", default="nested_loop", show_default=True,
+                        help="Seed workload (nested_loop, join_sum, count_star) or a "
+                             "workload FILE.toml.")(f)
+
+
+def _mode_option(default: str) -> Callable[[F], F]:
+    """``--mode``, defaulting to *default*."""
+    return click.option("--mode", type=click.Choice(MODES), default=default,
+                        show_default=True, help="How the query runs: plain SELECT or "
+                        "EXPLAIN ANALYZE (TIMING off/on).")
 
 
 @click.command("perf")
@@ -31,14 +50,10 @@ MODES = tuple(EXPLAIN_PREFIX)
               "query, on the database as it is).")
 @click.option("--seconds", type=float, default=10.0, show_default=True,
               help="With --pid: how long to record.")
-@click.option("--workload", default="nested_loop", show_default=True,
-              help="Seed workload (nested_loop, join_sum, count_star) or a workload FILE.toml.")
-@click.option("--query", default=None, help="One of the workload file's named queries "
-              "(default: its first).")
+@_workload_options
 @click.option("--scale", type=float, default=0.05, show_default=True,
               help="Workload scale factor.")
-@click.option("--mode", type=click.Choice(MODES), default="analyze_timing", show_default=True,
-              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
+@_mode_option("analyze_timing")
 @click.option("--freq", type=int, default=999, show_default=True, help="Samples per second.")
 @click.option("--dwarf", is_flag=True, help="--call-graph dwarf instead of frame pointers.")
 @click.option("--reps", type=int, default=1, show_default=True,
@@ -117,15 +132,10 @@ def perf_cmd(builds: tuple[str, ...], pid: int | None, dsn: str | None, sql: str
 
 @click.command("gprof")
 @click.argument("build")
-@click.option("--workload", default="nested_loop", show_default=True,
-              help="Seed workload (nested_loop, join_sum, count_star) or a workload FILE.toml.")
-@click.option("--query", default=None, help="One of the workload file's named queries "
-              "(default: its first).")
+@_workload_options
 @click.option("--scale", type=float, default=0.05, show_default=True,
               help="Workload scale factor.")
-@click.option("--mode", type=click.Choice(MODES), default="analyze_notiming",
-              show_default=True,
-              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
+@_mode_option("analyze_notiming")
 @click.option("--reps", type=int, default=1, show_default=True,
               help="Executions of the query in the profiled backend.")
 @click.option("--top", "top_n", type=int, default=15, show_default=True,
@@ -147,15 +157,10 @@ def gprof_cmd(build: str, workload: str, query: str | None, scale: float, mode: 
 
 @click.command("callgrind")
 @click.argument("build")
-@click.option("--workload", default="nested_loop", show_default=True,
-              help="Seed workload (nested_loop, join_sum, count_star) or a workload FILE.toml.")
-@click.option("--query", default=None, help="One of the workload file's named queries "
-              "(default: its first).")
+@_workload_options
 @click.option("--scale", type=float, default=0.01, show_default=True,
               help="Workload scale factor (callgrind runs the query some 50 times slower).")
-@click.option("--mode", type=click.Choice(MODES), default="analyze_notiming",
-              show_default=True,
-              help="How the query runs: plain SELECT or EXPLAIN ANALYZE (TIMING off/on).")
+@_mode_option("analyze_notiming")
 @click.option("--top", "top_n", type=click.IntRange(min=1), default=15, show_default=True,
               help="Functions printed (by self instructions).")
 @_friendly

@@ -499,18 +499,11 @@ class CallgrindResult:
     counts: pd.DataFrame  # the instr_counts row of the query
     prediction: Any
 
-    @property
-    def functions(self) -> pd.DataFrame:
-        return self.profile.functions
-
-    @property
-    def call_edges(self) -> pd.DataFrame:
-        return self.profile.call_edges
-
     def calls(self, function: str) -> int | None:
         """callgrind's exact call count of *function*, every call site summed (None when
         the build has no such function: inlined, or not in this build)."""
-        rows = self.functions.loc[self.functions["function"] == function, "calls"].dropna()
+        f = self.profile.functions
+        rows = f.loc[f["function"] == function, "calls"].dropna()
         return int(rows.sum()) if len(rows) else None
 
     def instrumentation_calls(self) -> tuple[pd.DataFrame, list[str]]:
@@ -587,7 +580,7 @@ def callgrind_run(build: str, workload: str, *, scale: float, mode: str, top: in
             f" on {build}: {int(c['instructions']):,} instructions in {c['scope']}"
             + (f", {int(c['executor_instructions']):,} of them in the executor "
                "(standard_ExecutorRun)" if pd.notna(c["executor_instructions"]) else "")]
-    top_fn = res.functions.head(top)
+    top_fn = res.profile.functions.head(top)
     top_fn = pd.DataFrame({"function": top_fn["function"], "calls": top_fn["calls"],
                            "self": top_fn["self"].astype("int64"),
                            "inclusive": top_fn["total"].astype("int64"),
