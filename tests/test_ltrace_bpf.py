@@ -183,6 +183,44 @@ def test_bcc_imports_under_warnings_as_errors(tmp_path):
         assert list(prefix.rglob("bcc/__init__.*.pyc")), f"{name}: bcc's source was not compiled"
 
 
+@pytest.mark.cold
+def test_two_processes_on_an_empty_cache_share_one_header_tree(tmp_path):
+    """Two probes at once on an empty cache (two xdist workers of a cold make test did):
+    the second waited for nothing, downloaded the kernel headers too and replaced the
+    first's tree while the first's bcc compiled against it ('asm/types.h' file not
+    found). Now one downloads, the other waits and takes that tree, and a complete tree
+    never goes away."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    code = "from profkit.collect import kheaders\nprint(kheaders.headers_tree())\n"
+    env = {**os.environ, "PROFKIT_CACHE": str(cache)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(2)]
+    seen, gone = None, 0
+    try:
+        while any(p.poll() is None for p in procs):
+            if seen is None:
+                done = list((cache / "kheaders").glob("*/.profkit-complete"))
+                seen = done[0].parent if done else None
+            elif not (seen / "include" / "linux" / "kconfig.h").exists():
+                gone += 1
+            time.sleep(0.005)
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    trees = {out.strip() for out, _ in outs}
+    assert trees == {str(seen)}, (trees, seen)
+    assert gone == 0, f"the complete tree went missing for {gone} polls"
+    assert list(seen.rglob("uapi/asm/types.h")), "the merged tree lacks asm/types.h"
+
+
 @pytest.mark.pg
 @BPFTRACE_ALONE
 def test_falls_back_to_bpftrace_when_bcc_is_missing(join_sum_conn, monkeypatch):

@@ -26,6 +26,7 @@ that one directory).
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import platform
@@ -194,24 +195,46 @@ def _merge(common: Path, flavour: Path, dest: Path) -> None:
             shutil.copy2(src, dest / name, follow_symlinks=True)
 
 
+def _complete_tree(root: Path, arch: str, version: str | None) -> Path | None:
+    """The cached tree of *version* (the newest one if None), if it is complete."""
+    if version is not None:
+        dest = root / f"{version}-{arch}"
+        return dest if (dest / ".profkit-complete").exists() else None
+    done = sorted((p for p in root.iterdir() if p.is_dir() and p.name.endswith(f"-{arch}")
+                   and (p / ".profkit-complete").exists()), key=lambda p: _vkey(p.name))
+    return done[-1] if done else None
+
+
 def headers_tree(version: str | None = None) -> Path:
-    """Cached merged header tree for *version* (newest available if None)."""
+    """Cached merged header tree for *version* (newest available if None).
+
+    One process downloads at a time, under a lock in the cache; the others wait and take
+    its tree. A complete tree is never replaced: two probes on an empty cache once had
+    the second remove the tree the first's bcc was compiling against."""
     arch = deb_arch()
     root = paths.sub("kheaders")
-    if version is None:
-        existing = sorted((p for p in root.iterdir() if p.is_dir() and
-                           p.name.endswith(f"-{arch}") and (p / ".profkit-complete").exists()),
-                          key=lambda p: _vkey(p.name))
-        if existing:
-            return existing[-1]
-        version = pick_header_version(available_header_packages(), arch)
+    tree = _complete_tree(root, arch, version)
+    if tree is not None:
+        return tree
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tree = _complete_tree(root, arch, version)
+        if tree is not None:
+            return tree
         if version is None:
-            raise BccUnavailable(
-                "no linux-headers-<ver>-common/-" + arch + " pair in the configured apt sources; "
-                "install headers for the running kernel or use the bpftrace fallback")
+            version = pick_header_version(available_header_packages(), arch)
+            if version is None:
+                raise BccUnavailable(
+                    "no linux-headers-<ver>-common/-" + arch + " pair in the configured apt "
+                    "sources; install headers for the running kernel or use the bpftrace "
+                    "fallback")
+        return _download(root, arch, version)
+
+
+def _download(root: Path, arch: str, version: str) -> Path:
+    """Download, unpack and merge the header pair of *version* into the cache (the lock
+    held: an incomplete tree left by a process that died is replaced)."""
     dest = root / f"{version}-{arch}"
-    if (dest / ".profkit-complete").exists():
-        return dest
     with tempfile.TemporaryDirectory(dir=root, prefix=".dl-") as tmp:
         t = Path(tmp)
         pkgs = [f"linux-headers-{version}-common", f"linux-headers-{version}-{arch}"]
