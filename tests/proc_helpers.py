@@ -17,6 +17,15 @@ def alive(pid: int) -> bool:
         return False
 
 
+def proc_text(pid: int, name: str) -> str:
+    """/proc/PID/NAME (cmdline, comm ...), or "" once the process is gone (a child seen
+    in a listing may exit before its files are read)."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def children_named(*names: str) -> list[int]:
     """Live child processes of this test process whose command is one of *names*."""
     me = str(os.getpid())

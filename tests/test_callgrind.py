@@ -627,7 +627,7 @@ def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path
     import sys
     import time
 
-    from proc_helpers import alive
+    from proc_helpers import alive, proc_text
 
     u = cg_cluster.os_user
     with cgc.postmaster_stopped(cg_cluster) as datadir:
@@ -641,8 +641,8 @@ def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path
             vg = []
             while not vg and time.monotonic() < deadline and p.poll() is None:
                 vg = [c for c in children(p.pid)
-                      if "valgrind" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")
-                      or "callgrind" in Path(f"/proc/{c}/comm").read_text()]
+                      if "valgrind" in proc_text(c, "cmdline")
+                      or "callgrind" in proc_text(c, "comm")]
                 time.sleep(0.1)
             # the child's own error, when it ended before starting valgrind
             assert vg, ("valgrind did not start", p.poll() is not None and p.communicate()[1])
