@@ -19,7 +19,7 @@ LAYOUTS = ("vanilla@layout1", "vanilla@layout2")
 HOT = ("ExecNestLoop", "ExecMaterial", "ExecProcNodeInstr", "InstrStopNode", "ExecAgg",
        "ExecInterpExpr", "heap_getnextslot", "tuplestore_gettupleslot")
 
-pytestmark = [pytest.mark.pg, pytest.mark.alone]
+pytestmark = [pytest.mark.pg, pytest.mark.alone, pytest.mark.builds(*LAYOUTS)]
 
 
 

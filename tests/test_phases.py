@@ -139,3 +139,50 @@ def test_a_run_leaves_nothing_in_the_temp_directory(tmp_path):
                         timeout=600)
     assert cp.returncode == 0, cp.stdout[-3000:]
     assert sorted(p.name for p in temp.iterdir()) == [], list(temp.iterdir())
+
+
+def _with_env(key: str, value: str) -> list[int]:
+    """Live processes whose environment holds KEY=VALUE."""
+    want = f"{key}={value}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and d.name != str(os.getpid()):
+            try:
+                if want in (d / "environ").read_bytes().split(b"\0"):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def test_the_shared_phase_makes_the_alone_phases_builds_in_the_background(tmp_path):
+    """The builds only alone tests need (test_layouts.py's two layouts) are made by the
+    shared phase's background builder after the shared tests' own: beside the shared tests,
+    on the CPU they leave, instead of at the start of the alone phase with nothing beside
+    them (a cold run's alone phase spent ~3 minutes there).  When the phase ends the builder
+    is stopped: no process and no log stay, and no half-made build counts as made.  With -k
+    (an alone phase narrowed in ways the shared phase cannot know) nothing is started."""
+    from profkit import paths
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for sub in ("sources", "downloads"):  # the source is there: nothing to download
+        (cache / sub).symlink_to(paths.cache_dir() / sub)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_", "PROFKIT_PROFILES", "PROFKIT_FLAMEGRAPHS"))}
+    env.update(PROFKIT_CACHE=str(cache), CCACHE_DIR=str(tmp_path / "ccache"))
+
+    def shared_phase(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "--phase", "shared", *args, "tests/test_layouts.py"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    cp = shared_phase()
+    assert cp.returncode == 5, cp.stdout[-3000:]  # every test of the module is alone
+    assert ("[builds] building in the background, one at a time: vanilla@layout1, "
+            "vanilla@layout2") in cp.stdout, cp.stdout[-3000:]
+    assert _with_env("PROFKIT_CACHE", str(cache)) == []
+    assert list((cache / "builds").glob("*/COMPLETE")) == []
+    assert list((cache / "logs").glob("test-builds-*")) == []
+    cp = shared_phase("-k", "layouts")
+    assert cp.returncode == 5 and "building in the background" not in cp.stdout, cp.stdout
