@@ -5,10 +5,14 @@ by pid."""
 from __future__ import annotations
 
 import os
+import re
 
+import pandas as pd
 import pytest
 
+from profkit.experiments.profile import instrumentation_arcs
 from profkit.lab import magics
+from profkit.parse.callgrind import parse_callgrind_file
 from profkit.pg.workloads import get_workload
 from profkit.rundir import load_run
 
@@ -201,10 +205,27 @@ def test_callgrind_collector_counts_instructions(ip, capsys, vanilla_build, tmp_
     assert fn is not None, capsys.readouterr().err
     calls = dict(zip(fn["function"], fn["calls"], strict=True))
     assert calls["ExecProcNodeInstr"] == 2009  # rows + loops of the four pulled nodes
-    assert "instructions in exec_simple_query" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "instructions in exec_simple_query" in out
     (run,) = [load_run(p) for p in tmp_path.iterdir() if p.is_dir() and p.name != "latest"]
     assert run.kind == "magic-callgrind" and run.get("mode") == "analyze_notiming"
     assert run.get("instructions") > 0 and run.get("status") == "complete"
+    # the run keeps callgrind's tables, equal to a fresh parse of its raw profile
+    prof = parse_callgrind_file(run.path / "callgrind.analyze_notiming.out",
+                                run_id=run.run_id, build="vanilla")
+    assert prof.totals == run.get("instructions")
+    pd.testing.assert_frame_equal(pd.read_parquet(run.path / "functions.parquet"),
+                                  prof.functions)
+    edges = pd.read_parquet(run.path / "call_edges.parquet")
+    pd.testing.assert_frame_equal(edges, prof.call_edges)
+    # the cell shows who calls the instrumentation: the per-row brackets of
+    # ExecProcNodeInstr (2009) beside the others (the Hash node's MultiExec bracket, the
+    # shutdown brackets), which sum to InstrStartNode's 2015 calls
+    arcs = instrumentation_arcs(edges)
+    start = arcs[arcs["callee"] == "InstrStartNode"]
+    assert start.iloc[0][["caller", "calls"]].tolist() == ["ExecProcNodeInstr", 2009], start
+    assert start["calls"].sum() == calls["InstrStartNode"] == 2015 and len(start) >= 2, start
+    assert re.search(r"ExecProcNodeInstr\s+InstrStartNode\s+2009\b", out), out
     # the cluster was restarted after callgrind: the next cell runs on it again
     df = ip.run_cell_magic("profkit", "--workload join_sum --scale 0.002", "SELECT 1 AS one")
     assert df is not None and int(df.iloc[0, 0]) == 1

@@ -291,13 +291,17 @@ def _run_callgrind(s: ClusterSession, sql: str, req: CellRequest, say: Say,
         "cluster restarts afterwards)")
     counts, prof = profile.callgrind_on_cluster(s.cluster, {req.mode: sql}, rd.path,
                                                 build=req.build, workload=req.workload or "")
-    rd.update(instructions=int(counts["instructions"].iloc[0]))
+    prof = profile.store_callgrind(rd, counts, prof)
     fn = prof.functions.sort_values("self", ascending=False).head(req.top)
-    return CellResult(fn.reset_index(drop=True),
+    also = [counts[["build", "mode", "instructions", "scope", "executor_instructions"]]]
+    arcs = profile.instrumentation_arcs(prof.call_edges)
+    if len(arcs):  # who calls the instrumentation (none on a plain statement)
+        also.append(arcs)
+    return CellResult(fn.drop(columns="run_id").reset_index(drop=True),
                       f"{req.build}: {int(counts['instructions'].iloc[0]):,} instructions in "
-                      f"{counts['scope'].iloc[0]}; profiles in {rd.path}",
-                      also=[counts[["build", "mode", "instructions", "scope",
-                                    "executor_instructions"]]], run_dir=rd.path)
+                      f"{counts['scope'].iloc[0]}; profile, functions.parquet and "
+                      f"call_edges.parquet in {rd.path}",
+                      also=also, run_dir=rd.path)
 
 
 def _run_gprof(s: ClusterSession, sql: str, req: CellRequest, say: Say,

@@ -553,20 +553,42 @@ def callgrind_profile(build: Any, workload: str = "nested_loop", *, scale: float
                 "cluster restarts afterwards)")
             counts, prof = callgrind_on_cluster(cl, {mode: wl.query(mode)}, rd.path,
                                                 build=b.name, workload=workload)
-        prof = dataclasses.replace(
-            prof, functions=validate(prof.functions.assign(run_id=rd.run_id), "functions"),
-            call_edges=validate(prof.call_edges.assign(run_id=rd.run_id), "call_edges"))
-        rd.add_artifact(Path(str(counts["out_file"].iloc[0])).name,
-                        "callgrind's profile of the query (callgrind_annotate, kcachegrind, "
-                        "profkit parse callgrind)")
-        prof.functions.to_parquet(rd.file("functions.parquet"), index=False)
-        rd.add_artifact("functions.parquet", "functions table (callgrind: self, inclusive, "
-                        "calls per function)")
-        prof.call_edges.to_parquet(rd.file("call_edges.parquet"), index=False)
-        rd.add_artifact("call_edges.parquet", "call_edges table (caller -> callee calls)")
-        rd.update(instructions=int(counts["instructions"].iloc[0]),
-                  scope=str(counts["scope"].iloc[0]))
+        prof = store_callgrind(rd, counts, prof)
         return CallgrindResult(rd, prof, counts, pred)
+
+
+def store_callgrind(rd: RunDir, counts: pd.DataFrame, prof: Any) -> Any:
+    """Keep a callgrind run's tables in its run directory *rd*: ``functions.parquet`` and
+    ``call_edges.parquet`` (tagged with the run id), the raw profile named as an artifact,
+    and the instructions and their scope in provenance.json. Returns *prof* with the
+    tagged tables (``profkit callgrind`` and the ``%%profkit`` cell both keep these)."""
+    prof = dataclasses.replace(
+        prof, functions=validate(prof.functions.assign(run_id=rd.run_id), "functions"),
+        call_edges=validate(prof.call_edges.assign(run_id=rd.run_id), "call_edges"))
+    rd.add_artifact(Path(str(counts["out_file"].iloc[0])).name,
+                    "callgrind's profile of the query (callgrind_annotate, kcachegrind, "
+                    "profkit parse callgrind)")
+    prof.functions.to_parquet(rd.file("functions.parquet"), index=False)
+    rd.add_artifact("functions.parquet", "functions table (callgrind: self, inclusive, "
+                    "calls per function)")
+    prof.call_edges.to_parquet(rd.file("call_edges.parquet"), index=False)
+    rd.add_artifact("call_edges.parquet", "call_edges table (caller -> callee calls)")
+    rd.update(instructions=int(counts["instructions"].iloc[0]),
+              scope=str(counts["scope"].iloc[0]))
+    return prof
+
+
+def instrumentation_arcs(call_edges: pd.DataFrame) -> pd.DataFrame:
+    """The call arcs into the Instr* functions (caller, callee, calls), callee by callee
+    in :data:`INSTR_FUNCTIONS` order and the busiest caller first: which code paths call
+    the instrumentation, and how often (ExecProcNodeInstr's per-row brackets beside the
+    Hash node's MultiExec bracket and the shutdown brackets)."""
+    e = call_edges[call_edges["callee"].isin(INSTR_FUNCTIONS)]
+    order = {fn: i for i, fn in enumerate(INSTR_FUNCTIONS)}
+    e = (e.groupby(["callee", "caller"], as_index=False)["calls"].sum()
+         .assign(_o=lambda d: d["callee"].map(order))
+         .sort_values(["_o", "calls", "caller"], ascending=[True, False, True]))
+    return e[["caller", "callee", "calls"]].reset_index(drop=True)
 
 
 def callgrind_run(build: str, workload: str, *, scale: float, mode: str, top: int = 15,

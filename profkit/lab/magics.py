@@ -102,7 +102,8 @@ def make_parser() -> _Parser:
                    help="none: the query's rows; perf: a flamegraph; gprof: call counts "
                         "(needs a profiling build, e.g. --build gprof); ltrace: clock_gettime "
                         "calls; bpf: instrumentation calls per function and plan node; "
-                        "callgrind: instructions (default: none)")
+                        "callgrind: instructions, exact calls and the call arcs into "
+                        "the Instr* functions (default: none)")
     p.add_argument("--mode", choices=MODES, default="plain",
                    help="plain: the SQL as is; analyze_notiming / analyze_timing: wrapped in "
                         "EXPLAIN (ANALYZE, TIMING off/on) (default: plain)")
