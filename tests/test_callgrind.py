@@ -227,6 +227,39 @@ def test_collect_jumps_gives_the_same_costs(tmp_path):
     assert tables["jumps"].loc["fib", "calls"] == 465
 
 
+def test_caller_contexts_merge_into_the_same_tables(tmp_path):
+    """valgrind --separate-callers=2 --separate-recs=4 names every function once per caller
+    chain and recursion level (``fib'3'work'main``, ``leaf'fib'work``): merged, the functions
+    table and the call arcs are the ones of the same program profiled without the
+    options, calls, self and inclusive cost alike."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is needed (build-essential)"
+    exe = tmp_path / "fib"
+    run([gcc, "-O1", "-g", "-fno-inline", "-o", exe, FIX / "fib.c"], timeout=60)
+    profs = {}
+    for name, extra in (("plain", []),
+                        ("contexts", ["--separate-callers=2", "--separate-recs=4"])):
+        out = tmp_path / f"{name}.out"
+        run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *extra,
+             "--toggle-collect=work", exe, "500"], timeout=120)
+        profs[name] = cgp.parse_callgrind_file(out)
+    names = {ln.split(")", 1)[-1].strip() for ln in
+             (tmp_path / "contexts.out").read_text().splitlines()
+             if ln.startswith(("fn=", "cfn="))}
+    # a nested fib keeps the context of the outermost one: fib'3'work'main
+    assert {"leaf'work'main", "fib'work'main", "fib'3'work'main", "leaf'fib'work"} <= names, \
+        sorted(names)
+
+    def table(p):
+        return p.functions.set_index("function")[["calls", "self", "total"]].sort_index()
+
+    pd.testing.assert_frame_equal(table(profs["plain"]), table(profs["contexts"]))
+    pd.testing.assert_frame_equal(profs["plain"].call_edges, profs["contexts"].call_edges)
+    f = table(profs["contexts"])
+    assert f.loc["fib", "calls"] == 465 and f.loc["leaf", "calls"] == 500 + 233
+    assert profs["contexts"].inclusive("work") == profs["contexts"].totals
+
+
 THREADS_C = r"""
 #include <pthread.h>
 #include <stdio.h>

@@ -181,7 +181,8 @@ def callgrind_cmd(file: str, event: str | None, call_graph: bool, no_strict: boo
                   output: str | None, as_json: bool) -> None:
     """Print a callgrind (or cachegrind) output file's functions as CSV, by self cost:
     function,object,calls,self_EVENT,inclusive_EVENT,self_percent (recursion levels
-    fn'2... merged; calls empty where no arc leads in), or with --call-graph its arcs.
+    fn'2 and --separate-callers contexts fn'caller merged; calls empty where no arc leads
+    in), or with --call-graph its arcs.
     FILE may be `-` (stdin) or gzip-compressed."""
     import pandas as pd
 

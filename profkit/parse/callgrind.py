@@ -33,6 +33,10 @@ What is read:
   ``unit`` is ``instructions`` for ``Ir``, else the event's name.
 - Recursion: callgrind names the 2nd and deeper nested activations of a function
   ``name'2`` (``--separate-recs``, default 2). They are merged into ``name``.
+- Caller contexts (``--separate-callers=N``): callgrind names a function once per chain of
+  its last N callers, ``name'caller`` (``fib'2'work``: a nested fib in work's context).
+  They are merged into ``name`` too, so the tables are the same as without the option;
+  the call arcs keep who called whom.
 - Call arcs (``cfn=`` + ``calls=``): the ``call_edges`` table, calls summed per caller and
   callee (recursion levels merged the same way), what ``callgrind_annotate --tree=caller``
   prints as ``(Nx)``. An arc with ``calls=0`` (a call already in progress when collection
@@ -48,6 +52,7 @@ functions. ``calls`` counts every call into it, nested ones included (as gprof d
 """
 from __future__ import annotations
 
+import functools
 import glob
 import itertools
 import math
@@ -69,6 +74,8 @@ TOOL = "callgrind"
 UNIT = "instructions"
 
 _REC_SUFFIX = re.compile(r"'\d+$")
+# C++ operators whose names hold brackets (masked when finding where a name ends)
+_OPERATOR = re.compile(r"operator\s*(?:<<=|>>=|<=>|<<|>>|<=|>=|->\*|->|<|>|\(\)|\[\])")
 _NAME = re.compile(r"^\((\d+)\)(?:\s(.*))?$")
 # spec: position lines start with a number, "+", "-", "*" or "0x"
 _COST_START = frozenset("0123456789+-*")
@@ -322,8 +329,31 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
     )
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _split(name: str) -> tuple[str, bool]:
+    """*name* as callgrind wrote it → (the function, whether this is a nested activation).
+
+    callgrind appends ``'N`` for the Nth nested activation (``--separate-recs``) and
+    ``'caller`` for each caller of a context (``--separate-callers=N``), recursion level
+    first: ``fib'2'work`` is a nested ``fib`` called in ``work``'s context. The function
+    ends at the first ``'`` outside brackets, so quotes inside a name stay
+    (``<method 'read' of 'file' objects>``, ``foo<'a'>``); ``operator<`` and friends do not
+    count as brackets. A nested activation's first suffix is a number."""
+    depth = 0
+    masked = _OPERATOR.sub(lambda m: "o" * len(m.group(0)), name)
+    for i, ch in enumerate(masked):
+        if ch in "<([{":
+            depth += 1
+        elif ch in ">)]}":
+            depth = max(depth - 1, 0)
+        elif ch == "'" and depth == 0 and i > 0:
+            return name[:i], name[i + 1:].split("'", 1)[0].isdigit()
+    m = _REC_SUFFIX.search(name)  # unbalanced brackets: the recursion suffix still counts
+    return (name[:m.start()], True) if m else (name, False)
+
+
 def _base(name: str) -> str:
-    return _REC_SUFFIX.sub("", name)
+    return _split(name)[0]
 
 
 def _functions_table(
@@ -350,7 +380,7 @@ def _functions_table(
         caller = key(cob_, cfn_)
         selfs.setdefault(callee, 0)
         calls[callee] += n
-        if tfn == _base(tfn):  # outermost activation of the callee
+        if not _split(tfn)[1]:  # outermost activation of the callee (in any context)
             incoming_outer[callee] += cost
             has_outer_arc.add(callee)
         if callee != caller:
