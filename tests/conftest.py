@@ -82,11 +82,6 @@ def _select_phase(config, items) -> None:
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    if phase == "shared" and not (config.getoption("keyword") or config.getoption("markexpr")):
-        # the builds only the alone phase needs: the shared phase's background builder
-        # makes them last, on what the shared tests leave of the CPU (-k or -m narrow the
-        # alone phase in ways not known here: then it makes its own, as always)
-        config._profkit_alone_builds = needed_builds(drop)
 
 
 def _longest_first(items) -> None:
@@ -203,12 +198,7 @@ def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
     names = needed_builds(session.items)
-    # made after the shared tests' builds, waited for by no test here; unfinished when the
-    # phase ends, the builder is stopped and the alone phase makes the rest (ccache keeps
-    # every object already compiled)
-    for_alone = [n for n in getattr(session.config, "_profkit_alone_builds", [])
-                 if n not in names]
-    if not names and not for_alone:
+    if not names:
         return
     from profkit.pg.build import find_build, get_build
 
@@ -226,7 +216,7 @@ def pytest_collection_finish(session):
     from profkit.errors import ProfkitError
 
     missing = []
-    for n in (*names, *for_alone):
+    for n in names:
         try:  # a build's key needs its source: pg19/... may have none here
             if find_build(n) is None:
                 missing.append(n)
@@ -249,7 +239,7 @@ def pytest_collection_finish(session):
             _stop(say, f"build {n!r} failed, so the tests that need it cannot run:\n{e}")
         if n in missing:
             say(f"[{i}/{len(names)}] {n} ready in {time.monotonic() - t0:.0f} s")
-    later = [n for n in (*names[len(now):], *for_alone) if n in missing]
+    later = [n for n in names[len(now):] if n in missing]
     if later:
         from profkit import paths
 
