@@ -9,6 +9,7 @@ Commands that need a cluster share one detached cluster of the vanilla build
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -488,6 +489,19 @@ def test_callgrind_command(tmp_path: Path) -> None:
     assert top[0].split() == ["function", "calls", "self", "inclusive", "self_share"]
     assert all(re.match(r"^\s*\w+\s+\d+\s+\d+\s+\d+\s+[\d.]+%$", ln) for ln in top[1:6])
     assert top[6].startswith("instrumentation calls (predicted"), top
+    # who made those calls: ExecProcNodeInstr's per-row brackets, and the others (the
+    # shutdown brackets) that make up the rest of InstrStartNode's calls
+    callers = out.split("their callers:\n")[1].splitlines()
+    assert callers[0].split() == ["caller", "callee", "calls"], callers
+    arcs = [ln.split() for ln in itertools.takewhile(
+        lambda ln: not ln.startswith(("note:", "artifacts:")), callers[1:])]
+    assert arcs and all(len(a) == 3 and a[2].isdigit() for a in arcs), callers
+    wrapper = next(int(c) for a, b, c in arcs if (a, b) == ("ExecProcNodeInstr",
+                                                             "InstrStartNode"))
+    calls = {fn: int(re.search(rf"^\s*{fn}\s+(\d+)", out, re.M).group(1))
+             for fn in ("ExecProcNodeInstr", "InstrStartNode")}
+    assert wrapper == calls["ExecProcNodeInstr"] < calls["InstrStartNode"], (arcs, calls)
+    assert sum(int(c) for _, b, c in arcs if b == "InstrStartNode") == calls["InstrStartNode"]
     run = Path(re.search(r"^artifacts: (.+)$", out, re.M).group(1))
     prof = parse_callgrind_file(run / "callgrind.analyze_notiming.out", run_id=run.name,
                                 build="vanilla")

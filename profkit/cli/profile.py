@@ -168,9 +168,9 @@ def callgrind_cmd(build: str, workload: str, query: str | None, scale: float, mo
                   top_n: int) -> None:
     """Count one execution of a query under callgrind in a single-user backend of BUILD
     (any build: no -pg twin needed): its instructions, the top functions by self
-    instructions, and the instrumentation functions' exact calls next to what the plan
-    predicts. The raw profile is kept for callgrind_annotate, kcachegrind and
-    `profkit parse callgrind`."""
+    instructions, the instrumentation functions' exact calls next to what the plan
+    predicts, and their callers (calls per caller). The raw profile is kept for
+    callgrind_annotate, kcachegrind and `profkit parse callgrind`."""
     from profkit.experiments.profile import callgrind_run
     from profkit.pg.workloads import workload_spec
 

@@ -612,6 +612,7 @@ def callgrind_run(build: str, workload: str, *, scale: float, mode: str, top: in
     if len(table):
         tables.append(("instrumentation calls (predicted from the plan's rows and loops):"
                        if res.prediction is not None else "instrumentation calls:", table))
+        tables.append(("their callers:", instrumentation_arcs(res.profile.call_edges)))
     return ProfileRun(res, None, head, tables, [f"note: {n}" for n in notes])
 
 
