@@ -227,6 +227,25 @@ def test_collect_jumps_gives_the_same_costs(tmp_path):
     assert tables["jumps"].loc["fib", "calls"] == 465
 
 
+def test_which_quotes_end_a_function_name():
+    """A suffix after a quote is a recursion level (a number) or a caller of a context only
+    when it names a function of the same profile; quotes inside brackets, and a quote
+    followed by anything else, belong to the name."""
+    body = ["fl=(1) a.c"]
+    names = ["main", "fib'work", "fib'2'work", "leaf'fib'work", "work'main",
+             "f'", "x'_42", "<method 'read' of 'file' objects>",
+             "std::operator<< <char>(std::ostream&)'main", "g<'a'>'main", "(below main)",
+             "h'(below main)"]
+    for i, n in enumerate(names, 2):
+        body += [f"fn=({i}) {n}", "1 10"]
+    prof = cgp.parse_callgrind("events: Ir\n" + "\n".join(body) + "\ntotals: 120\n")
+    got = dict(zip(prof.functions["function"], prof.functions["self"], strict=True))
+    assert got == {"main": 10, "fib": 20, "leaf": 10, "work": 10, "f'": 10, "x'_42": 10,
+                   "<method 'read' of 'file' objects>": 10,
+                   "std::operator<< <char>(std::ostream&)": 10, "g<'a'>": 10,
+                   "(below main)": 10, "h": 10}, got
+
+
 def test_caller_contexts_merge_into_the_same_tables(tmp_path):
     """valgrind --separate-callers=2 --separate-recs=4 names every function once per caller
     chain and recursion level (``fib'3'work'main``, ``leaf'fib'work``): merged, the functions

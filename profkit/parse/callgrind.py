@@ -36,7 +36,8 @@ What is read:
 - Caller contexts (``--separate-callers=N``): callgrind names a function once per chain of
   its last N callers, ``name'caller`` (``fib'2'work``: a nested fib in work's context).
   They are merged into ``name`` too, so the tables are the same as without the option;
-  the call arcs keep who called whom.
+  the call arcs keep who called whom. A suffix counts as a caller only when it names a
+  function of the same profile: a name that holds a quote of its own stays whole.
 - Call arcs (``cfn=`` + ``calls=``): the ``call_edges`` table, calls summed per caller and
   callee (recursion levels merged the same way), what ``callgrind_annotate --tree=caller``
   prints as ``(Nx)``. An arc with ``calls=0`` (a call already in progress when collection
@@ -94,7 +95,8 @@ class CallgrindProfile:
     functions: pd.DataFrame = field(default_factory=lambda: tables.empty("functions"))
     #: one row per caller -> callee pair: ``calls`` (every ``calls=`` line of the pair,
     #: recursion levels merged as in ``functions``), ``caller_module``/``callee_module``
-    call_edges: pd.DataFrame = field(default_factory=lambda: _edges_table([], "", ""))
+    call_edges: pd.DataFrame = field(default_factory=lambda: _edges_table([], "", "",
+                                                                          _Activations([])))
 
     def inclusive(self, function: str) -> int:
         """Inclusive cost of *function* (see module doc); KeyError if absent."""
@@ -321,52 +323,83 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
             f"{self_sum}; the file is corrupt"
         )
     assert event is not None  # set with events
-    df = _functions_table(self_cost, arcs, totals, run_id=run_id, build=build,
+    names = _Activations(itertools.chain((fn for _, fn in self_cost),
+                                         (a[0][1] for a in arcs), (a[1][1] for a in arcs)))
+    df = _functions_table(self_cost, arcs, totals, names, run_id=run_id, build=build,
                           unit=UNIT if event == "Ir" else event)
     return CallgrindProfile(
         events=events, event=event, totals=totals, summary=summary, parts=max(parts, 1),
-        header=header, functions=df, call_edges=_edges_table(arcs, run_id, build),
+        header=header, functions=df, call_edges=_edges_table(arcs, run_id, build, names),
     )
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _split(name: str) -> tuple[str, bool]:
-    """*name* as callgrind wrote it → (the function, whether this is a nested activation).
-
-    callgrind appends ``'N`` for the Nth nested activation (``--separate-recs``) and
-    ``'caller`` for each caller of a context (``--separate-callers=N``), recursion level
-    first: ``fib'2'work`` is a nested ``fib`` called in ``work``'s context. The function
-    ends at the first ``'`` outside brackets, so quotes inside a name stay
-    (``<method 'read' of 'file' objects>``, ``foo<'a'>``); ``operator<`` and friends do not
-    count as brackets. A nested activation's first suffix is a number."""
-    depth = 0
+def _parts(name: str) -> tuple[str, str | None]:
+    """*name* → (what comes before its first ``'`` outside brackets, the suffix up to the
+    next one), or (*name*, None) when it has no such quote. Quotes inside brackets belong
+    to the name (``<method 'read' of 'file' objects>``, ``foo<'a'>``); ``operator<`` and
+    friends do not count as brackets."""
     masked = _OPERATOR.sub(lambda m: "o" * len(m.group(0)), name)
+    cut = None
+    depth = 0
     for i, ch in enumerate(masked):
         if ch in "<([{":
             depth += 1
         elif ch in ">)]}":
             depth = max(depth - 1, 0)
         elif ch == "'" and depth == 0 and i > 0:
-            return name[:i], name[i + 1:].split("'", 1)[0].isdigit()
+            if cut is not None:
+                return name[:cut], name[cut + 1:i]
+            cut = i
+    if cut is not None:
+        return name[:cut], name[cut + 1:]
     m = _REC_SUFFIX.search(name)  # unbalanced brackets: the recursion suffix still counts
-    return (name[:m.start()], True) if m else (name, False)
+    return (name[:m.start()], name[m.start() + 1:]) if m else (name, None)
 
 
-def _base(name: str) -> str:
-    return _split(name)[0]
+class _Activations:
+    """How a profile's function names resolve to functions.
+
+    callgrind appends ``'N`` to the Nth nested activation of a function
+    (``--separate-recs``) and ``'caller`` for each caller of a context
+    (``--separate-callers=N``), recursion level first: ``fib'2'work`` is a nested fib
+    called in work's context. A suffix is taken as a caller only when it names a function
+    of the same profile, so a name that merely holds a quote (an OCaml ``x'``) stays whole.
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        parts = {n: _parts(n) for n in set(names)}
+        known = {base for base, _ in parts.values()}
+        self._resolved: dict[str, tuple[str, bool]] = {}
+        for n, (base, first) in parts.items():
+            if first is None:
+                self._resolved[n] = (n, False)
+            elif first.isdigit():
+                self._resolved[n] = (base, True)
+            elif first in known:
+                self._resolved[n] = (base, False)
+            else:
+                self._resolved[n] = (n, False)
+
+    def function(self, name: str) -> str:
+        return self._resolved[name][0]
+
+    def nested(self, name: str) -> bool:
+        return self._resolved[name][1]
 
 
 def _functions_table(
     self_cost: dict[tuple[str, str], int],
     arcs: list[tuple[tuple[str, str], tuple[str, str], int, int]],
     totals: int,
+    names: _Activations,
     *,
     run_id: str,
     build: str,
     unit: str = UNIT,
 ) -> pd.DataFrame:
     def key(ob: str, fn: str) -> tuple[str, str]:
-        return (os.path.basename(ob), _base(fn))
+        return (os.path.basename(ob), names.function(fn))
 
     selfs: dict[tuple[str, str], int] = defaultdict(int)
     for (ob, fn), c in self_cost.items():
@@ -380,7 +413,7 @@ def _functions_table(
         caller = key(cob_, cfn_)
         selfs.setdefault(callee, 0)
         calls[callee] += n
-        if not _split(tfn)[1]:  # outermost activation of the callee (in any context)
+        if not names.nested(tfn):  # outermost activation of the callee (in any context)
             incoming_outer[callee] += cost
             has_outer_arc.add(callee)
         if callee != caller:
@@ -404,7 +437,7 @@ def _functions_table(
 
 
 def _edges_table(arcs: list[tuple[tuple[str, str], tuple[str, str], int, int]],
-                 run_id: str, build: str) -> pd.DataFrame:
+                 run_id: str, build: str, names: _Activations) -> pd.DataFrame:
     """The ``call_edges`` table: calls summed per (caller, callee), each keyed like the
     functions table (object's base name, recursion suffix merged: ``fib'2 -> fib'3`` and
     ``fib -> fib'2`` are both ``fib -> fib``, as gprof counts recursive calls)."""
@@ -412,7 +445,8 @@ def _edges_table(arcs: list[tuple[tuple[str, str], tuple[str, str], int, int]],
     for (cob_, cfn_), (tob, tfn), n, _cost in arcs:
         if n == 0:  # a call in progress when collection started (the toggle's callers)
             continue
-        calls[(os.path.basename(cob_), _base(cfn_), os.path.basename(tob), _base(tfn))] += n
+        calls[(os.path.basename(cob_), names.function(cfn_), os.path.basename(tob),
+               names.function(tfn))] += n
     df = pd.DataFrame(
         [{"run_id": run_id, "build": build, "caller": c, "callee": t, "calls": n,
           "caller_module": cm, "callee_module": tm}
