@@ -452,6 +452,51 @@ def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
     assert b"outer:inl.c:" in ctx
 
 
+# ---------------------------------------------------------------- side-band events, fields
+
+SIDEBAND_C = r"""
+#include <pthread.h>
+#include <unistd.h>
+#include <sys/wait.h>
+static volatile long sink;
+__attribute__((noinline)) static void *spin(void *a)
+{ for (long i = 0; i < 40000000; i++) sink += i; return a; }
+int main(void) { pthread_t t; pthread_create(&t, 0, spin, 0); spin(0); pthread_join(t, 0);
+  pid_t c = fork(); if (c == 0) { spin(0); _exit(0); } waitpid(c, 0, 0); return 0; }
+"""
+# what other machines' `perf script` adds or leaves out: side-band records between the
+# samples (mmap, task, context-switch, namespace, lost), nanosecond times, chosen fields
+SCRIPT_VARIANTS = [(), ("--show-mmap-events", "--show-task-events", "--show-switch-events",
+                        "--show-namespace-events", "--show-lost-events"),
+                   ("--ns",), ("-F", "comm,tid,ip,sym"), ("-F", "+period"), ("-G",),
+                   ("-F", "comm,pid,tid,time,event,ip,sym,dso", "--show-switch-events")]
+
+
+def test_sideband_records_and_fields_fold_as_perl_does(tmp_path: Path) -> None:
+    """A program with a thread and a child, recorded here with context-switch records: its
+    `perf script` text under each of SCRIPT_VARIANTS folds to the Perl script's bytes, by
+    both cores and with --pid/--tid."""
+    exe = _compiled(tmp_path, "sideband", SIDEBAND_C)
+    data = tmp_path / "sideband.data"
+    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "--switch-events", "-o",
+                    str(data), str(exe)], check=True, capture_output=True, timeout=120)
+    for args in SCRIPT_VARIANTS:
+        text = subprocess.run(["perf", "script", "-i", str(data), *args], check=True,
+                              capture_output=True, timeout=120).stdout
+        if "--show-switch-events" in args:
+            assert b"PERF_RECORD_SWITCH" in text, args
+        perl = _perl(text)
+        if args == ("-G",):  # no call graphs printed: nothing to fold, for either
+            assert perl == b"", perl[:300]
+        else:  # without the dso field the frames are not stack lines to the Perl script:
+            # only the process names remain
+            assert perl.strip() and (b";spin " in perl) == ("comm,tid,ip,sym" not in args), \
+                (args, perl[:300])
+        for impl in IMPLS:
+            assert _ours(text, impl) == perl, (args, impl)
+            assert _ours(text, impl, pid=True, tid=True) == _perl(text, "--pid", "--tid"), args
+
+
 # ---------------------------------------------------------------- --srcline
 
 SRCLINE_C = r"""
