@@ -233,14 +233,15 @@ def test_which_quotes_end_a_function_name():
     followed by anything else, belong to the name."""
     body = ["fl=(1) a.c"]
     names = ["main", "fib'work", "fib'2'work", "leaf'fib'work", "work'main",
-             "f'", "x'_42", "<method 'read' of 'file' objects>",
+             "f'", "f''2", "x'_42", "<method 'read' of 'file' objects>",
              "std::operator<< <char>(std::ostream&)'main", "g<'a'>'main", "(below main)",
              "h'(below main)"]
     for i, n in enumerate(names, 2):
         body += [f"fn=({i}) {n}", "1 10"]
-    prof = cgp.parse_callgrind("events: Ir\n" + "\n".join(body) + "\ntotals: 120\n")
+    prof = cgp.parse_callgrind("events: Ir\n" + "\n".join(body) + "\ntotals: 130\n")
     got = dict(zip(prof.functions["function"], prof.functions["self"], strict=True))
-    assert got == {"main": 10, "fib": 20, "leaf": 10, "work": 10, "f'": 10, "x'_42": 10,
+    # f''2: the second activation of f' (its own quote kept, the recursion level merged)
+    assert got == {"main": 10, "fib": 20, "leaf": 10, "work": 10, "f'": 20, "x'_42": 10,
                    "<method 'read' of 'file' objects>": 10,
                    "std::operator<< <char>(std::ostream&)": 10, "g<'a'>": 10,
                    "(below main)": 10, "h": 10}, got

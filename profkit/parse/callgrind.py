@@ -378,8 +378,9 @@ class _Activations:
                 self._resolved[n] = (base, True)
             elif first in known:
                 self._resolved[n] = (base, False)
-            else:
-                self._resolved[n] = (n, False)
+            else:  # the quote is the name's own; a recursion suffix may still follow it
+                m = _REC_SUFFIX.search(n)
+                self._resolved[n] = (n[:m.start()], True) if m else (n, False)
 
     def function(self, name: str) -> str:
         return self._resolved[name][0]
