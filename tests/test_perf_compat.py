@@ -428,13 +428,22 @@ def _compiled(tmp_path: Path, name: str, source: str, *tools: str) -> Path:
     return exe
 
 
-def _perf_script_of(prog: Path, *script_args: str) -> bytes:
-    """`perf record -g` of *prog* run here, then its `perf script` text."""
+def _perf_record(prog: Path, *record_args: str) -> Path:
+    """`perf record -g` (and *record_args*) of *prog* run here: the perf.data file."""
     data = prog.with_name(prog.name + ".data")
-    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), str(prog)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", *record_args, "-o", str(data),
+                    str(prog)], check=True, capture_output=True, timeout=120)
+    return data
+
+
+def _perf_script(data: Path, *script_args: str) -> bytes:
     return subprocess.run(["perf", "script", "-i", str(data), *script_args], check=True,
                           capture_output=True, timeout=300).stdout
+
+
+def _perf_script_of(prog: Path, *script_args: str) -> bytes:
+    """`perf record -g` of *prog* run here, then its `perf script` text."""
+    return _perf_script(_perf_record(prog), *script_args)
 
 
 def test_inline_matches_perl_on_a_real_recording(tmp_path: Path) -> None:
@@ -476,13 +485,9 @@ def test_sideband_records_and_fields_fold_as_perl_does(tmp_path: Path) -> None:
     """A program with a thread and a child, recorded here with context-switch records: its
     `perf script` text under each of SCRIPT_VARIANTS folds to the Perl script's bytes, by
     both cores and with --pid/--tid."""
-    exe = _compiled(tmp_path, "sideband", SIDEBAND_C)
-    data = tmp_path / "sideband.data"
-    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "--switch-events", "-o",
-                    str(data), str(exe)], check=True, capture_output=True, timeout=120)
+    data = _perf_record(_compiled(tmp_path, "sideband", SIDEBAND_C), "--switch-events")
     for args in SCRIPT_VARIANTS:
-        text = subprocess.run(["perf", "script", "-i", str(data), *args], check=True,
-                              capture_output=True, timeout=120).stdout
+        text = _perf_script(data, *args)
         if "--show-switch-events" in args:
             assert b"PERF_RECORD_SWITCH" in text, args
         perl = _perl(text)

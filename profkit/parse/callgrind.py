@@ -53,7 +53,6 @@ functions. ``calls`` counts every call into it, nested ones included (as gprof d
 """
 from __future__ import annotations
 
-import functools
 import glob
 import itertools
 import math
@@ -333,7 +332,6 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
     )
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _parts(name: str) -> tuple[str, str | None]:
     """*name* → (what comes before its first ``'`` outside brackets, the suffix up to the
     next one), or (*name*, None) when it has no such quote. Quotes inside brackets belong
