@@ -198,13 +198,35 @@ def _run_group(argv: list[str], *, timeout: float | None, input: bytes | None,
     _install_handlers()
     with subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                           start_new_session=True, **popen_kwargs) as proc:
+        with _running_lock:
+            _running[proc.pid] = threading.get_ident()
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except BaseException:
             _kill_group_quietly(proc.pid)
             proc.wait()
             raise
+        finally:
+            with _running_lock:
+                _running.pop(proc.pid, None)
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+# The commands run() is waiting for, each a process group, by the thread that waits: an
+# interrupted main thread stops those of its helper threads (get_builds), which a Ctrl-C
+# or SIGTERM does not reach (their groups are their own, and Python raises in the main
+# thread only).
+_running: dict[int, int] = {}
+_running_lock = threading.Lock()
+
+
+def stop_commands_of(threads: set[int]) -> None:
+    """Kill the process groups that run() started from *threads* (thread idents) and
+    still waits for; each such run() then fails as for a command that was killed."""
+    with _running_lock:
+        groups = [pgid for pgid, t in _running.items() if t in threads]
+    for pgid in groups:
+        _kill_group_quietly(pgid)
 
 
 def _decode(b: bytes | str | None) -> str:
@@ -406,16 +428,21 @@ def stop_all() -> None:
 
 
 _handlers_installed = False
+_atexit_registered = False
 
 
 def _install_handlers() -> None:
-    global _handlers_installed
+    """stop_all at exit, and on SIGTERM (whose handler only the main thread may set: a
+    first call from another thread leaves that to the main thread's next call)."""
+    global _handlers_installed, _atexit_registered
     if _handlers_installed:
         return
-    _handlers_installed = True
-    atexit.register(stop_all)
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(stop_all)
     if threading.current_thread() is not threading.main_thread():
         return
+    _handlers_installed = True
     prev = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum, frame):
@@ -428,6 +455,13 @@ def _install_handlers() -> None:
         signal.signal(signal.SIGTERM, on_term)
     except ValueError:
         pass
+
+
+def install_handlers() -> None:
+    """What run() and Background install on first use: stop_all at exit and on SIGTERM.
+    Code that runs commands from helper threads calls it from the main thread first
+    (only that thread may set a signal handler)."""
+    _install_handlers()
 
 
 def live_pids() -> list[int]:

@@ -15,7 +15,7 @@ from proc_helpers import alive
 
 from profkit import paths
 from profkit.errors import BuildError, ClusterError, PatchError, ToolNotFound
-from profkit.pg.build import BuildSpec, get_build, resolve_spec
+from profkit.pg.build import BuildSpec, get_build, get_builds, resolve_spec
 from profkit.pg.cluster import Cluster
 from profkit.pg.source import SourceError, get_source
 from profkit.pg.workloads import WorkloadError, get_workload
@@ -241,6 +241,25 @@ def test_patch_that_does_not_apply_is_said_before_waiting_for_another_build():
     assert str(ei.value).startswith("build 'test-broken' failed at step 'patch': ")
     assert str(ei.value).endswith(f"(log: {ei.value.log_path})")
     assert _no_entry_for("test-broken")
+    Path(ei.value.log_path).unlink()
+
+
+def test_a_failed_build_stops_a_list_and_keeps_the_builds_before_it(vanilla_build):
+    """get_builds(vanilla, a broken patch, a build after it): vanilla comes back (through
+    on_built too), the error is the broken build's own, and the build after it, started
+    beside it, is neither configured (it configures after the builds before it have) nor
+    compiled nor left in the cache."""
+    broken = BuildSpec("test-broken", patches=(str(FIXTURES / "patches" / "broken.patch"),))
+    after = BuildSpec("test-after-broken")
+    seen, said = [], []
+    with pytest.raises(PatchError) as ei:
+        get_builds(["vanilla", broken, after], on_built=seen.append, progress=said.append)
+    assert [b.dir for b in seen] == [vanilla_build.dir]
+    assert str(ei.value).startswith("build 'test-broken' failed at step 'patch': ")
+    assert "hunk #2" in str(ei.value)
+    assert _no_entry_for("test-broken") and _no_entry_for("test-after-broken")
+    assert not [s for s in said if s.startswith(("test-after-broken: configure",
+                                                 "test-after-broken: make"))], said
     Path(ei.value.log_path).unlink()
 
 

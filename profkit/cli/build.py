@@ -31,6 +31,9 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
           check: bool) -> None:
     """Build PostgreSQL variants (cached; an unchanged build is never rebuilt).
 
+    Several names are made in the order given, one compile at a time (make uses every
+    core), while the next one copies its source, applies its patches and runs configure.
+
     A preset prefixed pg19/ (pg19/vanilla, pg19/step5) is built from PostgreSQL 19:
     $PROFKIT_PG19_SOURCE if set (e.g. tarball:../shared/pg-sources/postgresql-19beta1.tar.bz2),
     else debian:postgresql-19 (Debian's experimental suite).  The prefix works wherever a
@@ -41,7 +44,7 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
     NAME --patch FILE [--patch FILE ...]: a named build of your own patches on --base.
 
     --check: a dry run that shows each build resolves and its patches apply."""
-    from profkit.pg.build import custom_specs, define_build, get_build, list_builds
+    from profkit.pg.build import custom_specs, define_build, get_builds, list_builds
     from profkit.pg.build import presets as all_presets
 
     custom = patch_files or configure_opts or cflags
@@ -71,10 +74,10 @@ def build(presets: tuple[str, ...], source: str | None, patch_files: tuple[str, 
         spec = define_build(presets[0], patch_files, base=base, configure_opts=configure_opts,
                             cflags=cflags, source=source)
         say(f"{spec.name}: {spec.description}")
-    for p in presets:
-        with err_console.status(f"building {p}"):
-            b = get_build(p, source=source, progress=say)
-        click.echo(f"{b.name}\t{b.version}\t{b.prefix}")
+    # several: the next one's source copy, patches and configure beside this one's compile
+    with err_console.status(f"building {', '.join(presets)}"):
+        get_builds(presets, source=source, progress=say,
+                   on_built=lambda b: click.echo(f"{b.name}\t{b.version}\t{b.prefix}"))
 
 
 def _check(names: tuple[str, ...], source: str | None) -> None:

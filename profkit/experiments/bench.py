@@ -90,7 +90,7 @@ from profkit.collect.callgrind import (
     perf_stat_instructions,
 )
 from profkit.parse.callgrind import instr_counts_from_session
-from profkit.pg.build import Build, presets
+from profkit.pg.build import Build, find_build, get_builds, presets
 from profkit.pg.cluster import BENCH_SETTINGS
 from profkit.pg.workloads import EXPLAIN_PREFIX, check_scale, get_workload
 from profkit.render.bench_report import (
@@ -781,6 +781,13 @@ def run_bench(
                   if isinstance(b, Build)}
         built: dict[str, Build] = {}
         layout_builds: dict[str, list[Build]] = {}
+        # the missing ones as one list: each one's configure while the one before compiles
+        wanted = dict.fromkeys(p for ref in req.refs
+                               for p in (layout_presets(ref, req.layouts) if req.layouts
+                                         else [ref.preset]) if p not in passed)
+        missing = [p for p in wanted if find_build(p) is None]
+        if len(missing) > 1:
+            get_builds(missing, progress=reporter.say)  # type: ignore[arg-type]
         for ref in req.refs:
             if req.layouts:
                 layout_builds[ref.label] = [

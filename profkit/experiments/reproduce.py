@@ -19,7 +19,7 @@ from typing import Any
 from profkit.errors import ProfkitError
 from profkit.experiments.bench import BenchError, check_request, run_bench, write_report
 from profkit.experiments.profile import demo_flamegraphs
-from profkit.pg.build import get_build
+from profkit.pg.build import get_builds
 
 Say = Callable[[str], None]
 
@@ -68,11 +68,13 @@ def reproduce(builds: str, *, scale: float, reps: int, instr_scale: float,
 
     begin("builds")
     t0 = time.monotonic()
-    for ref in req.refs:
-        say(f"build {ref.preset} (cached after the first time)")
-        b = get_build(ref.preset, progress=say)
-        say(f"{ref.label}: {b.version}, "
-            f"{', '.join(p['name'] for p in b.patches) or 'no patches'} ({b.key[:12]})")
+    say(f"builds {', '.join(ref.preset for ref in req.refs)} (cached after the first time; "
+        "each one's configure runs while the one before it compiles)")
+    labels = iter(ref.label for ref in req.refs)
+    get_builds([ref.preset for ref in req.refs], progress=say,
+               on_built=lambda b: say(f"{next(labels)}: {b.version}, "
+                                      f"{', '.join(p['name'] for p in b.patches) or 'no patches'}"
+                                      f" ({b.key[:12]})"))
     seconds["builds"] = time.monotonic() - t0
 
     begin(f"benchmark: nested_loop at scale {scale}, {reps} repetitions")
