@@ -140,8 +140,9 @@ def _order_by_builds(items) -> None:
 
 
 class _BackgroundBuilds:
-    """The builds after the first, made one at a time by a `profkit build` child while
-    the tests that need only the first run.  A test waits for its own builds."""
+    """The builds after the first, made by a `profkit build` child (one compile at a
+    time, the next build's configure beside it: profkit.pg.build.get_builds) while the
+    tests that need only the first run.  A test waits for its own builds."""
 
     def __init__(self, names: list[str], log: Path) -> None:
         import subprocess
@@ -246,7 +247,8 @@ def pytest_collection_finish(session):
         # each xdist worker has its own (``worker`` above)
         log = paths.sub("logs") / (f"test-builds-{time.strftime('%Y%m%d-%H%M%S')}"
                                    f"{'-' + worker if worker else ''}.log")
-        say(f"building in the background, one at a time: {', '.join(later)} (log: {log})")
+        say(f"building in the background, one compile at a time: {', '.join(later)} "
+            f"(log: {log})")
         _BACKGROUND = _BackgroundBuilds(later, log)
         session.config._profkit_say = say
 

@@ -790,10 +790,9 @@ def get_builds(names: Sequence[str | BuildSpec], *, source: str | None = None,
 
     The first failure stops the list: the build after it is neither configured (when
     the failure came first) nor compiled, its tree is removed, and no later one starts;
-    the error raised is the first build's own.  On
-    Ctrl-C or SIGTERM the commands of both builds are stopped and their trees removed.
-    *on_built* is called with each build, in the list's order, as soon as it and the
-    builds before it are ready."""
+    the error raised is the first build's own.  On Ctrl-C or SIGTERM the commands of
+    both builds are stopped and their trees removed.  *on_built* is called with each
+    build, in the list's order, as soon as it and the builds before it are ready."""
     names = list(names)
     if len(names) < 2:
         out = []
@@ -975,7 +974,6 @@ def _do_build(
         make_vars = link_make_vars(spec.ldflags)
         (d / "build").mkdir()
         say(f"{spec.name}: configure")
-        t0 = time.monotonic()
         configure = [
             str(d / "src" / "configure"),
             f"--prefix={CONFIGURED_PREFIX}",
@@ -996,6 +994,7 @@ def _do_build(
             log.write("$ " + " ".join(configure) + "\n")
         with open(shared_cache.with_suffix(".lock"), "w") as conf_lock:
             _flock(conf_lock, turn, step)
+            t0 = time.monotonic()  # configure_s: configure's own time, not the wait
             if shared_cache.exists():
                 shutil.copy(shared_cache, d / "build" / "config.cache")
             in_tree(configure, 1800, "configure")
