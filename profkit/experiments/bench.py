@@ -90,7 +90,7 @@ from profkit.collect.callgrind import (
     perf_stat_instructions,
 )
 from profkit.parse.callgrind import instr_counts_from_session
-from profkit.pg.build import Build, find_build, get_builds, presets
+from profkit.pg.build import Build, presets
 from profkit.pg.cluster import BENCH_SETTINGS
 from profkit.pg.workloads import EXPLAIN_PREFIX, check_scale, get_workload
 from profkit.render.bench_report import (
@@ -781,23 +781,18 @@ def run_bench(
                   if isinstance(b, Build)}
         built: dict[str, Build] = {}
         layout_builds: dict[str, list[Build]] = {}
-        # the missing ones as one list: each one's configure while the one before compiles
-        wanted = dict.fromkeys(p for ref in req.refs
-                               for p in (layout_presets(ref, req.layouts) if req.layouts
-                                         else [ref.preset]) if p not in passed)
-        missing = [p for p in wanted if find_build(p) is None]
-        if len(missing) > 1:
-            get_builds(missing, progress=reporter.say)  # type: ignore[arg-type]
+        # one list: each one's configure while the one before it compiles
+        made = harness.resolve_builds(
+            [p for ref in req.refs
+             for p in (layout_presets(ref, req.layouts) if req.layouts
+                       else [ref.preset] if ref.preset not in passed else [])],
+            progress=reporter.say)  # type: ignore[arg-type]
         for ref in req.refs:
             if req.layouts:
-                layout_builds[ref.label] = [
-                    harness.resolve_build(harness.Arm(ref.label, p, ref.settings),
-                                          progress=reporter.say)  # type: ignore[misc]
-                    for p in layout_presets(ref, req.layouts)]
+                layout_builds[ref.label] = [made[p] for p in layout_presets(ref, req.layouts)]
                 built[ref.label] = layout_builds[ref.label][0]
                 continue
-            built[ref.label] = passed.get(ref.preset) or harness.resolve_build(
-                ref, progress=reporter.say)  # type: ignore[assignment]
+            built[ref.label] = passed.get(ref.preset) or made[ref.preset]
         cluster_settings = {**BENCH_SETTINGS, **req.settings}
         session = harness.Session(
             req.refs, {**built, **layout_builds}, name="bench", log_dir=out / "logs",

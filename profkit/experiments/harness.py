@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from profkit.errors import ProfkitError
 from profkit.collect.procfs import schedstat
 from profkit.collect.vcpu import VcpuProbe, counter_deltas, pin, proc_counters
-from profkit.pg.build import find_build, get_build
+from profkit.pg.build import find_build, get_build, get_builds
 from profkit.pg.cluster import Cluster, ClusterError
 
 if TYPE_CHECKING:
@@ -246,6 +246,14 @@ def resolve_build(arm: Arm, progress: Callable[[str], None] | None = None,
     if cached_only:
         return find_build(arm.preset)
     return get_build(arm.preset, progress=progress)
+
+
+def resolve_builds(presets: Sequence[str],
+                   progress: Callable[[str], None] | None = None) -> dict[str, Build]:
+    """The builds of *presets* by name (built when missing), made as one list: each one's
+    configure runs while the one before compiles (:func:`profkit.pg.build.get_builds`)."""
+    names = list(dict.fromkeys(presets))
+    return dict(zip(names, get_builds(names, progress=progress), strict=True))
 
 
 def target_build(target: Cluster | Build | str,
