@@ -12,7 +12,7 @@ pkgs=(
   ccache binutils valgrind ltrace bpftrace bpfcc-tools python3-bpfcc
   libelf-dev dpkg-dev xz-utils bzip2 curl ca-certificates git
   python3-venv python3-dev chromium ruby gdb perl postgresql
-  shellcheck lld clang time nodejs
+  shellcheck lld clang time nodejs e2fsprogs
 )
 case "$ID" in
   debian) pkgs+=(linux-perf) ;;

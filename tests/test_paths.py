@@ -55,3 +55,39 @@ def test_unwritable_folder_is_a_clear_error(no_env, tmp_path: Path) -> None:
     no_env.setenv("PROFKIT_HOME", "/proc/profkit-cannot-be-here")
     with pytest.raises(ProfkitError, match="PROFKIT_HOME"):
         paths.profiles_dir()
+
+
+def _attrs(p: Path) -> str:
+    """The flags field lsattr (e2fsprogs) prints for the folder *p* itself."""
+    import subprocess
+
+    out = subprocess.run(["lsattr", "-d", str(p)], capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()[0]
+
+
+def test_the_cache_folders_that_churn_spread_their_subfolders(tmp_path, monkeypatch):
+    """clusters/, tmp/ and builds/ carry ext2/3/4's "top directory" flag (chattr +T), so each
+    new cluster or build tree lands on a block group of its own; the other folders do not.
+    The oracle is e2fsprogs: chattr +T on a scratch folder says whether this filesystem
+    keeps the flag at all, and lsattr reads it back."""
+    import subprocess
+
+    monkeypatch.setenv("PROFKIT_CACHE", str(tmp_path / "cache"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    keeps = (subprocess.run(["chattr", "+T", str(scratch)], capture_output=True).returncode == 0
+             and "T" in _attrs(scratch))
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True,
+                        text=True, check=True).stdout.strip()
+    if fs.startswith("ext"):  # ext2/ext3 is how stat names ext4 too: it keeps the flag
+        assert keeps, fs
+    for name in sorted(paths.SPREAD):
+        p = paths.sub(name)
+        assert ("T" in _attrs(p)) == keeps, (name, _attrs(p))
+        assert paths.topdir_flag(p) in ((True,) if keeps else (False, None)), name
+    logs = paths.sub("logs")
+    assert "T" not in _attrs(logs)
+    assert paths.topdir_flag(logs) in (False, None)
+    # asked again (a second process, say), the flag stays and nothing fails
+    assert paths.spread_subfolders(paths.cache_dir() / "clusters") is keeps
