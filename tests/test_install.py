@@ -190,6 +190,7 @@ def _cached_pg18_source() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.source
+@pytest.mark.builds("pg19/step5")
 def test_installed_profkit_resolves_every_preset_and_writes_the_capture_script(
         installed: Installed) -> None:
     from profkit.pg.build import custom_specs, presets
@@ -229,11 +230,12 @@ def test_installed_profkit_resolves_every_preset_and_writes_the_capture_script(
             assert row[3] == pg19, row
     assert not list(work.iterdir()), "a dry run leaves nothing in the current folder"
 
-    # a pip-installed profkit builds pg19/step5: from the cache when the clone built it
-    # (same patch bytes, same key), else this builds it (minutes)
+    # a pip-installed profkit finds the pg19/step5 the clone built (the mark above: the
+    # suite builds it first) in the cache: the same patch bytes give the same key
     cp = subprocess.run([installed.profkit, "build", "pg19/step5"], cwd=work, env=_env(),
                         capture_output=True, text=True, timeout=3600)
     assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "pg19/step5: cached (pg19_step5-" in cp.stderr, cp.stderr[-3000:]
     name, version, prefix = cp.stdout.strip().split("\t")
     assert (name, version) == ("pg19/step5", "PostgreSQL 19beta1")
     assert Path(prefix, "bin", "postgres").exists()
