@@ -7,6 +7,9 @@ benchmark of vanilla against itself, the two alternated round by round.
     .venv/bin/python benchmarks/vcpu_after_gap.py [--before REV] [--rounds 2] [--scale 0.01]
                                                   [--reps 10]
 
+--before defaults to the revision before the helper's untimed pass (80331f9~1), the
+helper benchmarks/results/vcpu_after_gap-20261205.txt compares with.
+
 Prints, per helper and mode, the median calibration before and after the executions
 (ms), their median gap (after - before) and the executions the slow-vCPU rule
 (stats.vcpu_adjust) rejected.  A gap that grows with the mode (TIMING on runs longest)
@@ -15,6 +18,7 @@ rejects one mode's executions more than another's.  Take it with the machine idl
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -38,22 +42,26 @@ def one(src: Path, scale: float, reps: int, out: Path) -> pd.DataFrame:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", default="HEAD", help="git revision of the other helper")
+    ap.add_argument("--before", default="80331f9~1", help="git revision of the other helper")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scale", type=float, default=0.01)
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vcpu-after-gap-"))
-    old = work / "vcpu_calib.c"
-    old.write_bytes(subprocess.run(["git", "show", f"{a.before}:profkit/collect/vcpu_calib.c"],
-                                   cwd=ROOT, capture_output=True, check=True).stdout)
-    arms = {f"helper at {a.before}": old, "helper in the working tree": vcpu.HELPER_SRC}
-    frames: dict[str, list[pd.DataFrame]] = {k: [] for k in arms}
-    for r in range(a.rounds):
-        order = list(arms) if r % 2 == 0 else list(arms)[::-1]
-        for name in order:
-            frames[name].append(one(arms[name], a.scale, a.reps, work / f"{r}-{len(frames[name])}"
-                                    f"-{name.split()[-1]}"))
+    try:
+        old = work / "vcpu_calib.c"
+        old.write_bytes(subprocess.run(
+            ["git", "show", f"{a.before}:profkit/collect/vcpu_calib.c"], cwd=ROOT,
+            capture_output=True, check=True).stdout)
+        arms = {f"helper at {a.before}": old, "helper in the working tree": vcpu.HELPER_SRC}
+        frames: dict[str, list[pd.DataFrame]] = {k: [] for k in arms}
+        for r in range(a.rounds):
+            order = list(arms) if r % 2 == 0 else list(arms)[::-1]
+            for name in order:
+                frames[name].append(one(arms[name], a.scale, a.reps,
+                                        work / f"round{r}-arm{list(arms).index(name)}"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the runs: only the table below is kept
     print(f"vanilla against itself, nested_loop at scale {a.scale}, {a.reps} repetitions, "
           f"{a.rounds} runs per helper (alternated)")
     for name in arms:
