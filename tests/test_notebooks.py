@@ -18,13 +18,17 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-import jupytext
-import nbclient
-import nbformat
 from conftest import BUILD_ORDER
+
+# jupytext, nbclient and nbformat are imported where used: nbformat's JSON-schema checks
+# take ~2.5 s to import (jsonschema builds an IRI grammar), and every xdist worker
+# collects this module while only one runs it.
+if TYPE_CHECKING:
+    import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
@@ -88,6 +92,8 @@ TIMED = {"01_overhead.py", "04_clock_calls_per_node.py", "05_clock_sources.py",
 
 
 def load(name: str) -> nbformat.NotebookNode:
+    import jupytext
+
     return jupytext.read(NB_DIR / name)
 
 
@@ -98,12 +104,16 @@ def inject_parameters(nb: nbformat.NotebookNode, params: dict[str, object]) -> N
     assert idx is not None, "no cell tagged 'parameters'"
     src = "# injected by tests/test_notebooks.py\n" + "\n".join(
         f"{k} = {v!r}" for k, v in params.items())
+    import nbformat
+
     cell = nbformat.v4.new_code_cell(src)
     cell.metadata["tags"] = ["injected-parameters"]
     nb.cells.insert(idx + 1, cell)
 
 
 def execute(nb: nbformat.NotebookNode, timeout: int, env: dict[str, str]) -> float:
+    import nbclient
+
     client = nbclient.NotebookClient(
         nb, timeout=timeout, kernel_name="python3",
         resources={"metadata": {"path": str(NB_DIR)}})
@@ -160,7 +170,9 @@ def test_ipynb_is_paired_with_py(name):
     """The committed .ipynb holds the same cells as the .py (`jupytext --sync` keeps it)."""
     ipynb = NB_DIR / name.replace(".py", ".ipynb")
     assert ipynb.exists(), f"{ipynb.name} missing: run `jupytext --to ipynb notebooks/{name}`"
-    a = jupytext.read(NB_DIR / name)
+    import nbformat
+
+    a = load(name)
     b = nbformat.read(ipynb, as_version=4)
     strip = [(c.cell_type, c.source.strip()) for c in a.cells]
     strip_b = [(c.cell_type, c.source.strip()) for c in b.cells]
@@ -175,13 +187,15 @@ def test_ipynb_is_paired_with_py(name):
         if b in BUILD_ORDER]), *([pytest.mark.alone] if n in TIMED else [])])
     for n in NOTEBOOKS])
 def test_notebook_runs_and_asserts(name, profiles):
+    from nbclient.exceptions import CellExecutionError
+
     nb = load(name)
     inject_parameters(nb, PARAMS[name])
     env = {"PROFKIT_PROFILES": str(profiles / name.removesuffix(".py")),
            "PROFKIT_FLAMEGRAPHS": str(profiles / "flamegraphs")}
     try:
         seconds = execute(nb, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S), env)
-    except nbclient.exceptions.CellExecutionError as e:
+    except CellExecutionError as e:
         pytest.fail(f"{name}: a cell failed:\n{str(e)[-4000:]}")
     print(f"{name}: {seconds:.1f} s")
     text = outputs_text(nb)

@@ -175,3 +175,22 @@ def test_every_command_is_installed_by_the_setup():
             problems.append(f"{cmd} ({exe}, package {pkg}, run in {where}) is not installed by "
                             f"scripts/setup-system.sh: add {pkg} there")
     assert not problems, "\n".join(problems)
+
+
+def test_the_venv_carries_the_bytecode_of_what_it_installed():
+    """make's venv step byte-compiles what pip installed (pip itself is told not to, and
+    compileall does it on every core): with PYTHONDONTWRITEBYTECODE set, a venv without
+    bytecode would compile pandas & co. from source in every process the suite starts.
+    Checked on every module of two packages, most of which no test imports."""
+    import importlib.util
+
+    import matplotlib
+    import pandas
+
+    assert sys.prefix != sys.base_prefix, "the tests run in the venv make sets up"
+    for pkg in (pandas, matplotlib):
+        sources = list(Path(pkg.__file__).parent.rglob("*.py"))
+        assert len(sources) > 100, (pkg.__name__, len(sources))
+        missing = [p for p in sources if not Path(importlib.util.cache_from_source(p)).exists()]
+        assert not missing, (f"{len(missing)} of {len(sources)} modules of {pkg.__name__} "
+                             f"have no bytecode, e.g. {missing[:3]}")
