@@ -139,7 +139,8 @@ def _explain_types(plan) -> list[str]:
 @pytest.mark.pg
 def test_ids_are_the_plans_and_shares_sum_to_one(marker_conn):
     _name, _cl, conn = marker_conn
-    r = exp.run_marker(conn, SCAN_SQL, min_seconds=1.5, frequency=1999)
+    r = exp.run_marker(conn, SCAN_SQL, min_seconds=1.5, min_cpu_seconds=1.5, max_seconds=60,
+                       frequency=1999)
     shape = exp.plan_shape(r.plan)
     assert [n.node_type for n in shape] == ["Aggregate", "Seq Scan"]
     assert set(r.samples.node_samples) == {0, 1}
@@ -164,7 +165,12 @@ def test_initplan_subplan_append_are_numbered_like_explain(marker_conn):
     sql = ("SELECT (SELECT sum(length(md5(g::text))) FROM generate_series(1, 20000) g) "
            "AS init, count(*) FROM (SELECT a FROM nm_t UNION ALL SELECT a FROM nm_u) s "
            "WHERE s.a <= 3000 AND (SELECT max(w) FROM nm_v WHERE nm_v.k = s.a % 300 + 1) > 10")
-    r = exp.run_marker(conn, sql, min_seconds=2.0, frequency=1999)
+    # the backend's CPU time, not wall time: beside the other tests the backend ran for a
+    # fraction of 2 s wall and the Append, 0.2 % of the samples, once drew none.  2 s of
+    # CPU gave it 8 of 4,103 samples with both cores busy; 3 s expects 12, 0 with
+    # probability ~e^-12
+    r = exp.run_marker(conn, sql, min_seconds=2.0, min_cpu_seconds=3.0, max_seconds=60,
+                       frequency=1999)
     types = _explain_types(r.plan)
     rels = [n.relation for n in exp.plan_shape(r.plan)]
     assert types[0] == "Aggregate"
