@@ -57,7 +57,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
     # --no-compile: this venv lives for one module; pip's byte-compiling of pandas & co.
-    # (~15 CPU-s) would outweigh compiling the few modules its commands import
+    # (~10 CPU-s: benchmarks/results/venv_setup-20261205.txt) would outweigh compiling
+    # the few modules its commands import
     inst = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", str(wheel)],
                           capture_output=True, text=True, timeout=1200)
     assert inst.returncode == 0, inst.stderr[-3000:]

@@ -178,10 +178,10 @@ def test_every_command_is_installed_by_the_setup():
 
 
 def test_the_venv_carries_the_bytecode_of_what_it_installed():
-    """make's venv step byte-compiles what pip installed (pip itself is told not to, and
-    compileall does it on every core): with PYTHONDONTWRITEBYTECODE set, a venv without
-    bytecode would compile pandas & co. from source in every process the suite starts.
-    Checked on every module of two packages, most of which no test imports."""
+    """make's venv step leaves pip to byte-compile what it installs: with
+    PYTHONDONTWRITEBYTECODE set, a venv without bytecode would compile pandas & co. from
+    source in every process the suite starts (docs/testing.md).  Checked on every module
+    of two packages, most of which no test imports."""
     import importlib.util
 
     import matplotlib
