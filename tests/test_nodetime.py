@@ -104,6 +104,55 @@ def test_attribution_by_tree_path() -> None:
                       "heap_getnextslot"] == 1
 
 
+def test_a_dispatch_frame_is_its_childs_time() -> None:
+    """A sample in ExecProcNodeInstr/ExecProcNodeMarked/MultiExecProcNode (or below it,
+    before the child's own function) belongs to the child it dispatches to: the only
+    child, the one a call site names, or the children shared; the root's wrapper under
+    ExecutePlan is the root's."""
+    nodes = plan_nodes(PLAN)  # 0 Agg; 1 NL; 2 HJ(outer); 3 SeqScan a; 4 Hash; 5 SeqScan c;
+    #                           6 Materialize(inner); 7 Seq Scan b
+
+    def side(f: Frame) -> str | None:
+        return {0x10: "outer", 0x20: "inner"}.get(f.offset or -1)
+
+    def at(*frames: Frame) -> Sample:
+        return Sample(1, 1, tuple(Frame(n) for n in TOP) + frames)
+    agg, fit = Frame("ExecAgg", 0x5), Frame("fetch_input_tuple", 0x7)
+    nl_in, nl_out = Frame("ExecNestLoop", 0x20), Frame("ExecNestLoop", 0x10)
+    samples = [
+        at(agg, fit, Frame("ExecProcNodeMarked", 0x3)),                   # → 1 NL
+        at(agg, fit, Frame("ExecProcNodeInstr", 0x9), Frame("InstrStartNode", 1)),  # → 1
+        at(agg, nl_in, Frame("ExecProcNodeMarkedInstr.isra.0", 0x4)),     # → 6 Materialize
+        at(agg, nl_out, Frame("ExecProcNodeInstr", 0x4), Frame("InstrStopNode", 2)),  # → 2
+        at(Frame("ExecProcNodeInstr", 0x2), Frame("InstrStopNode", 2)),   # → 0, the root
+        at(agg, fit, Frame("ExecProcNodeMarked", 0x3), Frame("ExecNestLoop", 0x33)),  # → 1
+        at(agg, nl_in, Frame("ExecMaterial", 1), Frame("ExecProcNodeInstr", 3)),  # → 7
+    ]
+    att = attribute(nodes, samples, call_side=side)
+    assert att.node_samples == {1: 3, 6: 1, 2: 1, 0: 1, 7: 1}
+    assert att.ambiguous == {}
+    assert att.folded["0 Aggregate;1 Nested Loop;ExecProcNodeMarked"] == 1
+    assert att.folded["0 Aggregate;1 Nested Loop;ExecProcNodeInstr;InstrStartNode"] == 1
+    assert att.folded["0 Aggregate;ExecProcNodeInstr;InstrStopNode"] == 1
+    assert att.folded["0 Aggregate;1 Nested Loop;2 Hash Join;ExecProcNodeInstr;"
+                      "InstrStopNode"] == 1
+    # no call site: the two children of the join share it, as ambiguous
+    att = attribute(nodes, [at(agg, Frame("ExecNestLoop", 0x99), Frame("ExecProcNodeInstr"))
+                            for _ in range(2)] + [at(agg, nl_in, Frame("ExecMaterial")),
+                                                  at(agg, nl_out, Frame("ExecHashJoin"))],
+                    call_side=side)
+    assert att.ambiguous == pytest.approx({2: 1.0, 6: 1.0})
+    assert att.node_samples == pytest.approx({2: 2.0, 6: 2.0})
+    # a Hash Join's MultiExecProcNode(hashNode) with the inner call site: the Hash
+    att = attribute(nodes, [at(agg, nl_out, Frame("ExecHashJoin", 0x20),
+                               Frame("MultiExecProcNode", 0x8))], call_side=side)
+    assert att.node_samples == {4: 1}
+    # without a plan (node types only) a dispatch frame names no type: its parent's
+    tokens, _w, _e = node_tokens(at(agg, fit, Frame("ExecProcNodeMarked")).frames,
+                                 dispatch=False)
+    assert [set(t.types) for t in tokens] == [{"Aggregate"}]
+
+
 def test_same_type_children_are_ambiguous_and_shared_proportionally() -> None:
     plan = [{"Plan": {"Node Type": "Nested Loop", "Plans": [
         {"Node Type": "Seq Scan", "Parent Relationship": "Outer", "Relation Name": "a"},
@@ -272,6 +321,32 @@ def test_repair_lost_callers_rule() -> None:
     other = Sample(1, 1, (Frame("ExecSort", 3), leaf))
     fixed, rep = repair_lost_callers([*complete, other], lambda f: f.offset == 0)
     assert fixed[-1] is other and rep.lost == 1 and rep.repaired == 0
+
+
+def test_a_repaired_sample_is_ambiguous_only_across_nodes() -> None:
+    """The copies of one repaired sample whose callers differ by call site only (the same
+    node) are that node's, not ambiguous; copies in two nodes are shared as ambiguous."""
+    nodes = plan_nodes(PLAN)
+    agg, nl, mat = Frame("ExecAgg", 3), Frame("ExecNestLoop", 9), Frame("ExecMaterial", 5)
+
+    def at(*frames: Frame, w: float = 1.0) -> Sample:
+        return Sample(1, 1, tuple(Frame(n) for n in TOP) + frames, weight=w)
+    # memcmp called from two places in ExecMaterial (6 Materialize)
+    complete = [at(agg, nl, mat, Frame("tuplestore_gettuple", 4), Frame("memcmp", 7), w=3),
+                at(agg, nl, mat, Frame("tuplestore_gettuple", 8), Frame("memcmp", 7))]
+    lost = at(agg, nl, mat, Frame("memcmp", 0))
+    fixed, rep = repair_lost_callers([*complete, lost], lambda f: f.offset == 0)
+    assert rep.shared == 1 and [c.origin for c in fixed[2:]] == [2, 2]
+    att = attribute(nodes, fixed)
+    assert att.node_samples == {6: 5} and att.ambiguous == {}
+    # its callers in two nodes (6 Materialize, 2 Hash Join): shared, ambiguous
+    complete = [at(agg, nl, mat, Frame("memcmp", 7), w=3),
+                at(agg, nl, Frame("ExecHashJoin", 4), Frame("memcmp", 7))]
+    fixed, rep = repair_lost_callers([*complete, at(agg, nl, Frame("memcmp", 0))],
+                                     lambda f: f.offset == 0)
+    att = attribute(nodes, fixed)
+    assert att.node_samples == pytest.approx({6: 3.75, 2: 1.25})
+    assert att.ambiguous == pytest.approx({6: 0.75, 2: 0.25})
 
 
 def test_console_table_and_plan_tree_html() -> None:

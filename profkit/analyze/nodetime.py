@@ -29,19 +29,24 @@ PostgreSQL 18's and 19's ``src/backend/executor/node*.c``: every function a node
 installs as its ``ExecProcNode``, plus ``MultiExec*``) names a node type; ``ExecScan``
 (a scan node's own function tail-calls it, so the scan's frame is gone) names "some
 scan", and a scan's access callback (``IndexNext``, ``SubqueryNext`` ...) names its scan
-type. These tokens, in order, are matched to a path down the plan tree: each token's
-node is a descendant of the previous one's (or lies in an InitPlan/SubPlan whose parent
-is an ancestor of it: a parameter evaluated below the node the plan is attached to); the
-first starts below the root (the leader) or below a Gather/Gather Merge (a worker). A
-node the stack skips (a frame lost to a tail call) costs 1; the matches of least cost
-win. Where the frame above a child carries a call site (its return address resolved to
-the parent's ``outerPlan``/``innerPlan`` call, see :mod:`profkit.collect.callsites`),
-the child must lie on that side. One winner: the sample belongs to its innermost node.
-Several (e.g. a join whose two children have the same type and no call site told them
-apart): the sample is *ambiguous*; it is shared among the candidates in proportion to
-their unambiguous samples (equally where none has any), and each candidate's part is
-counted in its ``ambiguous_samples`` column. No node token, or no path that fits:
-outside the plan's nodes, in a named category (:data:`OUTSIDE_CATEGORIES`).
+type. A dispatch frame (:func:`is_dispatch`: ``ExecProcNodeInstr``,
+``ExecProcNodeMarked`` ...) below the innermost node frame adds a last token of any
+type: the sample is in a child of that node (the root, under ``ExecutePlan``). These
+tokens, in order, are matched to a path down the plan tree: each token's node is a
+descendant of the previous one's (or lies in an InitPlan/SubPlan whose parent is an
+ancestor of it: a parameter evaluated below the node the plan is attached to); the first
+starts below the root (the leader) or below a Gather/Gather Merge (a worker). A node the
+stack skips (a frame lost to a tail call) costs 1; the matches of least cost win. Where
+the frame above a child carries a call site (its return address resolved to the parent's
+``outerPlan``/``innerPlan`` call, see :mod:`profkit.collect.callsites`), the child must
+lie on that side. One winner: the sample belongs to its innermost node. Several (e.g. a
+join whose two children have the same type and no call site told them apart), or a
+sample whose lost caller frame was given back in copies that land on different nodes
+(:func:`repair_lost_callers`): the sample is *ambiguous*; it is shared among the
+candidates in proportion to their unambiguous samples (equally where none has any), and
+each candidate's part is counted in its ``ambiguous_samples`` column. No node token, or
+no path that fits: outside the plan's nodes, in a named category
+(:data:`OUTSIDE_CATEGORIES`).
 """
 from __future__ import annotations
 
@@ -262,8 +267,11 @@ class Sample:
     comm: str = ""
     weight: float = 1.0
     #: a copy made by :func:`repair_lost_callers` when the donors had several callers:
-    #: its weight is shared, so it counts as ambiguous
+    #: its weight is shared, so it counts as ambiguous unless every copy of the same
+    #: sample (same *origin*) lands on one node
     shared: bool = False
+    #: for such copies: the index of the recorded sample they were made from
+    origin: int = -1
 
 
 def samples_from_script(source: Any, pids: Iterable[int] | None = None) -> list[Sample]:
@@ -301,7 +309,8 @@ def repair_lost_callers(samples: Sequence[Sample], lost: Callable[[Frame], bool 
     Rule: a sample ``P;L`` whose leaf *L* lost its caller is replaced by ``P;C;L`` for
     every caller *C* seen in the complete stacks that go through ``P;C;L``, weighted by
     how often each is seen; no such stack: kept as is. Several callers: the copies are
-    marked ``shared`` (the attribution counts them as ambiguous)."""
+    marked ``shared`` and carry the sample's index as ``origin`` (the attribution counts
+    them as ambiguous unless all of them land on one node)."""
     ids: dict[tuple[int, str], int] = {}
     callers: dict[tuple[int, str], dict[Frame, float]] = defaultdict(lambda: defaultdict(float))
     flags = [lost(s.frames[-1]) if s.frames else False for s in samples]
@@ -316,7 +325,7 @@ def repair_lost_callers(samples: Sequence[Sample], lost: Callable[[Frame], bool 
             pid = ids.setdefault((pid, fr[i].name), len(ids))
     out: list[Sample] = []
     rep = Repair()
-    for s, flag in zip(samples, flags, strict=True):
+    for k, (s, flag) in enumerate(zip(samples, flags, strict=True)):
         if flag is False:
             out.append(s)
             continue
@@ -341,7 +350,7 @@ def repair_lost_callers(samples: Sequence[Sample], lost: Callable[[Frame], bool 
             rep.shared += s.weight
         for c, w in found.items():
             out.append(Sample(s.pid, s.tid, (*s.frames[:-1], c, s.frames[-1]), s.comm,
-                              s.weight * w / total, shared=many))
+                              s.weight * w / total, shared=many, origin=k if many else -1))
     return out, rep
 
 
@@ -373,10 +382,37 @@ def _classify(name: str) -> tuple[str, frozenset[str]] | None:
     return None
 
 
-def node_tokens(frames: Sequence[Frame]) -> tuple[list[_Token], bool, bool]:
+class _AnyNodeType(frozenset):  # type: ignore[type-arg]
+    """The types of a dispatch token: every node type (the child is found by the tree)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ANY_NODE_TYPE"
+
+
+ANY_NODE_TYPE: frozenset[str] = _AnyNodeType()
+
+
+def is_dispatch(name: str) -> bool:
+    """A function that runs between a parent and its child: ``ExecProcNodeFirst``, the
+    instrumentation and marker wrappers (``ExecProcNodeInstr``, ``ExecProcNodeInstrTsc``,
+    ``ExecProcNodeMarked`` ...) and ``MultiExecProcNode``. A sample in one of them (or in
+    what it calls, before the child's own function) is the child's time: EXPLAIN ANALYZE
+    counts its wrapper in the child's time, and the node marker names the child there."""
+    b = function_base(name)
+    return b.startswith("ExecProcNode") or b == "MultiExecProcNode"
+
+
+def node_tokens(frames: Sequence[Frame], *, dispatch: bool = True
+                ) -> tuple[list[_Token], bool, bool]:
     """(the node tokens of a stack, whether it is a parallel worker's, whether it entered
     the executor). Tokens are read after the first executor entry and stop at a nested
-    executor's entry (see the module docstring)."""
+    executor's entry (see the module docstring). With *dispatch*, a dispatch frame
+    (:func:`is_dispatch`) below the innermost node's frames adds a last token of any type
+    (kind ``child``): the sample is in a child of that node, or in the plan's root when no
+    node frame came before."""
     start = None
     worker = False
     for i, f in enumerate(frames):
@@ -388,13 +424,17 @@ def node_tokens(frames: Sequence[Frame]) -> tuple[list[_Token], bool, bool]:
     entered = start is not None
     i0 = start + 1 if start is not None else 0
     tokens: list[_Token] = []
+    wrapper: int | None = None
     for i in range(i0, len(frames)):
         b = function_base(frames[i].name)
         if tokens and b in EXECUTOR_ENTRY:
             break  # a nested executor (SQL run inside a node): that node's time
         c = _classify(frames[i].name)
         if c is None:
+            if dispatch and entered and wrapper is None and is_dispatch(b):
+                wrapper = i
             continue
+        wrapper = None
         kind, types = c
         if tokens:
             prev = tokens[-1]
@@ -409,6 +449,8 @@ def node_tokens(frames: Sequence[Frame]) -> tuple[list[_Token], bool, bool]:
                 tokens[-1] = _Token(merge, prev.first, i, kind)
                 continue
         tokens.append(_Token(types, i, i, kind))
+    if wrapper is not None:
+        tokens.append(_Token(ANY_NODE_TYPE, wrapper, wrapper, "child"))
     return tokens, worker, entered
 
 
@@ -548,9 +590,19 @@ def attribute(nodes: Sequence[PlanNode], samples: Iterable[Sample], *,
     worker_w = skipped_w = sided_w = 0.0
     folded: dict[str, float] = defaultdict(float)
     shared_direct: dict[int, float] = defaultdict(float)
+    matched: list[tuple[Sample, list[_Token], list[int]]] = []
+    # the copies repair_lost_callers made of one sample: the one node all of them land
+    # on (then the sample is not ambiguous), or None
+    one_node: dict[int, int | None] = {}
+
+    def land(s: Sample, node: int | None) -> None:
+        if s.shared and s.origin >= 0:
+            before = one_node.get(s.origin, node)
+            one_node[s.origin] = node if before == node else None
     for s in samples:
         tokens, worker, _entered = node_tokens(s.frames)
         if not tokens:
+            land(s, None)
             cat = outside_category(s.frames)
             outside[cat] += s.weight
             folded[_fold([f"{outside_root}: {cat}"], s.frames, 0)] += s.weight
@@ -570,6 +622,7 @@ def attribute(nodes: Sequence[PlanNode], samples: Iterable[Sample], *,
             cands, cost = match_tokens(tree, [t.types for t in tokens],
                                        [None] * len(sides), worker)
         if not cands:
+            land(s, None)
             outside[UNMATCHED] += s.weight
             folded[_fold([f"{outside_root}: {UNMATCHED}"], s.frames, 0)] += s.weight
             continue
@@ -579,7 +632,10 @@ def attribute(nodes: Sequence[PlanNode], samples: Iterable[Sample], *,
             skipped_w += s.weight
         if any(sides):
             sided_w += s.weight
-        if len(cands) == 1 and s.shared:
+        land(s, cands[0] if len(cands) == 1 else None)
+        matched.append((s, tokens, cands))
+    for s, tokens, cands in matched:
+        if len(cands) == 1 and s.shared and (s.origin < 0 or one_node.get(s.origin) is None):
             shared_direct[cands[0]] += s.weight
             resolved.append((s, tokens, cands[0], s.weight))
         elif len(cands) == 1:
@@ -603,7 +659,9 @@ def attribute(nodes: Sequence[PlanNode], samples: Iterable[Sample], *,
         node_samples[n] += w
     for s, tokens, c, w in resolved:
         labels = [nodes[i].label for i in tree.path(c)]
-        folded[_fold(labels, s.frames, tokens[-1].last + 1)] += w
+        last = tokens[-1]  # a dispatch frame stays in the folded stack, under its child
+        folded[_fold(labels, s.frames, last.first if last.kind == "child" else last.last + 1)
+               ] += w
     return Attribution(list(nodes), dict(node_samples), dict(amb), dict(outside),
                        dict(folded), worker_samples=worker_w, skipped_frames_samples=skipped_w,
                        call_sites_used=sided_w)
@@ -673,7 +731,7 @@ def node_types_table(samples: Iterable[Sample]) -> pd.DataFrame:
     per: dict[str, float] = defaultdict(float)
     outside = 0.0
     for s in samples:
-        tokens, _w, _e = node_tokens(s.frames)
+        tokens, _w, _e = node_tokens(s.frames, dispatch=False)
         if not tokens:
             outside += s.weight
             continue
