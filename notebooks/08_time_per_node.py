@@ -25,7 +25,7 @@
 #    sample's stack is matched against the plan tree; EXPLAIN's rows and loops beside it;
 # 2. **by node marker** on the `node_marker` build (`method="marker"`): the backend
 #    publishes the running node's number and bcc reads it at each sample, exact by
-#    construction, and the two methods side by side;
+#    construction; perf records the same executions, and the two methods side by side;
 # 3. **node-rooted flamegraphs**: every stack drawn under its plan path, and the
 #    differential vanilla → step3 (step3 counts rows inside every node function; on the
 #    plain query that is one more branch per row in each node);
@@ -150,49 +150,76 @@ print("the three dearest nodes: " + ", ".join(
       + f" ({top['exclusive_share'].sum():.1%} of the executor's samples)")
 
 # %% [markdown]
-# ## 2. The exact method: the node marker
+# ## 2. The exact method: the node marker, and the stacks of the same executions
 #
 # The `node_marker` build keeps the running node's EXPLAIN number in a global while
 # `track_executor_node` is on; a bcc program on a software clock event reads it at each
 # sample. No stack is walked, so no sample is ambiguous. Same numbering, same table.
+#
+# With `stacks=True` (`--with-stacks` from a shell), `perf record -g` samples the same
+# backend during the same executions and the stack method attributes its samples
+# (`marker.stacks`): the two tables then differ only by how a sample finds its node, and
+# they are held to each other. Section 1's run on vanilla is another build in another
+# server process: its shares also carry what that process's own code and data addresses
+# cost, which now and then moves a node by more than its sampling error
+# (`benchmarks/results/nodetime_spread.md`), so that column is shown, not held to a bound.
 
 # %%
-progress = nb.Progress(description="nodetime node_marker (marker)")
+progress = nb.Progress(description="nodetime node_marker (marker, and stacks of the same "
+                                   "executions)")
 with progress:
     marker = nodetime_build(builds["node_marker"], WORKLOAD, scale=SCALE, method="marker",
-                            freq=FREQ, min_samples=MIN_SAMPLES, progress=progress.say)
+                            stacks=True, freq=FREQ, min_samples=MIN_SAMPLES,
+                            progress=progress.say)
 display(marker)
-both = df[["node_id", "node_type", "relation", "exclusive_share"]].merge(
-    marker.df[["node_id", "node_type", "exclusive_share"]], on=["node_id", "node_type"],
-    how="outer", suffixes=("_stack", "_marker"))
-both["difference_pp"] = (both["exclusive_share_marker"] - both["exclusive_share_stack"]) * 100
-display(both.style.format({"exclusive_share_stack": "{:.1%}", "exclusive_share_marker": "{:.1%}",
-                           "difference_pp": "{:+.1f}"}))
+same = marker.stacks
+keys = ["node_id", "node_type"]
+both = (df[[*keys, "relation", "exclusive_share"]].rename(
+            columns={"exclusive_share": "vanilla_stacks"})
+        .merge(marker.df[[*keys, "exclusive_share"]].rename(
+            columns={"exclusive_share": "marker"}), on=keys, how="outer")
+        .merge(same.df[[*keys, "exclusive_share"]].rename(
+            columns={"exclusive_share": "stacks_same_executions"}), on=keys, how="outer"))
+both["same_executions_pp"] = (both["stacks_same_executions"] - both["marker"]) * 100
+both["vanilla_run_pp"] = (both["vanilla_stacks"] - both["marker"]) * 100
+pct = {c: "{:.1%}" for c in ("vanilla_stacks", "marker", "stacks_same_executions")}
+display(both.style.format({**pct, "same_executions_pp": "{:+.1f}", "vanilla_run_pp": "{:+.1f}"}))
 
 # %%
 md = marker.df
 check_shares(md, "marker")
-assert marker.method == "marker", marker.method
+check_shares(same.df, "stacks of the marker's executions")
+assert marker.method == "marker" and same.method == "stacks", (marker.method, same.method)
 # like the stack method, the marker keeps the query running until the backend has been on
 # a CPU long enough for MIN_SAMPLES samples (its CPU time, not the wall clock)
 assert marker.executor_samples >= 0.8 * MIN_SAMPLES, marker.executor_samples
 assert (md["ambiguous_samples"] == 0).all(), md["ambiguous_samples"]
+# the same executions: two samplers at one frequency over them count about as many samples
+assert same.facts["reps"] == marker.facts["reps"], (same.facts["reps"], marker.facts["reps"])
+assert same.run.path.parent == marker.run.path, same.run.path
+assert abs(same.executor_samples / marker.executor_samples - 1) < 0.1, (
+    same.executor_samples, marker.executor_samples)
 # the same plan: same node types in the same order under the same parents, same rows
-assert md["node_type"].tolist() == df["node_type"].tolist()
-assert md["parent_id"].tolist() == df["parent_id"].tolist()
-assert md["rows"].tolist() == df["rows"].tolist() and md["loops"].tolist() == df["loops"].tolist()
-assert len(both) == len(df) and both["exclusive_share_marker"].notna().all()
-# both methods find the same three nodes doing nearly all the work ...
+for t in (md, same.df):
+    assert t["node_type"].tolist() == df["node_type"].tolist()
+    assert t["parent_id"].tolist() == df["parent_id"].tolist()
+    assert t["rows"].tolist() == df["rows"].tolist() and t["loops"].tolist() == df["loops"].tolist()
+assert len(both) == len(df) and both[["marker", "stacks_same_executions"]].notna().all().all()
+# all three find the same three nodes doing nearly all the work ...
 big = ["Aggregate", "Nested Loop", "Materialize"]
-for t, name in ((df, "stack"), (md, "marker")):
+for t, name in ((df, "vanilla stacks"), (md, "marker"), (same.df, "same executions")):
     share = t.loc[t["node_type"].isin(big), "exclusive_share"].sum()
     assert share > 0.9, (name, share)
-# ... and agree on each node within 15 points (the tolerance tests/test_nodetime.py holds
-# the stack method to against EXPLAIN's timed shares; sampling error alone is ±3 pp here)
-worst = both.loc[both["difference_pp"].abs().idxmax()]
-assert abs(worst["difference_pp"]) < 15, both
-print(f"largest difference between the methods: {worst['node_id']} {worst['node_type']} "
-      f"{worst['difference_pp']:+.1f} pp")
+# ... and on the same executions the stack method gives each node the marker's share
+# within SAME_PP points (benchmarks/results/nodetime_spread.md: at most 4.7 points in 60
+# runs over the three seed workloads, two ~3,000-sample runs of the same executions)
+SAME_PP = 6.0
+worst = both.loc[both["same_executions_pp"].abs().idxmax()]
+assert abs(worst["same_executions_pp"]) < SAME_PP, both
+far = both.loc[both["vanilla_run_pp"].abs().idxmax()]
+print(f"same executions, stacks against the marker: largest difference {worst['node_id']} "
+      f"{worst['node_type']} {worst['same_executions_pp']:+.1f} pp; section 1's vanilla run "
+      f"(another process): {far['node_id']} {far['node_type']} {far['vanilla_run_pp']:+.1f} pp")
 
 # %% [markdown]
 # ## 3. Node-rooted flamegraphs, and vanilla → step3

@@ -242,6 +242,44 @@ def test_nested_queries_and_errors(marker_conn):
 
 
 @pytest.mark.pg
+def test_stacks_of_the_same_executions(marker_conn, tmp_path):
+    """method="marker", stacks=True: perf records the marker's own executions; the stack
+    method's table of them (a run folder inside the marker's) has the plan's nodes, about
+    as many samples, and each node's share within a few points of the marker's; a sample
+    in a node's ExecProcNodeMarked wrapper is that node's (its folded stack says so)."""
+    from profkit.experiments.nodetime import NodeTimeError, nodetime_on_conn
+
+    _name, _cl, conn = marker_conn
+    sql = "SELECT count(*) FROM nm_t JOIN nm_u USING (a)"
+    res = nodetime_on_conn(conn, sql, method="marker", stacks=True, freq=999,
+                           min_samples=1500, out=tmp_path / "run")
+    same = res.stacks
+    assert same is not None and same.method == "stacks"
+    assert same.run.path == tmp_path / "run" / "stacks"
+    assert (same.run.path / "perf.data").exists() and (same.run.path / "nodetime.csv").exists()
+    assert same.facts["reps"] == res.facts["reps"] >= 1
+    assert abs(same.executor_samples / res.executor_samples - 1) < 0.1, (
+        same.executor_samples, res.executor_samples)
+    types = ["Aggregate", "Hash Join", "Seq Scan", "Hash", "Seq Scan"]
+    assert res.df["node_type"].tolist() == same.df["node_type"].tolist() == types
+    assert same.df["rows"].tolist() == res.df["rows"].tolist()
+    diff = (same.df["exclusive_share"] - res.df["exclusive_share"]).abs() * 100
+    assert diff.max() < 6.0, pd.DataFrame({"marker": res.df["exclusive_share"],
+                                           "stacks": same.df["exclusive_share"]})
+    # the marker's wrappers sit under the node they run (the scans below the join)
+    wrapped = {k.split(";ExecProcNodeMarked")[0].rsplit(";", 1)[-1]
+               for k in same.folded if ";ExecProcNodeMarked" in k}
+    assert wrapped & {"2 Seq Scan on nm_t", "3 Hash", "4 Seq Scan on nm_u"}, sorted(wrapped)
+    prov = json.loads((same.run.path / "provenance.json").read_text())
+    assert prov["status"] == "complete" and prov["same_executions_as"] == res.run.run_id
+    doc = res.doc()
+    assert doc["stacks"]["method"] == "stacks" and len(doc["stacks"]["nodes"]) == 5
+    assert "The same executions by call stack" in res.console()
+    with pytest.raises(NodeTimeError, match="needs method='marker'"):
+        nodetime_on_conn(conn, sql, stacks=True)
+
+
+@pytest.mark.pg
 @pytest.mark.builds("node_marker")
 def test_same_answers_with_the_setting_on(vanilla_build):
     """EXPLAIN's rows and loops and the rows the corpus queries return, with
@@ -288,10 +326,16 @@ def test_nodetime_method_marker_command(tmp_path: Path) -> None:
     env = {"PROFKIT_PROFILES": str(tmp_path / "profiles")}
     cp = profkit("nodetime", "node_marker", "--method", "marker", "--workload",
                  "nested_loop", "--scale", "0.01", "--freq", "1999", "--min-samples", "2000",
-                 "--json", "--out", str(tmp_path / "run"), env=env)
+                 "--with-stacks", "--json", "--out", str(tmp_path / "run"), env=env)
     doc = json.loads(cp.stdout)
     nodes = doc["nodes"]
     assert doc["method"] == "marker" and doc["flamegraph"] is None
+    # --with-stacks: the stack method's table of the same executions, beside it
+    same = doc["stacks"]
+    assert same["method"] == "stacks" and same["reps"] == doc["reps"]
+    assert [n["node_type"] for n in same["nodes"]] == [n["node_type"] for n in nodes]
+    assert same["run_dir"] == str(tmp_path / "run" / "stacks")
+    assert (tmp_path / "run" / "stacks" / "perf.data").exists()
     assert [n["node_type"] for n in nodes][:2] == ["Aggregate", "Nested Loop"]
     assert [n["node_id"] for n in nodes] == list(range(len(nodes)))
     assert sum(n["exclusive_share"] for n in nodes) == pytest.approx(1.0, abs=1e-9)
@@ -313,3 +357,6 @@ def test_nodetime_method_marker_command(tmp_path: Path) -> None:
     m = message(profkit("nodetime", "node_marker", "--method", "marker", "--workload",
                         "nested_loop", "--flamegraph", str(tmp_path / "x.svg"), code=2))
     assert "draws no flamegraph" in m
+    m = message(profkit("nodetime", "node_marker", "--with-stacks", "--workload",
+                        "nested_loop", code=2))
+    assert "add --method marker" in m

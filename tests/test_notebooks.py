@@ -259,6 +259,12 @@ def _check_time_per_node(text: str, profiles: Path) -> None:
         "node_marker-nested_loop", "step3-nested_loop", "vanilla-nested_loop"], list(tables)
     for t in tables.values():
         assert abs(t["exclusive_share"].sum() - 1) < 1e-9
+    # the stack method's table of the marker's own executions, in the marker's run folder
+    same = list(runs.glob("*-nodetime-node_marker-nested_loop/stacks/nodetime.csv"))
+    assert len(same) == 1, same
+    assert pd.read_csv(same[0])["node_type"].tolist() == tables[same[0].parent.parent.name][
+        "node_type"].tolist()
+    assert "same executions, stacks against the marker: largest difference" in text
     assert len(list(runs.glob("*-flamediff-vanilla-vs-step3"))) == 2  # Query-1 and Query-2
     svgs = sorted(p.name for p in (profiles / "flamegraphs").glob("*.svg"))
     for name in ("nodetime-vanilla-nested_loop.svg", "nodetime-vanilla-vs-step3-nested_loop.svg",

@@ -36,6 +36,9 @@ from profkit.cli.common import friendly as _friendly
               help="stacks: each sample's call stack names its node (any build). marker: "
                    "the node a node_marker build publishes, read by bcc (exact; no "
                    "flamegraph; BUILD, --cluster or --dsn of such a build).")
+@click.option("--with-stacks", "with_stacks", is_flag=True,
+              help="With --method marker: record call stacks (perf) during the same "
+                   "executions and show the stack method's table of them too.")
 @click.option("--freq", type=int, default=999, show_default=True, help="Samples per second.")
 @click.option("--min-samples", type=int, default=None,
               help="Run the query until about this many samples (default: profkit's "
@@ -53,7 +56,8 @@ from profkit.cli.common import friendly as _friendly
 @_friendly
 def nodetime_cmd(build: str | None, cluster_name: str | None, dsn: str | None,
                  pid: int | None, seconds: float, sql: str | None, workload: str | None,
-                 query: str | None, scale: float, analyze: bool, method: str, freq: int,
+                 query: str | None, scale: float, analyze: bool, method: str,
+                 with_stacks: bool, freq: int,
                  min_samples: int | None, reps: int | None, against: str | None,
                  flamegraph_path: str | None, out: str | None, as_json: bool) -> None:
     """Time per plan node from perf samples by call stack (~1 % overhead, no clock reads).
@@ -85,6 +89,9 @@ def nodetime_cmd(build: str | None, cluster_name: str | None, dsn: str | None,
         raise Failed("--method marker runs the query itself on a node_marker server and "
                      "draws no flamegraph: drop --pid, --flamegraph, --against and "
                      "--analyze (its table has rows and loops already)")
+    if with_stacks and method != "marker":
+        raise Failed("--with-stacks records call stacks beside the node marker: add "
+                     "--method marker (the stack method records them anyway)")
     if seconds <= 0 or freq <= 0:
         raise Failed("--seconds and --freq must be > 0")
     spec = workload_name(workload, query) if workload else None
@@ -94,6 +101,8 @@ def nodetime_cmd(build: str | None, cluster_name: str | None, dsn: str | None,
                            flamegraph=flamegraph_path, **kw)
     else:
         kw.update(analyze=analyze, reps=reps, method=method)
+        if with_stacks:
+            kw["stacks"] = True
         if min_samples is not None:
             kw["min_samples"] = min_samples
         elif reps is None:

@@ -27,10 +27,14 @@ from pg_stat_activity, its plan from a plain EXPLAIN of that text in another ses
 ``method="marker"`` (:func:`nodetime_marker_on_conn`) is the exact method: on a
 ``node_marker`` build the backend publishes the running node's number, and a bcc
 program samples that number (:mod:`profkit.experiments.nodetime_marker`); no stack is
-walked, so no sample is ambiguous, and there is no node-rooted flamegraph.
+walked, so no sample is ambiguous, and there is no node-rooted flamegraph. With
+``stacks=True`` perf records the marker's own executions too and ``result.stacks`` is the
+stack method's table of them: the one comparison of the two methods that no difference
+between server processes enters.
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -112,6 +116,8 @@ class NodeTimeResult:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     flamegraph: Path | None = None
+    #: the marker method with ``stacks=True``: the same executions by call stack
+    stacks: NodeTimeResult | None = None
 
     @property
     def executor_samples(self) -> float:
@@ -130,14 +136,19 @@ class NodeTimeResult:
                 "outside": self.outside, "method": self.method, "has_plan": self.has_plan,
                 "run_dir": str(self.run.path), "sql": self.sql, **self.facts,
                 "notes": self.notes, "warnings": self.warnings,
-                "flamegraph": str(self.flamegraph) if self.flamegraph else None}
+                "flamegraph": str(self.flamegraph) if self.flamegraph else None,
+                **({"stacks": self.stacks.doc()} if self.stacks is not None else {})}
 
     def console(self) -> str:
-        return console_text(self.df, outside_share=self.outside_executor_share,
+        text = console_text(self.df, outside_share=self.outside_executor_share,
                             total=self.total_samples, outside=self.outside,
                             has_plan=self.has_plan, head=self._head(), notes=self.notes,
                             run_dir=str(self.run.path),
                             flamegraph=str(self.flamegraph) if self.flamegraph else None)
+        if self.stacks is not None:
+            text += ("\n\nThe same executions by call stack (perf record -g beside the "
+                     "marker):\n" + self.stacks.console())
+        return text
 
     def _head(self) -> list[str]:
         f = self.facts
@@ -305,11 +316,16 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
                      out: str | os.PathLike[str] | None = None, build: Build | None = None,
                      workload: str | None = None, flamegraph: str | os.PathLike[str] | None
                      = None, title: str | None = None, progress: Say | None = None,
-                     facts: dict[str, Any] | None = None, method: str = "stacks"
-                     ) -> NodeTimeResult:
-    """Time per plan node of *sql* run on *conn*'s backend (see the module docstring)."""
+                     facts: dict[str, Any] | None = None, method: str = "stacks",
+                     stacks: bool = False) -> NodeTimeResult:
+    """Time per plan node of *sql* run on *conn*'s backend (see the module docstring).
+    *stacks* (marker method only): the same executions by call stack too, in
+    ``result.stacks`` (:func:`nodetime_marker_on_conn`)."""
     if method not in METHODS:
         raise NodeTimeError(f"unknown method {method!r}: choose {' or '.join(METHODS)}")
+    if stacks and method != "marker":
+        raise NodeTimeError("stacks=True records call stacks beside the node marker: it "
+                            "needs method='marker' (the stack method has them already)")
     if method == "marker":
         if flamegraph is not None:
             raise NodeTimeError("the marker method walks no stacks, so it draws no "
@@ -317,7 +333,7 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
         return nodetime_marker_on_conn(conn, sql, freq=freq, min_samples=min_samples,
                                        max_seconds=max_seconds, reps=reps, base=base,
                                        out=out, build=build, workload=workload,
-                                       progress=progress, facts=facts)
+                                       progress=progress, facts=facts, stacks=stacks)
     say = progress or (lambda _m: None)
     perf_path()
     sql = sql.strip().rstrip(";")
@@ -390,14 +406,33 @@ def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
                             out: str | os.PathLike[str] | None = None,
                             build: Build | None = None, workload: str | None = None,
                             progress: Say | None = None,
-                            facts: dict[str, Any] | None = None) -> NodeTimeResult:
+                            facts: dict[str, Any] | None = None,
+                            stacks: bool = False) -> NodeTimeResult:
     """Time per plan node of *sql* by the node marker (a ``node_marker`` server): the
     query repeats for *reps* executions, or until the backend's CPU time holds
     *min_samples* samples at *freq* (at most *max_seconds* of wall time); the same table
-    as the stack method's."""
+    as the stack method's.
+
+    *stacks*: ``perf record -g`` on the backend during the same sampled executions, and
+    the stack method's attribution of them in ``result.stacks`` (its run folder
+    ``stacks/`` inside this one). Two runs, even of one build, differ by more than their
+    sampling error (each server process has its own code and data addresses); on the same
+    executions the two tables differ only by how a sample finds its node."""
     say = progress or (lambda _m: None)
     sql = sql.strip().rstrip(";")
     pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+    binary = ""
+    parallel = False
+    if stacks:
+        perf_path()
+        binary = _binary(pid)
+        try:
+            parallel = any(n.node_type in ("Gather", "Gather Merge")
+                           for n in plan_nodes(explain_plan(conn, sql)))
+        except Exception as e:
+            if getattr(e, "sqlstate", None) is None:
+                raise
+            raise NodeTimeError(f"EXPLAIN of the query failed: {e}".splitlines()[0]) from None
     # CPU time for min_samples at freq, 15 % margin (as the stack method's run_until)
     cpu_seconds = 1.15 * min_samples / freq if reps is None else 0.0
     say("recording " + (f"{reps} executions" if reps is not None else
@@ -407,11 +442,28 @@ def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
     words = (build.name if build else None, workload)
     with open_run("nodetime", words=[w for w in words if w] or ["query"], build=build,
                   workload=workload, base=base, path=out, tools=("bcc",), query=sql,
-                  backend_pid=pid, method="marker", **(facts or {})) as rd:
+                  backend_pid=pid, method="marker", **(facts or {})) as rd, \
+            contextlib.ExitStack() as later:
+        srd: RunDir | None = None
+        recorded: dict[str, Any] = {}
+        around = None
+        if stacks:
+            srd = later.enter_context(open_run(
+                "nodetime", path=rd.file("stacks"), build=build, workload=workload,
+                tools=("perf",), query=sql, backend_pid=pid, method="stacks",
+                same_executions_as=rd.run_id))
+
+            def around(loop: Callable[[], None]) -> None:
+                with WorkerWatch(pid) as watch:
+                    recorded["rec"], _ = record_pid(
+                        pid, loop, run=srd, freq=freq, call_graph="fp", stat=False,
+                        binary=binary, system_wide=parallel)
+                recorded["workers"] = sorted(watch.pids)
         try:
             mr = run_marker(conn, sql, frequency=freq, min_cpu_seconds=cpu_seconds,
                             max_seconds=max_seconds if reps is None else math.inf,
-                            min_executions=reps or 1, max_executions=reps or 100_000)
+                            min_executions=reps or 1, max_executions=reps or 100_000,
+                            around=around)
         except ProbeError as e:
             raise NodeTimeError(str(e)) from None
         rd.file(PLAN_JSON).write_text(json.dumps(mr.plan, indent=1))
@@ -438,7 +490,29 @@ def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
         result.method = "marker"
         df.to_csv(rd.file(NODETIME_CSV), index=False)
         rd.add_artifact(NODETIME_CSV, "per plan node: samples and shares (node marker)")
+        if srd is not None:
+            say(f"perf kept {recorded['rec'].samples} samples of the same executions; "
+                "attributing them by call stack")
+            result.stacks = _stacks_of(srd, sql, plan_nodes(mr.plan), pid,
+                                       recorded.get("workers", []), binary, parallel, freq,
+                                       mr, min_samples)
+            rd.add_artifact("stacks", "the same executions by call stack (perf record -g): "
+                                      "a nodetime run folder")
     return result
+
+
+def _stacks_of(srd: RunDir, sql: str, nodes: list[PlanNode], pid: int, workers: list[int],
+               binary: str, parallel: bool, freq: int, mr: Any, min_samples: int
+               ) -> NodeTimeResult:
+    """The stack method's result for a perf recording made during a marker run."""
+    srd.update(reps=mr.executions, worker_pids=workers, parallel=parallel)
+    att, df, extra = attribute_run(srd, nodes, [pid, *workers], binary)
+    return _result(srd, sql, nodes, att, df, extra, [], parallel, workers,
+                   {"pid": pid, "freq": freq, "call_graph": "fp", "reps": mr.executions,
+                    "seconds": round(mr.seconds, 6), "binary": binary, "parallel": parallel,
+                    "worker_pids": workers},
+                   SampleShortfall(samples=int(df.attrs["executor_samples"]), freq=freq,
+                                   seconds=mr.seconds, reps=mr.executions), min_samples)
 
 
 def _result(rd: RunDir, sql: str, nodes: list[PlanNode] | None, att: Attribution | None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,14 +139,18 @@ def run_marker(conn: psycopg.Connection, sql: str, *,
                frequency: int = DEFAULT_FREQUENCY, min_seconds: float = DEFAULT_MIN_SECONDS,
                max_executions: int = 100_000, min_executions: int = 1,
                min_cpu_seconds: float = 0.0, max_seconds: float = math.inf,
-               warmup: bool = True) -> MarkerResult:
+               warmup: bool = True,
+               around: Callable[[Callable[[], None]], Any] | None = None) -> MarkerResult:
     """Per-node shares of *sql* on the node_marker server behind *conn* (see the module
     docstring).  Sets ``track_executor_node = on`` for the session (and leaves it on).
 
     After *min_executions*, the query repeats until *min_seconds* of wall time and
     *min_cpu_seconds* of the backend's CPU time (/proc/PID/schedstat: on a loaded machine
     more executions, not fewer samples) have passed, or *max_seconds* of wall time or
-    *max_executions*, whichever comes first."""
+    *max_executions*, whichever comes first.
+
+    *around*: called as ``around(loop)`` with the sampled loop of executions, inside the
+    sampling (e.g. a perf recording of the same executions); it must call ``loop()``."""
     if min_seconds < 0 or min_cpu_seconds < 0 or max_executions < 1:
         raise ProbeError("min_seconds and min_cpu_seconds must be >= 0, max_executions >= 1")
     check_marker_build(conn)
@@ -172,7 +176,8 @@ def run_marker(conn: psycopg.Connection, sql: str, *,
             _fetch_all(conn, sql)
             done += 1
 
-    samples = nm.record_node_samples(pid, runner, frequency=frequency)
+    sampled = runner if around is None else (lambda: around(runner))
+    samples = nm.record_node_samples(pid, sampled, frequency=frequency)
     table = node_table(plan, samples.node_samples, samples.outside)
     if not samples.node_samples:
         raise ProbeError(f"no sample landed in a plan node ({samples.backend_samples} samples "
