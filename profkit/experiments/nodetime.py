@@ -415,8 +415,8 @@ def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
 
     *stacks*: ``perf record -g`` on the backend during the same sampled executions, and
     the stack method's attribution of them in ``result.stacks`` (its run folder
-    ``stacks/`` inside this one). Two runs, even of one build, differ by more than their
-    sampling error (each server process has its own code and data addresses); on the same
+    ``stacks/`` inside this one). Two runs, even of one build, are two server processes
+    and differ by more than their sampling error (docs/nodetime.md); on the same
     executions the two tables differ only by how a sample finds its node."""
     say = progress or (lambda _m: None)
     sql = sql.strip().rstrip(";")
