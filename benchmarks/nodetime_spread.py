@@ -54,6 +54,8 @@ def one_round(workload: str, scale: float, min_samples: int, i: int) -> list[dic
                          "node_id": r.node_id, "node_type": r.node_type,
                          "share": float(r.exclusive_share),
                          "executor_samples": res.executor_samples,
+                         "ms_per_execution": 1000 * float(res.facts["seconds"])
+                         / max(1, int(res.facts["reps"])),
                          "ambiguous_samples": float(r.ambiguous_samples)})
     return rows
 
@@ -81,6 +83,26 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                     "same-exec |diff| max": float(d.abs().max())})
         out.append(row)
     return pd.DataFrame(out)
+
+
+def farthest(df: pd.DataFrame) -> list[str]:
+    """Per workload and series: the run farthest from the median on some node ≥ 5 %, with
+    its time per execution against the series' median and its rank (1 = slowest)."""
+    out = []
+    for (wl, series), g in df[df["series"] != "node_marker stacks (same executions)"].groupby(
+            ["workload", "series"], sort=False):
+        med = g.groupby("node_id")["share"].median()
+        big = med[med >= MIN_SHARE].index
+        g = g[g["node_id"].isin(big)].copy()
+        g["off"] = (g["share"] - g["node_id"].map(med)).abs() * 100
+        worst = g.loc[g["off"].idxmax()]
+        per = g.groupby("process")["ms_per_execution"].first()
+        rank = int((per > per[worst["process"]]).sum()) + 1
+        out.append(f"- {wl}, {series}: process {int(worst['process'])}, {worst['node_type']} "
+                   f"{worst['off']:.1f} pp from the median; {per[worst['process']]:.2f} ms per "
+                   f"execution against a median of {per.median():.2f} (rank {rank} of "
+                   f"{len(per)}, 1 = slowest)")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         ["workload", "process"])["ambiguous_samples"].sum()
     tail = (f"\n\nAmbiguous samples of the same-execution stack runs (shared in proportion): "
             f"median {statistics.median(amb):.0f}, at most {amb.max():.0f} per run.\n")
+    tail += ("\nThe run farthest from the median, and how fast its executions were (the "
+             "executions' wall time over their count):\n\n" + "\n".join(farthest(df)) + "\n")
     text = head + "\n".join(lines) + tail
     Path(a.out + ".md").write_text(text)
     print(text)

@@ -211,9 +211,10 @@ for t, name in ((df, "vanilla stacks"), (md, "marker"), (same.df, "same executio
     share = t.loc[t["node_type"].isin(big), "exclusive_share"].sum()
     assert share > 0.9, (name, share)
 # ... and on the same executions the stack method gives each node the marker's share
-# within SAME_PP points (benchmarks/results/nodetime_spread.md: at most 4.7 points in 60
-# runs over the three seed workloads, two ~3,000-sample runs of the same executions)
-SAME_PP = 6.0
+# within SAME_PP points (benchmarks/results/nodetime_spread.md: at most 6.1 points in 60
+# runs over the three seed workloads, two ~3,000-sample runs of the same executions; the
+# median difference is up to 2.5 points, the rest is sampling)
+SAME_PP = 8.0
 worst = both.loc[both["same_executions_pp"].abs().idxmax()]
 assert abs(worst["same_executions_pp"]) < SAME_PP, both
 far = both.loc[both["vanilla_run_pp"].abs().idxmax()]

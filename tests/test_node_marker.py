@@ -264,7 +264,8 @@ def test_stacks_of_the_same_executions(marker_conn, tmp_path):
     assert res.df["node_type"].tolist() == same.df["node_type"].tolist() == types
     assert same.df["rows"].tolist() == res.df["rows"].tolist()
     diff = (same.df["exclusive_share"] - res.df["exclusive_share"]).abs() * 100
-    assert diff.max() < 6.0, pd.DataFrame({"marker": res.df["exclusive_share"],
+    # nodetime_spread.md: at most 6.1 points apart in 60 runs of the seed workloads
+    assert diff.max() < 8.0, pd.DataFrame({"marker": res.df["exclusive_share"],
                                            "stacks": same.df["exclusive_share"]})
     # the marker's wrappers sit under the node they run (the scans below the join)
     wrapped = {k.split(";ExecProcNodeMarked")[0].rsplit(";", 1)[-1]
