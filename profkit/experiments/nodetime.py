@@ -48,6 +48,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.analyze.nodetime import (
+    GATHER_TYPES,
     NODE_FUNCTIONS,
     Attribution,
     PlanNode,
@@ -188,6 +189,21 @@ def explain_plan(conn: Any, sql: str, *, analyze: bool = False) -> Any:
 
 def _same_shape(a: Sequence[PlanNode], b: Sequence[PlanNode]) -> bool:
     return [(n.node_type, n.parent_id) for n in a] == [(n.node_type, n.parent_id) for n in b]
+
+
+def _plan_of(conn: Any, sql: str) -> Any:
+    """Plain EXPLAIN of *sql*; an SQL error becomes a NodeTimeError saying so."""
+    try:
+        return explain_plan(conn, sql)
+    except Exception as e:
+        if getattr(e, "sqlstate", None) is None:
+            raise
+        raise NodeTimeError(f"EXPLAIN of the query failed: {e}".splitlines()[0]) from None
+
+
+def _has_gather(nodes: Sequence[PlanNode] | None) -> bool:
+    """Parallel workers run part of the plan: perf must record every CPU."""
+    return nodes is not None and any(n.node_type in GATHER_TYPES for n in nodes)
 
 
 def run_until(conn: Any, sql: str, pid: int, *, reps: int | None, freq: int,
@@ -339,12 +355,7 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
     sql = sql.strip().rstrip(";")
     pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
     binary = _binary(pid)
-    try:
-        plan = explain_plan(conn, sql)
-    except Exception as e:
-        if getattr(e, "sqlstate", None) is None:
-            raise
-        raise NodeTimeError(f"EXPLAIN of the query failed: {e}".splitlines()[0]) from None
+    plan = _plan_of(conn, sql)
     nodes = plan_nodes(plan)
     analyzed_plan = None
     notes: list[str] = []
@@ -357,7 +368,7 @@ def nodetime_on_conn(conn: Any, sql: str, *, analyze: bool = False, freq: int = 
         else:
             notes.append("EXPLAIN ANALYZE planned another tree than EXPLAIN: its rows and "
                          "loops are not shown")
-    parallel = any(n.node_type in ("Gather", "Gather Merge") for n in nodes)
+    parallel = _has_gather(nodes)
     t0 = time.perf_counter()
     run_query(conn, sql, 1)  # warm-up: caches, and the time of one execution
     one = time.perf_counter() - t0
@@ -426,13 +437,7 @@ def nodetime_marker_on_conn(conn: Any, sql: str, *, freq: int = 999,
     if stacks:
         perf_path()
         binary = _binary(pid)
-        try:
-            parallel = any(n.node_type in ("Gather", "Gather Merge")
-                           for n in plan_nodes(explain_plan(conn, sql)))
-        except Exception as e:
-            if getattr(e, "sqlstate", None) is None:
-                raise
-            raise NodeTimeError(f"EXPLAIN of the query failed: {e}".splitlines()[0]) from None
+        parallel = _has_gather(plan_nodes(_plan_of(conn, sql)))
     # CPU time for min_samples at freq, 15 % margin (as the stack method's run_until)
     cpu_seconds = 1.15 * min_samples / freq if reps is None else 0.0
     say("recording " + (f"{reps} executions" if reps is not None else
@@ -688,8 +693,7 @@ def nodetime_pid(pid: int, *, seconds: float = 10.0, cluster: str | None = None,
     else:
         notes.append("the plan is a plain EXPLAIN of pg_stat_activity's text in another "
                      "session: the running plan may differ if statistics or settings do")
-    parallel = nodes is not None and any(n.node_type in ("Gather", "Gather Merge")
-                                         for n in nodes)
+    parallel = _has_gather(nodes)
     say(f"sampling backend {pid} for {seconds:g} s at {freq} Hz")
     with open_run("nodetime", words=[f"pid{pid}"], base=base, path=out, tools=("perf",),
                   query=text, backend_pid=pid, target={"pid": pid, "backend_type": btype,
