@@ -21,8 +21,8 @@
  * another guest on the same physical core, or throttles, shows up as a longer
  * cpu_ns -- which a backend's CPU time from /proc cannot tell from real work.
  *
- * Before the timed work, untimed, every line of the table is read and the walk
- * runs once: the measured backend has just run on this CPU (and the CPU may
+ * Before the timed work, untimed, every line of the table is read and part of
+ * the walk runs (see below): the measured backend has just run on this CPU (and the CPU may
  * have idled while the client read the result), and without this the
  * calibration after an execution paid for bringing its table and its branch
  * history back -- more after a longer execution. The calibrations
@@ -30,6 +30,13 @@
  * median (0.5 % after the plain query), up to 6 % in one run, whose three
  * TIMING-on executions were all rejected for a slow vCPU; with the untimed pass
  * the gap is under 0.5 % in every mode (benchmarks/vcpu_after_gap.py).
+ * The untimed walk is half the timed one (loops / 2 units, at least one): on
+ * another host (AMD EPYC, 2026-12-05) a vCPU that had idled for 20 ms ran the
+ * next calibration 5 % slower in the median after a single untimed unit (the
+ * CPU still waking up; tests/test_vcpu.py failed in two make test runs, and
+ * passed 6 of 6 with half), and the slow-vCPU rule rejected 44 of 240
+ * executions of vanilla against itself, 15 of 240 with half
+ * (benchmarks/results/vcpu_after_gap-20261205b.txt).
  * An empty line or EOF ends the program.
  */
 #define _GNU_SOURCE
@@ -110,7 +117,7 @@ main(void)
 
 		if (end == line)
 			break;
-		sink = touch() + work(1);
+		sink = touch() + work(loops / 2 > 0 ? loops / 2 : 1);
 		c0 = ns(CLOCK_THREAD_CPUTIME_ID);
 		w0 = ns(CLOCK_MONOTONIC);
 		sink = work(loops);
