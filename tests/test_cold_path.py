@@ -133,8 +133,8 @@ def _processes_with(env_entry: str) -> list[int]:
 def test_ctrl_c_stops_both_builds_of_a_list():
     """Ctrl-C while `profkit build vanilla step1` has vanilla compiling and step1
     configuring: exit 130, no configure, make or compiler left running (their process
-    groups are their own, out of the terminal's reach), and neither half-made tree left
-    in the cache."""
+    groups are their own, out of the terminal's reach), neither half-made tree left in the
+    cache, and no log of a failed build: both were stopped, neither failed."""
     from profkit import paths
 
     cold = paths.empty_cache("cold-cache-")
@@ -166,5 +166,8 @@ def test_ctrl_c_stops_both_builds_of_a_list():
         time.sleep(0.5)
         assert _processes_with(f"PROFKIT_CACHE={cold}") == []
         assert [d.name for d in (cold / "builds").iterdir() if not d.name.startswith(".")] == []
+        # nothing failed: no build log kept as a failure's (make test stops its background
+        # builder so, and a user's cache kept "step5_clang-...-failed-...log" for it)
+        assert sorted(p.name for p in (cold / "logs").glob("*failed*")) == []
     finally:
         shutil.rmtree(cold, ignore_errors=True)

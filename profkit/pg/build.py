@@ -740,6 +740,10 @@ class _Turn:
     index: int
 
 
+# why a get_builds list was cancelled when Ctrl-C or SIGTERM stopped it
+INTERRUPTED = "interrupted"
+
+
 class _Turns:
     """The builds of a get_builds list take two steps in the list's order: build i runs
     configure once every build before it has configured, and compiles once every build
@@ -829,7 +833,7 @@ def get_builds(names: Sequence[str | BuildSpec], *, source: str | None = None,
                     on_built(out[-1])
         except BaseException as e:
             turns.cancel("an earlier build failed" if isinstance(e, Exception)
-                         else "interrupted")
+                         else INTERRUPTED)
             for f in futures:
                 f.cancel()
             if not isinstance(e, Exception):  # Ctrl-C, SIGTERM: stop both builds now
@@ -1039,6 +1043,12 @@ def _do_build(
             d / "install" / CONFIGURED_PREFIX.lstrip("/") / "bin" / "pg_config"
         )
     except CommandFailed as e:
+        if turn is not None and turn.turns.cancelled == INTERRUPTED:
+            # get_builds stopped this build's commands (Ctrl-C, SIGTERM): nothing failed,
+            # so no log is kept as a failure's
+            shutil.rmtree(d, ignore_errors=True)
+            raise BuildError(f"build {spec.name!r} stopped at step '{step}': {INTERRUPTED}",
+                             step=step) from None
         failed_log = _keep_log(d, log_path, spec.name)
         shutil.rmtree(d, ignore_errors=True)
         raise BuildError(
