@@ -161,7 +161,7 @@ def test_a_calibration_after_the_caches_were_filled_is_not_slower():
     which then counted as a slow vCPU).  Here this process, pinned to that CPU, streams
     16 MB and sleeps 20 ms between the two: the median ratio was 1.07-1.09 with the helper
     before its untimed pass, 0.996-1.008 with it (four rounds of 21 each).  On an AMD EPYC
-    host it was 1.05 in two make test runs while the pass held one unit of the walk; it
+    host it was 1.041 and 1.053 in two make test runs while the pass held one unit of the walk; it
     holds half the timed walk now (profkit/collect/vcpu_calib.c)."""
     cpu = max(os.sched_getaffinity(0))
     keep = os.sched_getaffinity(0)

@@ -32,10 +32,10 @@
  * the gap is under 0.5 % in every mode (benchmarks/vcpu_after_gap.py).
  * The untimed walk is half the timed one (loops / 2 units, at least one): on
  * another host (AMD EPYC, 2026-12-05) a vCPU that had idled for 20 ms ran the
- * next calibration 5 % slower in the median after a single untimed unit (the
+ * next calibration 4-5 % slower in the median (1.041, 1.053) after a single untimed unit (the
  * CPU still waking up, likely; tests/test_vcpu.py failed in two make test runs, and
  * passed 6 of 6 with half), and the slow-vCPU rule rejected 44 of 240
- * executions of vanilla against itself, 15 of 240 with half
+ * executions of vanilla against itself on nested_loop, 15 of 240 with half
  * (benchmarks/results/vcpu_after_gap-20261205b.txt).
  * An empty line or EOF ends the program.
  */
