@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import tables
-from profkit.analyze import correction
+from profkit.analyze import correction, stats
 from profkit.errors import ProfkitError
 
 log = logging.getLogger("profkit.analyze.observers")
@@ -236,9 +236,13 @@ def hit_costs(table: pd.DataFrame, defaults: Mapping[str, float],
 # cpu_ms: the backend's CPU time for the statement (/proc/PID/schedstat), an extra
 # column of the timings table; on a loaded machine a long statement waits for a CPU
 # more often than a short one, which inflates TIMING ON's wall time beyond its cost.
-CORRECTION_METRICS: tuple[str, ...] = ("cpu_ms", "server_ms", "client_ms")
+# cpu_kept_ms: cpu_ms with the executions a slow vCPU disturbed left out (the rule of
+# profkit.analyze.stats.vcpu_adjust, from the calibrations just before and after each
+# execution, as profkit bench has them): the default of measure_correction.
+CORRECTION_METRICS: tuple[str, ...] = ("cpu_kept_ms", "cpu_ms", "server_ms", "client_ms")
 CORRECTION_COLUMNS: tuple[str, ...] = (
-    "workload", "metric", "scale", "reps", "plain_ms", "notiming_ms", "timing_on_ms", "timing_on_x",
+    "workload", "metric", "scale", "reps", "left_out", "plain_ms", "notiming_ms", "timing_on_ms",
+    "timing_on_x",
     "clock_reads", "instr_calls", "ns_per_read_micro", "ns_per_read_in_situ",
     "ns_per_read_in_situ_xval", "row_cost_ns", "row_cost_ns_xval",
     "corrected_clock_only_micro_ms", "corrected_micro_ms", "corrected_micro_ratio",
@@ -285,11 +289,19 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
     - ``corrected_in_situ_xval_ms``: the median in-situ cost per read and row
       cost per call of the *other* workloads, applied to this one.
     Ratios are corrected / plain (1.0 = the correction recovers plain).
+    ``left_out``: the workload's executions without the metric (with ``cpu_kept_ms``,
+    those the slow-vCPU rule rejected: their pairs drop out of the paired gaps).
     """
     if metric not in CORRECTION_METRICS:
         raise ObserverError(f"metric must be one of {', '.join(CORRECTION_METRICS)}, "
                             f"not {metric!r}")
     t = tables.validate(timings, "timings")
+    if metric == "cpu_kept_ms" and metric not in t.columns:
+        if not stats.has_calibration(t):
+            raise ObserverError("cpu_kept_ms needs the vCPU calibration columns "
+                                f"({', '.join(stats.CALIB_COLUMNS)}); use cpu_ms for timings "
+                                "measured without them")
+        t = stats.vcpu_adjust(t)[0]
     if metric not in t.columns:
         raise ObserverError(f"the timings have no {metric!r} column")
     need = {"workload", "clock_reads", "instr_calls", "ns_per_read_micro"}
@@ -323,6 +335,8 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
         per[wl] = {
             "workload": wl, "metric": metric, "scale": float(getattr(f, "scale", math.nan)),
             "reps": int(tw.loc[tw["mode"] == "analyze_timing", "rep"].nunique()),
+            # executions whose metric is missing (cpu_kept_ms: rejected for a slow vCPU)
+            "left_out": int(pd.to_numeric(tw[metric], errors="coerce").isna().sum()),
             "plain_ms": med["plain"], "notiming_ms": med["analyze_notiming"],
             "timing_on_ms": med["analyze_timing"],
             "timing_on_x": _ratio(med["analyze_timing"], med["plain"]),

@@ -126,6 +126,22 @@ def default_pin_cpu() -> int | None:
     return cpus[-1] if len(cpus) > 1 else None
 
 
+def resolve_pin(pin_cpu: int | str | None,
+                error: type[ProfkitError] = VcpuError) -> int | None:
+    """The CPU to pin measured backends to: ``"auto"`` → :func:`default_pin_cpu`, None or
+    ``"none"`` → None (not pinned), a CPU number this process may use → itself; anything
+    else raises *error*."""
+    if pin_cpu is None or pin_cpu == "none":
+        return None
+    if pin_cpu == "auto":
+        return default_pin_cpu()
+    allowed = sorted(os.sched_getaffinity(0))
+    if isinstance(pin_cpu, bool) or not isinstance(pin_cpu, int) or pin_cpu not in allowed:
+        raise error(f"pin_cpu {pin_cpu!r} is not a CPU this process may use "
+                    f"({', '.join(map(str, allowed))}); or 'auto', or None")
+    return pin_cpu
+
+
 def proc_counters(pid: int) -> dict[str, float]:
     """The backend's scheduler and fault counters, and the machine's steal time, now.
 

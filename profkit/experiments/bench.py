@@ -765,7 +765,7 @@ def run_bench(
     if instr_scale is not None:
         check_scale(instr_scale)
     counter = resolve_counter(instructions) if instructions != "none" else "none"
-    pin = _resolve_pin(pin_cpu)
+    pin = vcpu_mod.resolve_pin(pin_cpu, BenchError)
     seed = order_seed if order_seed is not None else harness.new_seed()
 
     try:
@@ -924,18 +924,6 @@ def _measure(runner: _Bench, rd: rundir.RunDir, seed: int, counter: str,
         instr[0].to_csv(tmp, index=False)
         os.replace(tmp, out / INSTRUCTIONS_CSV)
     return instr[0]
-
-
-def _resolve_pin(pin_cpu: int | str | None) -> int | None:
-    if pin_cpu is None or pin_cpu == "none":
-        return None
-    if pin_cpu == "auto":
-        return vcpu_mod.default_pin_cpu()
-    allowed = sorted(os.sched_getaffinity(0))
-    if isinstance(pin_cpu, bool) or not isinstance(pin_cpu, int) or pin_cpu not in allowed:
-        raise BenchError(f"pin_cpu {pin_cpu!r} is not a CPU this process may use "
-                         f"({', '.join(map(str, allowed))}); or 'auto', or None")
-    return pin_cpu
 
 
 def builds_info(prov: Mapping[str, Any], timings: pd.DataFrame | None = None

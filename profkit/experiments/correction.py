@@ -23,7 +23,8 @@ import pandas as pd
 from profkit import tables
 from profkit.analyze import observers as A
 from profkit.analyze import predict as P
-from profkit.collect import clock
+from profkit.analyze import stats
+from profkit.collect import clock, vcpu
 from profkit.collect.artifacts import server_settings
 from profkit.errors import ProbeError
 from profkit.experiments import harness
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 TIMINGS_CSV = "timings.csv"
 TIMINGS_COLUMNS: tuple[str, ...] = ("run_id", "build", "workload", "query", "mode", "rep",
                                     "order", "client_ms", "server_ms", "cpu_ms", "runq_ms",
-                                    "scale")
+                                    "calib_before_ms", "calib_after_ms", "scale")
 DEFAULT_CORRECTION_WORKLOADS: dict[str, float] = {"nested_loop": 0.05, "join_sum": 0.5,
                                                   "count_star": 0.1}
 
@@ -64,7 +65,8 @@ class CorrectionResult:
 
 def measure_correction(target: Cluster | Build | str = "vanilla", *,
                        workloads: Mapping[str, float] | None = None, reps: int = 7,
-                       warmup: int = 1, metric: str = "cpu_ms", top: int = 4,
+                       warmup: int = 1, metric: str | None = None, top: int = 4,
+                       calibrate: bool = True, pin_cpu: int | str | None = "auto",
                        clock_loops: int = 200_000, clock_repeats: int = 9, seed: int = 0,
                        dbname: str = "postgres",
                        base: str | os.PathLike[str] | None = None, run_id: str | None = None,
@@ -77,6 +79,12 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
     TIMING ON interleaved (*reps* repetitions, order shuffled within each; a row of
     ``timings.csv`` written as each execution ends), measures CLOCK_MONOTONIC's ns per
     read before and after, and tabulates.
+
+    As ``profkit bench`` does: the backend is pinned to *pin_cpu* (``"auto"``: the last
+    CPU, when there are two or more; None: not pinned) and, with *calibrate*, the vCPU
+    calibration runs just before and after every execution; *metric* (default
+    ``cpu_kept_ms`` when calibrating, else ``cpu_ms``) ``cpu_kept_ms`` leaves out the
+    executions the slow-vCPU rule rejects (:func:`profkit.analyze.stats.vcpu_adjust`).
     """
     say = progress or (lambda _m: None)
     wls = dict(workloads or DEFAULT_CORRECTION_WORKLOADS)
@@ -88,18 +96,31 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
             raise ProbeError(f"scale of {name} must be > 0, got {sc!r}")
     if reps < 2:
         raise ProbeError("reps must be >= 2 (the in-situ check splits odd and even reps)")
+    metric = metric or ("cpu_kept_ms" if calibrate else "cpu_ms")
+    if metric not in A.CORRECTION_METRICS:
+        raise ProbeError(f"metric must be one of {', '.join(A.CORRECTION_METRICS)}, "
+                         f"not {metric!r}")
+    if metric == "cpu_kept_ms" and not calibrate:
+        raise ProbeError("metric cpu_kept_ms needs the vCPU calibration (calibrate=True)")
+    pin = vcpu.resolve_pin(pin_cpu, ProbeError)
     build = harness.target_build(target, progress)
     la0 = tuple(loadavg())
     with open_run("correction", build=build, base=base, run_id=run_id,
-                  workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0)) as rd:
+                  workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0),
+                  pin_cpu=pin, vcpu_calibration=(
+                      {"loops": vcpu.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
+                       "where": "just before and after every execution, on the pinned CPU"}
+                      if calibrate else None)) as rd:
         return _correct(rd, target if isinstance(target, Cluster) else build, wls,
                         reps=reps, warmup=warmup, metric=metric, top=top,
+                        pin=pin, calibrate=calibrate,
                         clock_loops=clock_loops, clock_repeats=clock_repeats, seed=seed,
                         dbname=dbname, say=say, la0=la0)
 
 
 def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, reps: int,
-             warmup: int, metric: str, top: int, clock_loops: int, clock_repeats: int,
+             warmup: int, metric: str, top: int, pin: int | None, calibrate: bool,
+             clock_loops: int, clock_repeats: int,
              seed: int, dbname: str, say: ProgressFn, la0: tuple[float, float, float]
              ) -> CorrectionResult:
     """The correction run's body (inside its run's lifecycle)."""
@@ -120,7 +141,8 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
 
     session = harness.Session.single(
         target, name="correction", log_dir=rd.path / "logs",
-        options=harness.SessionOptions(dbname=dbname), prepare=prepare, say=say)
+        options=harness.SessionOptions(dbname=dbname, pin_cpu=pin, calibrate=calibrate),
+        prepare=prepare, say=say)
 
     def execute(t: harness.Target, name: str, mode: str, when: str = "the warm-up"
                 ) -> tuple[harness.Timed, float, Any]:
@@ -158,7 +180,9 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
         row = {"run_id": rd.run_id, "build": t.build.name,
                "workload": name, "query": query_name(mode), "mode": mode,
                "rep": rep, "order": order, "client_ms": box.client_ms, "server_ms": s,
-               "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms, "scale": wls[name]}
+               "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms,
+               "calib_before_ms": box.calib_before_ms, "calib_after_ms": box.calib_after_ms,
+               "scale": wls[name]}
         rows.append(row)
         assert writer is not None
         writer.write(row)
@@ -214,7 +238,10 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
     timings = tables.validate(pd.DataFrame(rows, columns=list(TIMINGS_COLUMNS)), "timings")
     summary = A.correction_summary(timings, facts, metric=metric)
     others = {m: A.correction_summary(timings, facts, metric=m)
-              for m in A.CORRECTION_METRICS if m != metric}
+              for m in A.CORRECTION_METRICS
+              if m != metric and (calibrate or m != "cpu_kept_ms")}
+    if calibrate:
+        rd.update(vcpu=stats.vcpu_adjust(timings)[1].describe())
     for name in wls:
         s = summary.set_index("workload").loc[name]
         pr_on = P.predict(plans_on[name][0], P.PredictContext(mode="analyze_timing"))

@@ -707,6 +707,9 @@ class Session:
     def open_block(self, stack: contextlib.ExitStack, block: int) -> list[Target]:
         """Start every arm's cluster and backend of *block* (stopped when *stack* closes)."""
 
+        if self.options.calibrate and self.vcpu is None:  # a caller's cluster too
+            self.vcpu = stack.enter_context(VcpuProbe(self.options.pin_cpu))
+            stack.callback(setattr, self, "vcpu", None)
         if self.given is not None:
             t = Target(self.arms[0], self.given.build, self.given, block)
             self.targets = [t]
@@ -717,9 +720,6 @@ class Session:
                 self.prepare(t)
             return self.targets
         self.clusters = Clusters(stack, self.log_dir)
-        if self.options.calibrate and self.vcpu is None:
-            self.vcpu = stack.enter_context(VcpuProbe(self.options.pin_cpu))
-            stack.callback(setattr, self, "vcpu", None)
         self.targets = []
         for arm in self.arms:
             b = self.build_for(arm, block)

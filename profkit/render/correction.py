@@ -12,7 +12,7 @@ import pandas as pd
 from profkit.render.markdown import frame, loadavg_text
 
 #: The columns the correction report (and command) shows.
-CORRECTION_SHOW = ["workload", "scale", "plain_ms", "timing_on_ms", "corrected_micro_ms",
+CORRECTION_SHOW = ["workload", "scale", "left_out", "plain_ms", "timing_on_ms", "corrected_micro_ms",
                    "corrected_micro_ratio", "corrected_in_situ_split_ms", "plain_split_ms",
                    "corrected_in_situ_split_ratio", "corrected_in_situ_xval_ms",
                    "corrected_in_situ_xval_ratio"]
@@ -34,7 +34,8 @@ def correction_markdown(summary: pd.DataFrame, nodes: pd.DataFrame, *, run_id: s
     return "\n".join([
         "# EXPLAIN ANALYZE corrected for the clock vs the plain query", "",
         f"run `{run_id}`; metric {metric} (cpu_ms: the backend's CPU time from "
-        "/proc/PID/schedstat; server_ms: EXPLAIN's Execution Time / pg_stat_statements; "
+        "/proc/PID/schedstat; cpu_kept_ms: the same, the executions a slow vCPU disturbed "
+        "left out (column left_out); server_ms: EXPLAIN's Execution Time / pg_stat_statements; "
         f"client_ms: wall time at the client); load average before {loadavg_text(la0)}, after "
         f"{loadavg_text(la1)} (`uptime`: {uptime})", "",
         "corrected = TIMING ON − clock reads × ns/read − Instr calls × row cost; ratios are "
