@@ -553,6 +553,9 @@ def test_correction(tmp_path: Path) -> None:
     cp = profkit("correction", "--workload", f"join_sum={SCALE}", "--reps", "2", "--top", "1",
                  "--out", str(tmp_path))
     assert "join_sum" in cp.stdout and list(tmp_path.glob("*-correction-vanilla"))
+    assert "metric cpu_kept_ms;" in cp.stdout and "left_out" in cp.stdout
+    assert re.search(r"^vCPU calibration: median [\d.]+ ms .* of 6 executions rejected$",
+                     cp.stdout, re.M), cp.stdout
     assert "reps must be >= 2" in message(
         profkit("correction", "--workload", f"join_sum={SCALE}", "--reps", "1", "--out",
                 str(tmp_path), code=1))

@@ -444,7 +444,8 @@ def test_correction_brings_timing_on_closer_to_plain(pg_cluster, tmp_path):
     assert int(adj["calib_slow"].sum()) == s["left_out"] == speed.rejected
     prov = json.loads((res.run_dir / "provenance.json").read_text())
     assert prov["pin_cpu"] == vcpu.default_pin_cpu() and prov["vcpu_calibration"]["loops"] > 0
-    assert prov["vcpu"] == speed.describe()
+    assert prov["vcpu"] == speed.describe() == res.vcpu_note
+    assert speed.describe() in (res.run_dir / "correction.md").read_text()
     other = pd.read_csv(res.run_dir / "correction_all_metrics.csv")
     assert list(other["metric"]) == list(A.CORRECTION_METRICS)
     assert (other["left_out"] == [s["left_out"], 0, 0, 0]).all(), other[["metric", "left_out"]]

@@ -66,6 +66,7 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
     la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
     la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
     click.echo(f"metric {metric}; load average before {la0}, after {la1}")
+    click.echo(res.vcpu_note)
     click.echo(res.summary[CORRECTION_SHOW].to_string(index=False, float_format=_fmt))
     click.echo("\ncosts:")
     click.echo(res.summary[COSTS_SHOW].to_string(index=False, float_format=_fmt))

@@ -61,6 +61,8 @@ class CorrectionResult:
     loadavg_before: tuple[float, float, float]
     loadavg_after: tuple[float, float, float]
     other_metrics: dict[str, pd.DataFrame] = field(default_factory=dict)
+    #: the slow-vCPU rule's account of the run (VcpuSpeed.describe()), as profkit bench's
+    vcpu_note: str = ""
 
 
 def measure_correction(target: Cluster | Build | str = "vanilla", *,
@@ -240,8 +242,9 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
     others = {m: A.correction_summary(timings, facts, metric=m)
               for m in A.CORRECTION_METRICS
               if m != metric and (calibrate or m != "cpu_kept_ms")}
-    if calibrate:
-        rd.update(vcpu=stats.vcpu_adjust(timings)[1].describe())
+    vcpu_note = stats.vcpu_adjust(timings)[1].describe() if calibrate else \
+        "no vCPU calibration (calibrate=False)"
+    rd.update(vcpu=vcpu_note)
     for name in wls:
         s = summary.set_index("workload").loc[name]
         pr_on = P.predict(plans_on[name][0], P.PredictContext(mode="analyze_timing"))
@@ -266,7 +269,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
     cost.drop(columns=["histogram"]).to_csv(rd.file("clock_cost.csv"), index=False)
     rd.file("correction.md").write_text(render_md.correction_markdown(
         summary, nodes_all, run_id=rd.run_id, metric=metric, la0=la0, la1=la1, uptime=uptime,
-        others=others))
+        others=others, vcpu_note=vcpu_note))
     for name, what in (("timings.parquet", "timings table"),
                        ("correction.csv", f"corrected vs plain per workload ({metric})"),
                        ("correction_all_metrics.csv", "the same for cpu_ms, server_ms, client_ms"),
@@ -278,4 +281,4 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
     rd.update(loadavg_after=list(la1), uptime=uptime,
               ns_per_read_micro=float(facts["ns_per_read_micro"].iloc[0]))
     return CorrectionResult(rd.run_id, rd.path, timings, summary, nodes_all, cost, facts,
-                            la0, la1, others)
+                            la0, la1, others, vcpu_note)

@@ -26,7 +26,8 @@ NODES_SHOW = ["workload", "node_id", "node_type", "rows", "loops", "clock_reads"
 
 def correction_markdown(summary: pd.DataFrame, nodes: pd.DataFrame, *, run_id: str,
                         metric: str, la0: Sequence[float], la1: Sequence[float],
-                        uptime: str, others: Mapping[str, pd.DataFrame] | None = None) -> str:
+                        uptime: str, others: Mapping[str, pd.DataFrame] | None = None,
+                        vcpu_note: str = "") -> str:
     fmt = {"scale": "{:g}", "clock_reads": "{:,.0f}", "instr_calls": "{:,.0f}",
            "ns_per_read_micro": "{:.1f}", "ns_per_read_in_situ": "{:.1f}",
            "ns_per_read_in_situ_xval": "{:.1f}", "row_cost_ns": "{:.1f}",
@@ -38,6 +39,7 @@ def correction_markdown(summary: pd.DataFrame, nodes: pd.DataFrame, *, run_id: s
         "left out (column left_out); server_ms: EXPLAIN's Execution Time / pg_stat_statements; "
         f"client_ms: wall time at the client); load average before {loadavg_text(la0)}, after "
         f"{loadavg_text(la1)} (`uptime`: {uptime})", "",
+        *([vcpu_note, ""] if vcpu_note else []),
         "corrected = TIMING ON − clock reads × ns/read − Instr calls × row cost; ratios are "
         "corrected / plain. micro: ns/read from the CLOCK_MONOTONIC micro-benchmark, row cost "
         "from (TIMING OFF − plain) of the same workload. in_situ_split: in-situ costs from "
