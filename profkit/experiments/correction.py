@@ -272,7 +272,8 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
         others=others, vcpu_note=vcpu_note))
     for name, what in (("timings.parquet", "timings table"),
                        ("correction.csv", f"corrected vs plain per workload ({metric})"),
-                       ("correction_all_metrics.csv", "the same for cpu_ms, server_ms, client_ms"),
+                       ("correction_all_metrics.csv", "the same for each metric the run has, "
+                        "a row per workload and metric"),
                        ("correction_nodes.csv", "top nodes, corrected"),
                        ("facts.csv", "predicted reads and Instr calls, micro-benchmark cost"),
                        ("clock_cost.csv", "CLOCK_MONOTONIC ns/read before and after"),
