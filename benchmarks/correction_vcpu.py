@@ -20,7 +20,6 @@ import tempfile
 
 import numpy as np
 
-from profkit.analyze import observers as A
 from profkit.analyze import stats
 from profkit.experiments.correction import measure_correction
 from profkit.pg.build import get_build
@@ -43,9 +42,7 @@ def main() -> None:
         for i in range(1, a.runs + 1):
             res = measure_correction(cl, workloads={"join_sum": a.scale}, reps=a.reps,
                                      base=tmp, clock_loops=100_000, clock_repeats=3, seed=i)
-            t = res.timings
-            facts = res.facts
-            adj, speed = stats.vcpu_adjust(t)
+            adj = stats.vcpu_adjust(res.timings)[0]
             med = adj.groupby("mode")["cpu_ms"].transform("median")
             out = adj["cpu_ms"] >= 1.5 * med
             row = {"left_out": int(adj["calib_slow"].sum()), "outliers": int(out.sum()),
@@ -54,15 +51,18 @@ def main() -> None:
             for k, v in row.items():
                 totals[k] += v
             cols = []
-            for m in ("cpu_ms", "cpu_kept_ms"):
-                s = A.correction_summary(t, facts, metric=m).iloc[0]
+            # the run's own summaries: cpu_kept_ms its default, cpu_ms among the others
+            for m, summary in (("cpu_ms", res.other_metrics["cpu_ms"]),
+                               ("cpu_kept_ms", res.summary)):
+                s = summary.iloc[0]
+                assert s["metric"] == m
                 gap = abs(s["corrected_in_situ_split_ms"] - s["plain_split_ms"])
                 gaps[m].append(gap)
                 totals[f"worse_{m}"] += int(gap >= abs(s["timing_on_ms"] - s["plain_ms"]))
                 cols.append(gap)
             print(f"{i:>3} {row['left_out']:>8} {row['outliers']:>8} "
                   f"{row['outliers_left_out']:>16} {cols[0]:>20.3f} {cols[1]:>11.3f}  "
-                  f"{speed.describe()}", flush=True)
+                  f"{res.vcpu_note}", flush=True)
     print(f"\n{a.runs} runs of {a.reps} repetitions (join_sum {a.scale}): "
           f"{totals['executions']} executions, {totals['left_out']} left out by the rule; "
           f"{totals['outliers']} outliers (>= 1.5x their mode's median), "

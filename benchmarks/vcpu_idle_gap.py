@@ -45,16 +45,22 @@ def variant(src: str, quarters: int, work: Path) -> Path:
     return p
 
 
+def gap_round(p: vcpu.VcpuProbe, big: np.ndarray) -> float:
+    """One round of the procedure (tests/test_vcpu.py runs it too): a calibration, every
+    line of *big* (16 MB) read and written, 20 ms asleep, a calibration; after/before."""
+    before = p.calibrate().cpu_ms
+    big += 1.0
+    time.sleep(0.02)
+    return p.calibrate().cpu_ms / before
+
+
 def one(src: Path, cpu: int, rounds: int, big: np.ndarray) -> tuple[list[float], list[float]]:
     vcpu.HELPER_SRC = src  # compiled once per source hash, as profkit does
     gap: list[float] = []
     aa: list[float] = []
     with vcpu.VcpuProbe(cpu) as p:
         for _ in range(rounds):
-            before = p.calibrate().cpu_ms
-            big += 1.0  # reads and writes every line of 16 MB
-            time.sleep(0.02)
-            gap.append(p.calibrate().cpu_ms / before)
+            gap.append(gap_round(p, big))
             first = p.calibrate().cpu_ms
             aa.append(p.calibrate().cpu_ms / first)
     return gap, aa

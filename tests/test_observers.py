@@ -171,6 +171,24 @@ def _timings(workload: str, plain: float, off: float, on: float, reps: int = 4) 
     return rows
 
 
+# join_sum at scale 0.05: 50,000 rows of i1, 50 of i2 -> 2N + 4M + 30 clock reads and
+# N + 2M + 11 Instr pairs per TIMING ON execution
+JS05_READS, JS05_CALLS = 2 * 50_000 + 4 * 50 + 30, 50_000 + 2 * 50 + 11
+
+
+def _join_sum_cpu_summary(cpu: dict[int, tuple[float, float, float]]) -> pd.Series:
+    """correction_summary (cpu_ms) of recorded CPU times {rep: (plain, OFF, ON) ms} of
+    join_sum at scale 0.05."""
+    rows = [{"run_id": "t", "build": "vanilla", "workload": "join_sum", "query": mode,
+             "mode": mode, "rep": rep, "order": 3 * (rep - 1) + i, "client_ms": ms + 0.1,
+             "server_ms": ms, "cpu_ms": ms}
+            for rep, times in cpu.items()
+            for i, (mode, ms) in enumerate(zip(A.CORRECTION_MODES, times, strict=True))]
+    facts = pd.DataFrame([{"workload": "join_sum", "scale": 0.05, "clock_reads": JS05_READS,
+                           "instr_calls": JS05_CALLS, "ns_per_read_micro": 20.0}])
+    return A.correction_summary(pd.DataFrame(rows), facts, metric="cpu_ms").iloc[0]
+
+
 def test_correction_summary_on_synthetic_timings():
     # a: 2,000,000 reads, TIMING ON − OFF = 40 ms → 20 ns/read in situ;
     #    1,000,000 Instr calls, OFF − plain = 10 ms → 10 ns per call
@@ -247,24 +265,12 @@ def test_one_slow_execution_in_the_even_half():
     cpu = {1: (2.7254, 4.5523, 6.3241), 2: (2.8459, 3.4245, 15.611),
            3: (2.7865, 3.2318, 5.1686), 4: (2.7536, 3.3979, 5.1485),
            5: (3.0793, 3.1105, 5.1140)}
-    reads, calls = 2 * 50_000 + 4 * 50 + 30, 50_000 + 2 * 50 + 11
-    facts = pd.DataFrame([{"workload": "join_sum", "scale": 0.05, "clock_reads": reads,
-                           "instr_calls": calls, "ns_per_read_micro": 20.0}])
-
-    def summary(times):
-        rows = [{"run_id": "t", "build": "vanilla", "workload": "join_sum", "query": mode,
-                 "mode": mode, "rep": rep, "order": 3 * rep + i, "client_ms": ms + 0.2,
-                 "server_ms": ms - 0.2, "cpu_ms": ms}
-                for rep, ms3 in times.items()
-                for i, (mode, ms) in enumerate(zip(A.CORRECTION_MODES, ms3, strict=True))]
-        return A.correction_summary(pd.DataFrame(rows), facts, metric="cpu_ms").iloc[0]
-
     assert A.CORRECTION_MODES == ("plain", "analyze_notiming", "analyze_timing")
-    five = summary(cpu)
+    five = _join_sum_cpu_summary(cpu)
     assert five["corrected_in_situ_split_ms"] == pytest.approx(8.0, abs=0.05)
     assert abs(five["corrected_in_situ_split_ms"] - five["plain_split_ms"]) > abs(
         five["timing_on_ms"] - five["plain_ms"])
-    seven = summary({**cpu, 6: cpu[4], 7: cpu[3]})
+    seven = _join_sum_cpu_summary({**cpu, 6: cpu[4], 7: cpu[3]})
     assert seven["plain_split_ms"] == pytest.approx(2.7536)
     assert abs(seven["corrected_in_situ_split_ms"] - seven["plain_split_ms"]) < 0.5
     assert abs(seven["corrected_in_situ_split_ms"] - seven["plain_split_ms"]) < abs(
@@ -279,16 +285,8 @@ def test_in_situ_costs_come_from_each_repetitions_pairs():
     cpu = {1: (4.343858, 5.114583, 6.847392), 2: (6.351612, 7.847918, 6.727508),
            3: (6.642948, 7.237312, 7.449782), 4: (4.375075, 4.902183, 6.491695),
            5: (4.015130, 7.175808, 9.905317)}
-    rows = []
-    for rep, times in cpu.items():
-        for mode, ms in zip(("plain", "analyze_notiming", "analyze_timing"), times, strict=True):
-            rows.append({"run_id": "t", "build": "vanilla", "workload": "join_sum", "query": mode,
-                         "mode": mode, "rep": rep, "order": len(rows), "client_ms": ms + 0.1,
-                         "server_ms": ms, "cpu_ms": ms})
-    reads, calls = 2 * 50_000 + 4 * 50 + 30, 50_000 + 2 * 50 + 11
-    facts = pd.DataFrame([{"workload": "join_sum", "scale": 0.05, "clock_reads": reads,
-                           "instr_calls": calls, "ns_per_read_micro": 20.0}])
-    r = A.correction_summary(pd.DataFrame(rows), facts, metric="cpu_ms").iloc[0]
+    reads, calls = JS05_READS, JS05_CALLS
+    r = _join_sum_cpu_summary(cpu)
     assert r["timing_on_ms"] < r["notiming_ms"]  # the medians alone say ON is cheaper
     assert r["ns_per_read_in_situ"] == pytest.approx(1.589512 * 1e6 / reads)  # 15.9 ns
     # OFF - plain per repetition: 0.77, 1.50, 0.59, 0.53, 3.16 ms -> 0.77 ms

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import benchmark_module
 from proc_helpers import alive
 
 from profkit.analyze import stats
@@ -170,17 +171,12 @@ def test_a_calibration_after_the_caches_were_filled_is_not_slower():
     slow-vCPU rule's floor: a gap that large would reject executions for the gap alone."""
     cpu = max(os.sched_getaffinity(0))
     keep = os.sched_getaffinity(0)
-    big = np.ones(2 * 1024 * 1024)
-    ratios = []
+    gap_round = benchmark_module("vcpu_idle_gap").gap_round  # the benchmark's procedure
+    big = np.ones(2 * 1024 * 1024)  # 16 MB
     try:
         os.sched_setaffinity(0, {cpu})
         with vcpu.VcpuProbe(cpu) as p:
-            for _ in range(101):
-                before = p.calibrate().cpu_ms
-                big += 1.0  # reads and writes every line of 16 MB
-                time.sleep(0.02)
-                after = p.calibrate().cpu_ms
-                ratios.append(after / before)
+            ratios = [gap_round(p, big) for _ in range(101)]
     finally:
         os.sched_setaffinity(0, keep)
     r = sorted(round(x, 3) for x in ratios)
