@@ -43,6 +43,13 @@ MODES = ["plain", "analyze_notiming", "analyze_timing"]
 SEED = 7  # an order seed whose first repetition interleaves the two builds (checked below)
 
 
+def _extra(run_dir: Path) -> int:
+    """The extra repetitions a calibrated run ran for the vCPU rule (provenance)."""
+    x = json.loads((Path(run_dir) / "provenance.json").read_text())["extra_repetitions"]
+    assert 0 <= x["extra_reps"] <= 3 and x["min_kept"] == 2, x
+    return int(x["extra_reps"])
+
+
 def _csv_rows(path: Path) -> list[dict[str, str]]:
     try:
         with open(path, newline="") as f:
@@ -68,6 +75,9 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
     ({"reps": 0}, BenchError, "reps must be an integer >= 1"),
     ({"reps": 2.5}, BenchError, "reps must be an integer >= 1"),
     ({"warmup": -1}, BenchError, "warmup must be an integer >= 0"),
+    ({"min_kept": 3}, BenchError,
+     "min_kept must be 'auto' or an integer from 0 to the repetitions (2), got 3"),
+    ({"min_kept": "half"}, BenchError, "min_kept must be 'auto' or an integer"),
     ({"modes": ["analyze_timing"]}, BenchError, "modes must include 'plain'"),
     ({"modes": ["plain", "verbose"]}, BenchError, "unknown mode 'verbose'"),
     ({"settings": ["work_mem"]}, BenchError, "is not name=value"),
@@ -116,7 +126,9 @@ def test_parse_builds_arms_with_settings():
 def test_cli_bad_input_exit_code_and_message(tmp_path):
     # (the other bad inputs take the same path: see the parametrized test above)
     for argv, text in ((["--builds", "vanilla,nope"], "unknown build 'nope'"),
-                       (["--scale", "0", "--reps", "0"], "scale must be a number > 0")):
+                       (["--scale", "0", "--reps", "0"], "scale must be a number > 0"),
+                       (["--reps", "2", "--min-kept", "3"],
+                        "min_kept must be 'auto' or an integer from 0 to the repetitions (2)")):
         cp = subprocess.run([sys.executable, "-m", "profkit", "bench", *argv, "--out",
                              str(tmp_path / "p")], capture_output=True, text=True, timeout=120)
         assert cp.returncode == 1, cp.stderr  # a failure (ProfkitError), not usage
@@ -191,18 +203,20 @@ def test_timings_shape_and_interleaving(small_run):
 
     assert re.fullmatch(r"\d{8}-\d{6}-bench-nested_loop", d.name), d.name
     t = bench.load_timings(d)
-    assert len(t) == 2 * 3 * 3
+    # 3 repetitions, and the extra ones the vCPU rule asked for (a cell kept fewer than 2)
+    reps = 3 + _extra(d)
+    assert len(t) == 2 * 3 * reps
     assert t.groupby(["build", "mode"]).size().to_dict() == {
-        (b, m): 3 for b in ("vanilla", "aa") for m in MODES}
-    assert sorted(t["order"]) == list(range(18))
+        (b, m): reps for b in ("vanilla", "aa") for m in MODES}
+    assert sorted(t["order"]) == list(range(6 * reps))
     for rep, g in t.groupby("rep"):
         assert sorted(g["slot"]) == list(range(6))
         assert g["order"].min() == (rep - 1) * 6
-    # the order is the seeded shuffle, repetition by repetition
+    # the order is the seeded shuffle, repetition by repetition (the extra ones continue it)
     rng = random.Random(SEED)
     pairs = [(b, m) for b in ("vanilla", "aa") for m in MODES]
     ts = t.sort_values("order")
-    for rep in (1, 2, 3):
+    for rep in range(1, reps + 1):
         seq = pairs[:]
         rng.shuffle(seq)
         got = list(zip(ts[ts.rep == rep]["build"], ts[ts.rep == rep]["mode"], strict=True))
@@ -213,7 +227,7 @@ def test_timings_shape_and_interleaving(small_run):
     assert builds_in_order[:9] != ["vanilla"] * 9 and builds_in_order[:9] != ["aa"] * 9
     # CSV streamed during the run == parquet written at the end
     c = pd.read_csv(d / "timings.csv")
-    assert len(c) == 18
+    assert len(c) == 6 * reps
     assert (c.sort_values("order")["client_ms"].to_numpy()
             == ts["client_ms"].to_numpy()).all()
 
@@ -534,7 +548,7 @@ def test_ctrl_c_stops_everything_and_keeps_rows(tmp_path, vanilla_build):
 @pytest.mark.pg
 def test_load_bench_reads_the_run_back(small_run):
     r = bench.load_bench(small_run["root"] / "latest")
-    assert r.run_id == small_run["dir"].name and len(r.timings) == 18
+    assert r.run_id == small_run["dir"].name and len(r.timings) == 6 * (3 + _extra(r.out_dir))
     s = r.summary()
     assert set(s["metric"]) == {"cpu_kept_ms"} and s["instr"].notna().all()
     assert "<table" in r._repr_html_()

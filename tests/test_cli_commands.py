@@ -554,11 +554,20 @@ def test_correction(tmp_path: Path) -> None:
                  "--out", str(tmp_path))
     assert "join_sum" in cp.stdout and list(tmp_path.glob("*-correction-vanilla"))
     assert "metric cpu_kept_ms;" in cp.stdout and "left_out" in cp.stdout
-    assert re.search(r"^vCPU calibration: median [\d.]+ ms .* of 6 executions rejected$",
+    run = next(tmp_path.glob("*-correction-vanilla"))
+    extra = json.loads((run / "provenance.json").read_text())["extra_repetitions"]
+    assert extra["min_kept"] == 1 and 0 <= extra["extra_reps"] <= 2, extra
+    n = 3 * (2 + extra["extra_reps"])
+    assert re.search(rf"^vCPU calibration: median [\d.]+ ms .* of {n} executions rejected$",
                      cp.stdout, re.M), cp.stdout
+    # the extra repetitions are said when they ran, and only then
+    assert ("extra repetition" in cp.stdout) == (extra["extra_reps"] > 0), cp.stdout
     assert "reps must be >= 2" in message(
         profkit("correction", "--workload", f"join_sum={SCALE}", "--reps", "1", "--out",
                 str(tmp_path), code=1))
+    assert "min_kept must be 'auto' or an integer from 0 to the repetitions (2), got 3" in \
+        message(profkit("correction", "--workload", f"join_sum={SCALE}", "--reps", "2",
+                        "--min-kept", "3", "--out", str(tmp_path), code=1))
 
 
 @pytest.mark.pg

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import math
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import psycopg
 import pytest
 
 import profkit
+from profkit.analyze.stats import slow_threshold
+from profkit.collect.vcpu import VcpuProbe, default_pin_cpu
 from profkit.experiments import harness
 
 
@@ -162,3 +165,104 @@ def test_one_arm_parser_for_every_experiment():
     from profkit.experiments import bench, timing_accuracy
 
     assert bench.BuildRef is harness.Arm and timing_accuracy.Arm is harness.Arm
+
+
+def test_min_kept_from_what_a_user_gives():
+    assert [harness.resolve_min_kept(v, 7) for v in ("auto", None, 0, 3, 7)] == [4, 0, 0, 3, 7]
+    assert harness.resolve_min_kept("auto", 1) == 1 and harness.resolve_min_kept("auto", 10) == 5
+    for bad in (8, -1, True, "half", 2.5):
+        with pytest.raises(harness.HarnessError, match="min_kept must be 'auto' or an integer "
+                           r"from 0 to the repetitions \(7\)"):
+            harness.resolve_min_kept(bad, 7)
+    assert harness.cell_name(("join_sum", "plain")) == "join_sum plain"
+    assert harness.cell_name("plain") == "plain"
+
+
+def test_the_extra_repetitions_note():
+    from profkit.render.bench_report import extra_reps_note
+
+    facts = {"min_kept": 2, "max_extra": None, "extra_reps": 0, "short_after_extra": {}}
+    assert extra_reps_note({"extra_repetitions": facts}) == ""
+    assert extra_reps_note({}) == ""  # a run from before the rule, or without calibration
+    assert extra_reps_note({"extra_repetitions": {**facts, "extra_reps": 2}}) == (
+        "vCPU rule: 2 extra repetitions of every cell ran because a cell kept fewer than 2 "
+        "of its repetitions")
+    short = {**facts, "extra_reps": 3, "short_after_extra": {"step2 plain": 1}}
+    assert extra_reps_note({"extra_repetitions": short}).endswith(
+        "; still short after them: step2 plain kept 1")
+
+
+class _SlowWhile(VcpuProbe):
+    """The real calibration helper, running 4 x its work while ``slow`` is set: what a
+    vCPU the host slowed down 4 x looks like to the rule. (At 1.6 x the rule saw nothing
+    in 1 run of 13 here: the VM drifted from 3.0 to 4.1 ms within the run, the MAD grew
+    and the threshold with it, to above the slowed calibrations.)"""
+
+    slow = False
+
+    def calibrate(self):  # type: ignore[override]
+        if not _SlowWhile.slow:
+            return super().calibrate()
+        loops, self.loops = self.loops, self.loops * 4
+        try:
+            return super().calibrate()
+        finally:
+            self.loops = loops
+
+
+@pytest.mark.pg
+@pytest.mark.alone
+def test_extra_repetitions_when_the_vcpu_rule_leaves_a_cell_short(pg_cluster, monkeypatch):
+    """Repetitions 2 and 3 run on a 'slow vCPU': each cell keeps 4 of 6, fewer than
+    min_kept 5, so the session runs repetition 7 of both cells, in the seeded order."""
+    monkeypatch.setattr(harness, "VcpuProbe", _SlowWhile)
+    cells = ["SELECT 1", "SELECT 2"]
+
+    def measure(min_kept: int) -> tuple[harness.Session, list[tuple[int, str, int]], list[str]]:
+        said: list[str] = []
+        ran: list[tuple[int, str, int]] = []
+        session = harness.Session.on_cluster(
+            pg_cluster, say=said.append,
+            options=harness.SessionOptions(pin_cpu=default_pin_cpu(), calibrate=True,
+                                           pgss=False, min_kept=min_kept))
+
+        def run(t, sql, rep, slot, order):
+            _SlowWhile.slow = rep in (2, 3)
+            try:
+                session.execute(t, sql, what=sql)
+            finally:
+                _SlowWhile.slow = False
+            ran.append((rep, sql, slot))
+
+        session.run(6, [harness.Group("g", cells, seed=3, run=run)])
+        return session, ran, said
+
+    session, ran, said = measure(5)
+    extra = session.extra_reps
+    assert 1 <= extra <= 6, (extra, said)
+    assert sorted({r for r, _c, _s in ran}) == list(range(1, 7 + extra))
+    # every repetition, the extra ones too, runs each cell once in the seeded order
+    order = [(r, c) for r, c, _s in ran]
+    assert order == [(r, c) for r, _s, c in harness.interleave(cells, 6 + extra, seed=3)]
+    assert re.fullmatch(r"vCPU rule: 2 cells keep fewer than 5 repetitions \(the fewest "
+                        r"[0-4]\): extra repetition 7 \(1 of at most 6\)", said[0]), said
+    # the slow repetitions' calibrations are above the rule's threshold, each cell's
+    # other repetitions kept (the VM's own bursts may take a few more)
+    values = [v for pairs in session.calibrations.values() for p in pairs for v in p]
+    thr = slow_threshold(values)[2]
+    for (_label, group, _i, rep), pairs in session.calibrations.items():
+        assert group == "g" and len(pairs) == 1
+        if rep in (2, 3):
+            assert min(pairs[0]) > thr, (rep, pairs, thr)
+    kept = session.kept_counts()
+    assert set(kept) == {(session.arms[0].label, "g", 0), (session.arms[0].label, "g", 1)}
+    if session.short_after:
+        assert extra == 6 and "still keep fewer than 5" in said[-1], said
+    else:
+        assert min(kept.values()) >= 5, kept
+    assert session.extra_facts() == {"min_kept": 5, "max_extra": None, "extra_reps": extra,
+                                     "short_after_extra": session.short_after}
+    # min_kept 0: the six repetitions and no more
+    session, ran, said = measure(0)
+    assert session.extra_reps == 0 and max(r for r, _c, _s in ran) == 6
+    assert not any("vCPU rule" in s for s in said)

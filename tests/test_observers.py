@@ -408,9 +408,19 @@ def test_correction_brings_timing_on_closer_to_plain(pg_cluster, tmp_path):
                              base=tmp_path, clock_loops=100_000, clock_repeats=3)
     s = res.summary.set_index("workload").loc["join_sum"]
     # pinned and calibrated as profkit bench is: cpu_kept_ms leaves out what a slow vCPU
-    # disturbed (the left_out column says how many)
-    assert s["metric"] == "cpu_kept_ms" and s["reps"] == 11
-    assert 0 <= s["left_out"] <= 33 // 3, s["left_out"]
+    # disturbed (the left_out column says how many); a mode left with fewer than 6 of its
+    # 11 got extra repetitions of every mode (at most 11; the provenance says how many:
+    # a fresh-clone make test once saw the rule leave out 12 of 33)
+    prov = json.loads((res.run_dir / "provenance.json").read_text())
+    extra = prov["extra_repetitions"]
+    assert extra["min_kept"] == 6 and 0 <= extra["extra_reps"] <= 11, extra
+    assert s["metric"] == "cpu_kept_ms" and s["reps"] == 11 + extra["extra_reps"]
+    t = pd.read_csv(res.run_dir / "timings.csv")
+    kept = stats.vcpu_adjust(t)[0].dropna(subset=["cpu_kept_ms"]).groupby("mode").size()
+    if not extra["short_after_extra"]:
+        assert (kept.reindex(list(A.CORRECTION_MODES), fill_value=0) >= 6).all(), (kept, extra)
+    else:  # the extra repetitions ran out, and the run says which mode is still short
+        assert extra["extra_reps"] == 11 and res.extra_note, (kept, extra)
     # 50,000 rows of i1, 50 of i2: 2N + 4M + 30 reads, N + 2M + 11 Instr pairs
     assert s["clock_reads"] == 2 * 50_000 + 4 * 50 + 30
     assert s["instr_calls"] == 50_000 + 2 * 50 + 11
@@ -434,13 +444,11 @@ def test_correction_brings_timing_on_closer_to_plain(pg_cluster, tmp_path):
     for f in ("timings.csv", "correction.csv", "correction_nodes.csv", "correction.md",
               "clock_cost.csv", "provenance.json"):
         assert (res.run_dir / f).exists(), f
-    t = pd.read_csv(res.run_dir / "timings.csv")
-    assert len(t) == 33 and set(t["mode"]) == set(A.CORRECTION_MODES)
+    assert len(t) == 3 * (11 + extra["extra_reps"]) and set(t["mode"]) == set(A.CORRECTION_MODES)
     calib = t[["calib_before_ms", "calib_after_ms"]]
     assert calib.notna().all(axis=None) and (calib > 0.1).all(axis=None), calib.describe()
     adj, speed = stats.vcpu_adjust(t)
     assert int(adj["calib_slow"].sum()) == s["left_out"] == speed.rejected
-    prov = json.loads((res.run_dir / "provenance.json").read_text())
     assert prov["pin_cpu"] == vcpu.default_pin_cpu() and prov["vcpu_calibration"]["loops"] > 0
     assert prov["vcpu"] == speed.describe() == res.vcpu_note
     assert speed.describe() in (res.run_dir / "correction.md").read_text()

@@ -877,6 +877,20 @@ def has_calibration(timings: pd.DataFrame) -> bool:
             and bool(timings[list(CALIB_COLUMNS)].notna().all(axis=None)))
 
 
+def slow_threshold(calibrations: Sequence[float] | np.ndarray, *, z: float = SLOW_Z,
+                   min_excess: float = SLOW_MIN_EXCESS) -> tuple[float, float, float]:
+    """(median, MAD, threshold) of a run's vCPU calibrations (NaN left out): above the
+    threshold ``max(median + z × 1.4826 × MAD, median × (1 + min_excess))`` a
+    calibration ran slow (:class:`VcpuSpeed`). All NaN without a calibration."""
+    c = np.asarray(calibrations, dtype="float64")
+    c = c[~np.isnan(c)]
+    if len(c) == 0:
+        return math.nan, math.nan, math.nan
+    ref = float(np.median(c))
+    mad = float(np.median(np.abs(c - ref)))
+    return ref, mad, max(ref + z * 1.4826 * mad, ref * (1.0 + min_excess))
+
+
 def vcpu_adjust(timings: pd.DataFrame, *, z: float = SLOW_Z,
                 min_excess: float = SLOW_MIN_EXCESS) -> tuple[pd.DataFrame, VcpuSpeed]:
     """The timings with the vCPU's speed taken into account, and the rule used.
@@ -902,12 +916,7 @@ def vcpu_adjust(timings: pd.DataFrame, *, z: float = SLOW_Z,
     before = df["calib_before_ms"].astype("float64")
     after = df["calib_after_ms"].astype("float64")
     allc = pd.concat([before, after]).dropna().to_numpy()
-    if len(allc) == 0:
-        ref = mad = thr = nan
-    else:
-        ref = float(np.median(allc))
-        mad = float(np.median(np.abs(allc - ref)))
-        thr = max(ref + z * 1.4826 * mad, ref * (1.0 + min_excess))
+    ref, mad, thr = slow_threshold(allc, z=z, min_excess=min_excess)
     calib = (before + after) / 2.0
     df["calib_ms"] = calib
     df["speed_factor"] = calib / ref

@@ -14,7 +14,7 @@ import click
 
 from profkit.errors import ProfkitError
 from profkit.cli.common import friendly as _friendly
-from profkit.cli.common import emit_json, err_console, json_option
+from profkit.cli.common import emit_json, err_console, json_option, min_kept_option
 from profkit.cli.common import say as _say
 
 
@@ -140,6 +140,7 @@ def _backends(text: str) -> int | str:
                    "last one.")
 @click.option("--no-calibration", is_flag=True,
               help="Skip the vCPU calibration before and after every execution.")
+@min_kept_option("(build, mode)")
 @click.option("--backends", default="auto", show_default=True, metavar="auto|K",
               help="Independent backends per build, each on a fresh cluster; the repetitions "
                    "are split between them and the intervals resample backends, then "
@@ -159,8 +160,8 @@ def _backends(text: str) -> int | str:
 def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps: int, warmup: int, modes: str,
               sets: tuple[str, ...], out: Path | None, instructions: str,
               instr_scale: float | None, order_seed: int | None, metric: str | None,
-              pin_cpu: str, no_calibration: bool, backends: str, layouts: int, aa: bool,
-              allow_plan_differences: bool, as_json: bool) -> None:
+              pin_cpu: str, no_calibration: bool, min_kept: int | str, backends: str, layouts: int,
+              aa: bool, allow_plan_differences: bool, as_json: bool) -> None:
     """Benchmark plain vs EXPLAIN ANALYZE on builds, interleaved; report with CIs.
 
     Example: profkit bench --builds vanilla,step1 --workload nested_loop --scale 0.05 --reps 10
@@ -178,7 +179,8 @@ def bench_cmd(builds: str, workload: str, query: str | None, scale: float, reps:
                         instructions=instructions,  # type: ignore[arg-type]
                         instr_scale=instr_scale, order_seed=order_seed,
                         command_line=["profkit", *sys.argv[1:]],
-                        pin_cpu=_pin(pin_cpu), calibrate=not no_calibration)
+                        pin_cpu=_pin(pin_cpu), calibrate=not no_calibration,
+                        min_kept=min_kept)
     except ProfkitError as e:
         _report_after_failure(e)
         raise

@@ -122,3 +122,23 @@ def friendly(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+
+
+def _min_kept(_ctx: Any, param: Any, text: str) -> int | str:
+    """--min-kept: 'auto' or a whole number (checked against --reps by the experiment)."""
+    if str(text).strip() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give auto or a whole number >= 0",
+                                 param=param) from None
+
+
+def min_kept_option(cell: str) -> Callable[[F], F]:
+    """--min-kept of the experiments that calibrate the vCPU (bench, correction)."""
+    return click.option(
+        "--min-kept", default="auto", show_default=True, metavar="auto|N", callback=_min_kept,
+        help=f"When the vCPU calibration rejects so many executions that a {cell} keeps "
+             "fewer than N repetitions, run extra repetitions of every cell (at most --reps "
+             "of them); auto: half of --reps, rounded up; 0: never.")

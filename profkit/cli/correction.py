@@ -11,6 +11,7 @@ import click
 
 from profkit.cli.common import friendly as _friendly
 from profkit.cli.common import say as _progress
+from profkit.cli.common import min_kept_option
 
 
 def _fmt(v: float) -> str:
@@ -45,12 +46,13 @@ def _parse_workloads(items: tuple[str, ...]) -> dict[str, float] | None:
               help="cpu_kept_ms: the backend's CPU time (robust to other processes' load), "
                    "the executions a slow vCPU disturbed left out (as profkit bench does); "
                    "cpu_ms: all of them.")
+@min_kept_option("(workload, mode)")
 @click.option("--top", type=int, default=4, show_default=True,
               help="Nodes per workload in the per-node table.")
 @click.option("--out", default=None, help="Parent directory of the run (default profiles/).")
 @_friendly
 def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metric: str,
-                   top: int, out: str | None) -> None:
+                   min_kept: int | str, top: int, out: str | None) -> None:
     """TIMING ON minus clock reads × cost per read, against the plain query's time."""
     from profkit.experiments.correction import measure_correction
     from profkit.pg.workloads import check_args, check_count
@@ -62,11 +64,13 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
     check_args(reps=reps)
     check_count(top, "--top")
     res = measure_correction(build_name, workloads=wls, reps=reps, metric=metric, top=top,
-                             base=out, progress=_progress)
+                             base=out, progress=_progress, min_kept=min_kept)
     la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
     la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
     click.echo(f"metric {metric}; load average before {la0}, after {la1}")
     click.echo(res.vcpu_note)
+    if res.extra_note:
+        click.echo(res.extra_note)
     click.echo(res.summary[CORRECTION_SHOW].to_string(index=False, float_format=_fmt))
     click.echo("\ncosts:")
     click.echo(res.summary[COSTS_SHOW].to_string(index=False, float_format=_fmt))

@@ -529,10 +529,12 @@ class _Bench:
                                                           + len(block)))
 
     def cell(self, t: harness.Target, mode: str, rep: int, slot: int, order: int) -> None:
+        self.extra(rep, slot)
         try:
             m = self.execute(t, mode)
         except harness.ExecFailed as e:
-            raise self._failure(e, f"repetition {rep} of {self.req.reps}") from e.err
+            raise self._failure(e, f"repetition {rep} of {self.req.reps}"
+                                + (" (an extra one)" if rep > self.req.reps else "")) from e.err
         row = {
             "run_id": self.run_id, "build": t.label, "workload": self.wl.name,
             "query": query_name(mode), "mode": mode, "rep": rep, "order": order,
@@ -542,8 +544,15 @@ class _Bench:
         self.rows.append(row)
         assert self.writer is not None
         self.writer.write(row)
-        self.progress.advance(f"rep {rep}/{self.req.reps}: {t.label} {mode} "
+        which = f"rep {rep}/{self.req.reps}" if rep <= self.req.reps else f"extra rep {rep}"
+        self.progress.advance(f"{which}: {t.label} {mode} "
                               f"{m['client_ms']:.0f} ms")
+
+    def extra(self, rep: int, slot: int) -> None:
+        """Before the first cell of an extra repetition: its own progress phase."""
+        if rep > self.req.reps and slot == 0:
+            self.progress.phase(f"extra repetition {rep} (vCPU rule)",
+                                len(self.session.targets) * len(self.req.modes))
 
     def _failure(self, e: harness.ExecFailed, when: str) -> BenchError:
         kept = len(self.rows)
@@ -729,6 +738,7 @@ def run_bench(
     aa: bool = False,
     allow_plan_differences: bool = False,
     layouts: int = 0,
+    min_kept: int | str | None = "auto",
 ) -> BenchResult:
     """Benchmark *modes* of *workload* on every build, interleaved; see the module doc.
 
@@ -746,6 +756,11 @@ def run_bench(
     its times and the backend's context switches, migrations, page faults and steal
     time are extra columns of the timings (the report's robust estimates use them,
     :func:`profkit.analyze.stats.vcpu_adjust`).
+
+    *min_kept* (with *calibrate*): a cell (build, mode) the vCPU rule left with fewer
+    kept repetitions than this gets extra repetitions of every cell, interleaved as the
+    others, at most *reps* of them (``"auto"``: half the repetitions, rounded up; 0 or
+    None: never); the provenance's ``extra_repetitions`` says how many ran.
 
     *backends*, *aa*, *allow_plan_differences*, *layouts*: see :func:`check_request` (ignored when
     *builds* is a checked :class:`BenchRequest`).
@@ -766,6 +781,7 @@ def run_bench(
         check_scale(instr_scale)
     counter = resolve_counter(instructions) if instructions != "none" else "none"
     pin = vcpu_mod.resolve_pin(pin_cpu, BenchError)
+    keep = harness.resolve_min_kept(min_kept, req.reps, BenchError)
     seed = order_seed if order_seed is not None else harness.new_seed()
 
     try:
@@ -797,7 +813,8 @@ def run_bench(
         session = harness.Session(
             req.refs, {**built, **layout_builds}, name="bench", log_dir=out / "logs",
             options=harness.SessionOptions(backends=req.backends, pin_cpu=pin,
-                                           calibrate=calibrate, settings=req.settings),
+                                           calibrate=calibrate, settings=req.settings,
+                                           min_kept=keep),
             say=reporter.say, arm_word="build")
         runner = _Bench(req, wl, run_id, out, reporter, session)
         session.prepare = runner.prepare
@@ -885,6 +902,7 @@ def _measure(runner: _Bench, rd: rundir.RunDir, seed: int, counter: str,
 
     def after(targets: list[harness.Target]) -> None:
         rd.update(measured_at=_now(), rows=len(runner.rows),
+                  extra_repetitions=session.extra_facts(),
                   pgss_queryids={t.label: {m: str(q) for m, q in t.qids.items()}
                                  for t in targets},
                   loadavg_after_timings=list(os.getloadavg()))

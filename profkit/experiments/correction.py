@@ -35,6 +35,7 @@ from profkit.modes import query_name
 from profkit.pg.workloads import get_workload
 from profkit.progress import ProgressFn
 from profkit.render import markdown as render_md
+from profkit.render.bench_report import extra_reps_note
 from profkit.pg.cluster import Cluster
 from profkit.rundir import RowWriter, RunDir, open_run
 
@@ -63,6 +64,8 @@ class CorrectionResult:
     other_metrics: dict[str, pd.DataFrame] = field(default_factory=dict)
     #: the slow-vCPU rule's account of the run (VcpuSpeed.describe()), as profkit bench's
     vcpu_note: str = ""
+    #: the repetitions run because the vCPU rule left a cell short ("" when none ran)
+    extra_note: str = ""
 
 
 def measure_correction(target: Cluster | Build | str = "vanilla", *,
@@ -72,7 +75,8 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
                        clock_loops: int = 200_000, clock_repeats: int = 9, seed: int = 0,
                        dbname: str = "postgres",
                        base: str | os.PathLike[str] | None = None, run_id: str | None = None,
-                       progress: ProgressFn | None = None) -> CorrectionResult:
+                       progress: ProgressFn | None = None,
+                       min_kept: int | str | None = "auto") -> CorrectionResult:
     """How close TIMING ON minus the predicted clock reads × cost comes to plain.
 
     *target*: a build (a preset name or a Build: the session of
@@ -86,7 +90,10 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
     CPU, when there are two or more; None: not pinned) and, with *calibrate*, the vCPU
     calibration runs just before and after every execution; *metric* (default
     ``cpu_kept_ms`` when calibrating, else ``cpu_ms``) ``cpu_kept_ms`` leaves out the
-    executions the slow-vCPU rule rejects (:func:`profkit.analyze.stats.vcpu_adjust`).
+    executions the slow-vCPU rule rejects (:func:`profkit.analyze.stats.vcpu_adjust`);
+    a (workload, mode) the rule left with fewer than *min_kept* repetitions gets extra
+    repetitions of every cell, at most *reps* (``"auto"``: half of *reps*, rounded up; 0
+    or None: never; :class:`profkit.experiments.harness.SessionOptions`).
     """
     say = progress or (lambda _m: None)
     wls = dict(workloads or DEFAULT_CORRECTION_WORKLOADS)
@@ -105,6 +112,7 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
     if metric == "cpu_kept_ms" and not calibrate:
         raise ProbeError("metric cpu_kept_ms needs the vCPU calibration (calibrate=True)")
     pin = vcpu.resolve_pin(pin_cpu, ProbeError)
+    keep = harness.resolve_min_kept(min_kept, reps, ProbeError)
     build = harness.target_build(target, progress)
     la0 = tuple(loadavg())
     with open_run("correction", build=build, base=base, run_id=run_id,
@@ -115,14 +123,14 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
                       if calibrate else None)) as rd:
         return _correct(rd, target if isinstance(target, Cluster) else build, wls,
                         reps=reps, warmup=warmup, metric=metric, top=top,
-                        pin=pin, calibrate=calibrate,
+                        pin=pin, calibrate=calibrate, min_kept=keep,
                         clock_loops=clock_loops, clock_repeats=clock_repeats, seed=seed,
                         dbname=dbname, say=say, la0=la0)
 
 
 def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, reps: int,
              warmup: int, metric: str, top: int, pin: int | None, calibrate: bool,
-             clock_loops: int, clock_repeats: int,
+             min_kept: int, clock_loops: int, clock_repeats: int,
              seed: int, dbname: str, say: ProgressFn, la0: tuple[float, float, float]
              ) -> CorrectionResult:
     """The correction run's body (inside its run's lifecycle)."""
@@ -143,7 +151,8 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
 
     session = harness.Session.single(
         target, name="correction", log_dir=rd.path / "logs",
-        options=harness.SessionOptions(dbname=dbname, pin_cpu=pin, calibrate=calibrate),
+        options=harness.SessionOptions(dbname=dbname, pin_cpu=pin, calibrate=calibrate,
+                                       min_kept=min_kept),
         prepare=prepare, say=say)
 
     def execute(t: harness.Target, name: str, mode: str, when: str = "the warm-up"
@@ -189,7 +198,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
         assert writer is not None
         writer.write(row)
         if slot == len(cells) - 1:
-            say(f"rep {rep}/{reps} done")
+            say(f"rep {rep}/{reps} done" if rep <= reps else f"extra rep {rep} done")
 
     writer: RowWriter | None = None
     facts_box: list[pd.DataFrame] = []
@@ -236,7 +245,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
             session.run(reps, [group], after=after)
         facts = facts_box[0]
     finally:
-        rd.update(executions_kept=len(rows))
+        rd.update(executions_kept=len(rows), extra_repetitions=session.extra_facts())
     timings = tables.validate(pd.DataFrame(rows, columns=list(TIMINGS_COLUMNS)), "timings")
     summary = A.correction_summary(timings, facts, metric=metric)
     others = {m: A.correction_summary(timings, facts, metric=m)
@@ -244,6 +253,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
               if m != metric and (calibrate or m != "cpu_kept_ms")}
     vcpu_note = stats.vcpu_adjust(timings)[1].describe() if calibrate else \
         "no vCPU calibration (calibrate=False)"
+    extra_note = extra_reps_note({"extra_repetitions": session.extra_facts()})
     rd.update(vcpu=vcpu_note)
     for name in wls:
         s = summary.set_index("workload").loc[name]
@@ -269,7 +279,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
     cost.drop(columns=["histogram"]).to_csv(rd.file("clock_cost.csv"), index=False)
     rd.file("correction.md").write_text(render_md.correction_markdown(
         summary, nodes_all, run_id=rd.run_id, metric=metric, la0=la0, la1=la1, uptime=uptime,
-        others=others, vcpu_note=vcpu_note))
+        others=others, vcpu_note=" ".join(x for x in (vcpu_note, extra_note) if x)))
     for name, what in (("timings.parquet", "timings table"),
                        ("correction.csv", f"corrected vs plain per workload ({metric})"),
                        ("correction_all_metrics.csv", "the same for each metric the run has, "
@@ -282,4 +292,4 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
     rd.update(loadavg_after=list(la1), uptime=uptime,
               ns_per_read_micro=float(facts["ns_per_read_micro"].iloc[0]))
     return CorrectionResult(rd.run_id, rd.path, timings, summary, nodes_all, cost, facts,
-                            la0, la1, others, vcpu_note)
+                            la0, la1, others, vcpu_note, extra_note)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from profkit.analyze.stats import slow_threshold
 from profkit.errors import ProfkitError
 from profkit.collect.procfs import schedstat
 from profkit.collect.vcpu import VcpuProbe, counter_deltas, pin, proc_counters
@@ -572,11 +573,19 @@ class SessionOptions:
     (:class:`~profkit.collect.vcpu.VcpuProbe`); *nice*: the measured backends'
     scheduling priority; *pgss*: pg_stat_statements created on each connection;
     *settings*: server settings of every arm's cluster (an arm's own win).
+
+    *min_kept* (with *calibrate*): when the vCPU rule (a calibration just before or after
+    an execution ran slow, :func:`profkit.analyze.stats.vcpu_adjust`) leaves some cell
+    of some arm with fewer than *min_kept* of its repetitions, the session runs more
+    repetitions of every cell, interleaved as the others, until none is short or it ran
+    *max_extra* of them (None: as many as the run's repetitions). 0: never.
     """
 
     backends: int = 1
     pin_cpu: int | None = None
     calibrate: bool = False
+    min_kept: int = 0
+    max_extra: int | None = None
     nice: int | None = None
     pgss: bool = True
     settings: Mapping[str, str] = field(default_factory=dict)
@@ -600,6 +609,24 @@ def split_reps(reps: int, backends: int) -> list[range]:
 #: of a 95 % interval: 0.70 with 2 backends, 0.86 with 3, 0.90-0.94 with 4-5; see
 #: :mod:`profkit.analyze.stats`).
 MIN_BACKENDS = 4
+
+
+def resolve_min_kept(value: int | str | None, reps: int,
+                     error: type[ProfkitError] = HarnessError) -> int:
+    """*min_kept* of :class:`SessionOptions` from what a user gave: ``"auto"`` → half
+    the repetitions, rounded up (a cell the vCPU rule left with fewer gets extra
+    repetitions); None or 0 → never; an integer 0..*reps* → itself."""
+    if value is None or value == "auto":
+        return 0 if value is None else (reps + 1) // 2
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= reps:
+        raise error(f"min_kept must be 'auto' or an integer from 0 to the repetitions "
+                    f"({reps}), got {value!r}")
+    return value
+
+
+def cell_name(cell: Any) -> str:
+    """A cell as messages show it: ``('join_sum', 'plain')`` → ``join_sum plain``."""
+    return " ".join(map(str, cell)) if isinstance(cell, tuple) else str(cell)
 
 
 def auto_backends(reps: int) -> int:
@@ -664,6 +691,12 @@ class Session:
         self.vcpu: VcpuProbe | None = None
         self.order = 0
         self.given: Cluster | None = None
+        # the vCPU calibrations of every repetition's executions, per (arm, group,
+        # cell index, rep), and the cell running now (set by _run_group)
+        self.calibrations: dict[tuple[str, str, int, int], list[tuple[float, float]]] = {}
+        self._cell: tuple[str, str, int, int] | None = None
+        self.extra_reps = 0
+        self.short_after: dict[str, int] = {}  # cells still short when the extras ran out
 
     @classmethod
     def on_cluster(cls, cluster: Cluster, *, options: SessionOptions | None = None,
@@ -784,13 +817,17 @@ class Session:
         calibration. A database error raises :class:`ExecFailed`."""
         assert t.conn is not None
         try:
-            return timed_execute(t.conn, sql, pid=t.backend_pid,
-                                 pgss=t.pgss if key is not None else None, key=key,
-                                 stamps=stamps, observe=observe, vcpu=self.vcpu)
+            m = timed_execute(t.conn, sql, pid=t.backend_pid,
+                              pgss=t.pgss if key is not None else None, key=key,
+                              stamps=stamps, observe=observe, vcpu=self.vcpu)
         except HarnessError:
             raise
         except Exception as e:  # psycopg errors, and a broken connection's own errors
             raise ExecFailed(t, what, e) from e
+        if self._cell is not None and self.vcpu is not None:
+            self.calibrations.setdefault(self._cell, []).append(
+                (m.calib_before_ms, m.calib_after_ms))
+        return m
 
     def failure(self, e: ExecFailed, when: str, kept: str = "") -> tuple[bool, str]:
         """THE failure report of an execution: (did the server crash, one sentence naming
@@ -829,23 +866,77 @@ class Session:
                     on_block(targets)
                 for g in groups:
                     self._run_group(g, targets, block_reps)
-                if bi == len(blocks) and after is not None:
-                    after(targets)
+                if bi == len(blocks):
+                    self._run_extra(groups, targets, reps)
+                    if after is not None:
+                        after(targets)
 
-    def _run_group(self, g: Group, targets: list[Target], block_reps: range) -> None:
-        if g.warm is not None:
+    def _run_group(self, g: Group, targets: list[Target], block_reps: range, *,
+                   warm: bool = True) -> None:
+        if warm and g.warm is not None:
             for t in targets:
                 for _ in range(max(g.warmup, 1)):
                     for c in g.cells:
                         g.warm(t, c)
-        pairs = [(t, c) for t in targets for c in g.cells]
+        pairs = [(t, i, c) for t in targets for i, c in enumerate(g.cells)]
         # the interleaving of (arm, cell) pairs, seeded per group and drawn for all
         # repetitions at once so a block's part is the same as in a one-block run
         inc = g.include
-        for rep, slot, (t, c) in interleave(
+        for rep, slot, (t, i, c) in interleave(
                 pairs, block_reps.stop - 1, g.seed,
-                include=None if inc is None else (lambda r, tc: inc(r, tc[1]))):
+                include=None if inc is None else (lambda r, tic: inc(r, tic[2]))):
             if rep not in block_reps:
                 continue
-            g.run(t, c, rep, slot, self.order)
+            self._cell = (t.label, g.name, i, rep)
+            try:
+                g.run(t, c, rep, slot, self.order)
+            finally:
+                self._cell = None
             self.order += 1
+
+    # -- repetitions the vCPU rule took away ----------------------------------------
+    def kept_counts(self) -> dict[tuple[str, str, int], int]:
+        """Per (arm, group, cell index): the repetitions whose every execution had both
+        calibrations at or under the threshold of all calibrations so far (the vCPU
+        rule of :func:`profkit.analyze.stats.vcpu_adjust`)."""
+        values = [v for pairs in self.calibrations.values() for p in pairs for v in p]
+        _ref, _mad, thr = slow_threshold(values)
+        kept: dict[tuple[str, str, int], int] = {}
+        for (label, group, i, _rep), pairs in self.calibrations.items():
+            ok = all(b <= thr and a <= thr for b, a in pairs)  # NaN compares False
+            kept[(label, group, i)] = kept.get((label, group, i), 0) + int(ok)
+        return kept
+
+    def _run_extra(self, groups: Sequence[Group], targets: list[Target], reps: int) -> None:
+        want = self.options.min_kept
+        if not (self.options.calibrate and want > 0 and self.calibrations):
+            return
+        limit = reps if self.options.max_extra is None else self.options.max_extra
+        cells = {(g.name, i): c for g in groups for i, c in enumerate(g.cells)}
+        rep = reps
+        while True:
+            short = {k: n for k, n in self.kept_counts().items() if n < want}
+            if not short:
+                self.short_after = {}
+                return
+            self.short_after = {f"{label} {cell_name(cells[(g, i)])}": n
+                                for (label, g, i), n in sorted(short.items())}
+            if self.extra_reps >= limit:
+                self.say(f"vCPU rule: after {self.extra_reps} extra repetitions "
+                         f"{len(short)} cells still keep fewer than {want}: "
+                         + ", ".join(f"{k} {n}" for k, n in self.short_after.items()))
+                return
+            rep += 1
+            self.extra_reps += 1
+            worst = min(short.values())
+            self.say(f"vCPU rule: {len(short)} cells keep fewer than {want} repetitions "
+                     f"(the fewest {worst}): extra repetition {rep} "
+                     f"({self.extra_reps} of at most {limit})")
+            for g in groups:
+                self._run_group(g, targets, range(rep, rep + 1), warm=False)
+
+    def extra_facts(self) -> dict[str, Any]:
+        """What the run's provenance says of the extra repetitions."""
+        return {"min_kept": self.options.min_kept if self.options.calibrate else 0,
+                "max_extra": self.options.max_extra, "extra_reps": self.extra_reps,
+                "short_after_extra": dict(self.short_after)}

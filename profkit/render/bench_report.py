@@ -499,7 +499,9 @@ def _footer(prov: Mapping[str, Any] | None) -> str:
     if prov.get("workload"):
         bits.append(f"{prov['workload']} scale {prov.get('scale', '?')}")
     if prov.get("reps"):
-        bits.append(f"{prov['reps']} reps")
+        x = prov.get("extra_repetitions")
+        extra = int(x.get("extra_reps") or 0) if isinstance(x, Mapping) else 0
+        bits.append(f"{prov['reps']} reps" + (f" + {extra} extra (vCPU rule)" if extra else ""))
     m = prov.get("machine")
     if isinstance(m, Mapping):
         for k in ("cpu", "cpu_model", "kernel", "clocksource", "virtualization"):
@@ -937,6 +939,24 @@ def console_report(summary: pd.DataFrame, comparisons: pd.DataFrame | None = Non
 # --------------------------------------------------------------------------- the engine's facts
 
 
+def extra_reps_note(provenance: Mapping[str, Any]) -> str:
+    """One line on the repetitions run because the vCPU rule left a cell short
+    (``extra_repetitions`` of the provenance); "" when none ran and none is short."""
+    x = provenance.get("extra_repetitions")
+    if not isinstance(x, Mapping) or not x.get("min_kept"):
+        return ""
+    n, want = int(x.get("extra_reps") or 0), int(x["min_kept"])
+    short = x.get("short_after_extra") or {}
+    if not n and not short:
+        return ""
+    text = (f"vCPU rule: {n} extra repetition{'s' if n != 1 else ''} of every cell ran "
+            f"because a cell kept fewer than {want} of its repetitions")
+    if short:
+        text += ("; still short after them: "
+                 + ", ".join(f"{k} kept {v}" for k, v in short.items()))
+    return text
+
+
 def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
                  aa: Any | None = None) -> list[str]:
     """One line each, for the console and the report: different plans, executions
@@ -950,6 +970,9 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
             note = str(getattr(r, "note", "") or "")
             if note and note != "nan" and "plans differ" not in note:
                 lines.append(f"{r.build} {r.mode}: {note}")
+    extra = extra_reps_note(provenance)
+    if extra:
+        lines.append(extra)
     if aa is not None:
         lines.append(aa.describe())
     k = provenance.get("backends")
