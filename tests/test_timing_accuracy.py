@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 
 import numpy as np
@@ -16,12 +17,14 @@ import pandas as pd
 import pytest
 
 from profkit.analyze import timing_accuracy as ta
+from profkit.collect.vcpu import default_pin_cpu
 from profkit.render import timing_accuracy as render_timing_accuracy
 from profkit.experiments.timing_accuracy import (
     CLOCK_MONOTONIC_COARSE,
     Arm,
     TimingAccuracyError,
     analyze_run,
+    apply_vcpu_rule,
     check_arms,
     parse_arm,
 )
@@ -281,6 +284,45 @@ def _timings(arms: dict[str, tuple[float, float, float]], reps: int = 7,
                              "explain_ms": math.nan if mode == "plain" else ex * e})
                 order += 1
     return pd.DataFrame(rows)
+
+
+def _calibrated(t: pd.DataFrame, slow: dict[tuple[str, str, int], float]) -> pd.DataFrame:
+    """*t* with vCPU calibrations: 3.0 ms (±1 %), and *slow* (arm, mode, rep) -> ms."""
+    before = [slow.get((r.build, r.mode, r.rep), 3.0 * (1 + 0.01 * ((r.order % 3) - 1)))
+              for r in t.itertuples()]
+    return t.assign(calib_before_ms=before, calib_after_ms=3.0)
+
+
+def test_the_vcpu_rule_leaves_out_slow_executions_and_their_plans():
+    t = _calibrated(_timings({"vanilla": (8.0, 10.0, 16.0), "fast": (8.0, 10.0, 9.0)}),
+                    {("fast", "analyze_timing", 3): 4.5, ("vanilla", "plain", 5): 3.6})
+    nodes = _nodes_table({"vanilla": _jitter, "fast": _jitter},
+                         modes=("analyze_notiming", "analyze_timing"))
+    marked, kept, kept_nodes, note, metric = apply_vcpu_rule(t, nodes)
+    assert metric == "cpu_kept_ms" and len(marked) == len(t) == 42 and len(kept) == 40
+    out = marked[marked["calib_slow"]][["build", "mode", "rep"]].values.tolist()
+    assert out == [["fast", "analyze_timing", 3], ["vanilla", "plain", 5]]
+    assert marked["cpu_kept_ms"].isna().sum() == 2 and "calib_slow" not in kept
+    # fast's TIMING TRUE plan of repetition 3 goes with its execution; the others stay
+    gone = nodes[(nodes["arm"] == "fast") & (nodes["mode"] == "analyze_timing")
+                 & (nodes["rep"] == 3)]
+    assert len(gone) == 5 and len(kept_nodes) == len(nodes) - 5
+    assert note.startswith("vCPU calibration: median 3.000 ms") and \
+        "2 of 42 executions rejected; the rejected executions are left out" in note
+    # the cost tables pair on the repetitions both modes kept
+    cost = ta.cost_table(kept, "vanilla", metric=metric, n_resamples=199,
+                         pair="common").set_index("arm")
+    assert cost.loc["fast", "timing_n"] == 6 and cost.loc["vanilla", "plain_n"] == 6
+    assert cost.loc["fast", "overhead_timing_pct"] == pytest.approx(12.5)
+    # a rule that would leave a cell without an execution is not applied, and says so
+    t2 = _calibrated(_timings({"vanilla": (8.0, 10.0, 16.0)}, reps=3),
+                     {("vanilla", "plain", r): 4.5 for r in (1, 2, 3)})
+    marked, kept, kept_nodes, note, metric = apply_vcpu_rule(t2, nodes)
+    assert metric == "cpu_ms" and len(kept) == len(marked) == 9 and kept_nodes is nodes
+    assert "NOT applied: it would leave join_sum vanilla plain without an execution" in note
+    # timings without calibrations: nothing to apply
+    plain = _timings({"vanilla": (8.0, 10.0, 16.0)})
+    assert apply_vcpu_rule(plain, nodes)[3:] == ("", "cpu_ms")
 
 
 def test_cost_and_truth_tables():
@@ -614,6 +656,26 @@ def test_real_run_same_rows_and_files(variant_run):
     # TIMING TRUE costs more than the plain query on vanilla (CPU time)
     c = res.cost.set_index("arm")
     assert c.loc["vanilla", "overhead_timing_pct"] > 10
+    # pinned and calibrated as profkit bench is: the executions the slow-vCPU rule
+    # rejects are marked and left out of the tables; a cell left with fewer than 3 of
+    # its 5 got extra repetitions of every cell (at most 5)
+    assert prov["pin_cpu"] == default_pin_cpu() and prov["vcpu_calibration"]["loops"] > 0
+    extra = prov["extra_repetitions"]
+    assert extra["min_kept"] == 3 and 0 <= extra["extra_reps"] <= 5, extra
+    assert set(t["rep"]) == set(range(1, 6 + extra["extra_reps"]))
+    if "NOT applied" in res.vcpu_note:  # the rule would have emptied a cell
+        assert extra["extra_reps"] == 5 and (c["metric"] == "cpu_ms").all(), res.vcpu_note
+    else:
+        assert (t["cpu_kept_ms"].isna() == t["calib_slow"]).all()
+        assert (c["metric"] == "cpu_kept_ms").all()
+        kept = t[~t["calib_slow"]].groupby(["build", "mode"]).size()
+        for arm in c.index:
+            assert c.loc[arm, "plain_n"] == kept[(arm, "plain")], (arm, kept)
+            assert c.loc[arm, "timing_n"] == kept[(arm, "analyze_timing")], (arm, kept)
+        if not extra["short_after_extra"]:
+            assert kept.min() >= 3, kept
+    assert re.match(rf"vCPU calibration: median [\d.]+ ms .* of {len(t)} executions rejected",
+                    res.vcpu_note), res.vcpu_note
 
 
 @pytest.mark.pg

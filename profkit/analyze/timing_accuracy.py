@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -411,13 +411,15 @@ def _spread(v: np.ndarray) -> float:
 
 
 def cost_table(timings: pd.DataFrame, baseline: str, *, metric: str = "cpu_ms",
-               n_resamples: int = 2999, seed: int = 20250801) -> pd.DataFrame:
+               n_resamples: int = 2999, seed: int = 20250801,
+               pair: Literal["auto", "never", "common"] = "auto") -> pd.DataFrame:
     """Per workload and arm: median times of the three modes and the overheads vs plain.
 
     *timings*: the ``timings`` table (``build`` = arm label).  *metric*: ``cpu_ms`` (the
     backend's on-CPU time, see the module doc), ``server_ms`` (the wall-time bracket)
     or ``client_ms``.  The overheads are :func:`profkit.analyze.stats.summarize`'s
-    (median of per-repetition overheads, paired bootstrap 95 % CI).
+    (median of per-repetition overheads, paired bootstrap 95 % CI; *pair* ``"common"``
+    pairs on the repetitions both modes kept, for timings the slow-vCPU rule thinned).
     ``timing_saved_pp``: the baseline's TIMING TRUE overhead minus the arm's, in
     percentage points.
     """
@@ -430,7 +432,7 @@ def cost_table(timings: pd.DataFrame, baseline: str, *, metric: str = "cpu_ms",
             # any per-execution time, so hand the chosen one over under a known name
             w = w.assign(server_ms=w[metric])
         s = summarize(w, "server_ms" if metric not in ("server_ms", "client_ms") else metric,
-                      n_resamples=n_resamples, seed=seed)  # type: ignore[arg-type]
+                      n_resamples=n_resamples, seed=seed, pair=pair)  # type: ignore[arg-type]
         for arm, sa in s.groupby("build", sort=False):
             by = sa.set_index("mode")
             row: dict[str, Any] = {"workload": wl, "arm": arm, "metric": metric}
@@ -455,15 +457,16 @@ def cost_table(timings: pd.DataFrame, baseline: str, *, metric: str = "cpu_ms",
 
 def cost_vs_plain_of(timings: pd.DataFrame, plain_of: Mapping[str, str], *,
                      metric: str = "cpu_ms", n_resamples: int = 2999,
-                     seed: int = 20250801) -> pd.DataFrame:
+                     seed: int = 20250801,
+                     pair: Literal["auto", "never", "common"] = "auto") -> pd.DataFrame:
     """Per workload and arm: TIMING FALSE / TRUE against *another* arm's plain query.
 
     *plain_of*: arm -> the arm whose plain query is the yardstick (vanilla of the
     arm's PostgreSQL version).  A patch that slows the plain query hides part of its
     cost in :func:`cost_table`'s own-plain overhead; this one does not.  Same estimator
     as :func:`cost_table` (median of per-repetition overheads, repetition *r* of the
-    arm against repetition *r* of the yardstick's plain, paired bootstrap 95 % CI).
-    Columns: workload, arm, plain_of, metric, plain_of_ms, and
+    arm against repetition *r* of the yardstick's plain, paired bootstrap 95 % CI; *pair*
+    as there). Columns: workload, arm, plain_of, metric, plain_of_ms, and
     ``notiming_vs_plain_of_pct``/``timing_vs_plain_of_pct`` with ``_ci_low``/``_ci_high``.
     """
 
@@ -478,8 +481,8 @@ def cost_vs_plain_of(timings: pd.DataFrame, plain_of: Mapping[str, str], *,
                 continue
             f = pd.concat([a, p.assign(build=arm)], ignore_index=True)
             f = f.assign(server_ms=f[metric])
-            s = summarize(f, "server_ms", n_resamples=n_resamples,
-                          seed=seed).set_index("mode")  # type: ignore[arg-type]
+            s = summarize(f, "server_ms", n_resamples=n_resamples, seed=seed,
+                          pair=pair).set_index("mode")  # type: ignore[arg-type]
             row: dict[str, Any] = {"workload": wl, "arm": arm, "plain_of": ref,
                                    "metric": metric,
                                    "plain_of_ms": float(s.at[PLAIN_MODE, "median_ms"])}

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from profkit.cli.common import friendly as _friendly
+from profkit.cli.common import min_kept_option
 from profkit.cli.common import say as _say
 
 
@@ -20,6 +21,8 @@ def _print(res: Any) -> None:
     click.echo(ta_table(res.summary))
     for r in res.verdicts.itertuples():
         click.echo(f"- {r.workload} / {r.arm}: {r.verdict} — {r.text}")
+    if res.vcpu_note:
+        click.echo(res.vcpu_note)
     if not res.mismatches.empty:
         click.echo(f"\n{len(res.mismatches)} row/loop MISMATCHES against the baseline: "
                    f"{res.run_dir / 'mismatches.csv'}")
@@ -73,13 +76,18 @@ def _int(text: str) -> int:
 @click.option("--backends", default="auto", show_default=True, metavar="auto|K",
               help="Independent backends per arm, each on a fresh cluster; the repetitions "
                    "are split between them (auto: 1 below 8 repetitions, else 4-8).")
+@click.option("--no-calibration", is_flag=True,
+              help="Skip the vCPU calibration before and after every execution (and so the "
+                   "rule that leaves out the executions a slow vCPU disturbed).")
+@min_kept_option("(workload, arm, mode)")
 @_friendly
 def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
                         js_scale: float, cs_scale: float, reps: int, warmup: int,
                         baseline: str, build_missing: bool, no_clock_cost: bool, tol: float,
                         min_node_ms: float, reference: str, nice: str, seed: int | None,
                         out: Path | None,
-                        report_dir: Path | None, backends: str) -> None:
+                        report_dir: Path | None, backends: str, no_calibration: bool,
+                        min_kept: int | str) -> None:
     """How far coarse_clock/tsc_clock/sampled_timing's per-node times are from vanilla's,
     and what TIMING TRUE costs on each.
 
@@ -111,7 +119,8 @@ def timing_accuracy_cmd(arms: tuple[str, ...], workloads: str, nl_scale: float,
                               build_missing=build_missing, out_dir=out, seed=seed,
                               clock_cost=not no_clock_cost, nice=nice_v, tol_pct=tol,
                               min_node_ms=min_node_ms, progress=_say,
-                              backends=backends if backends == "auto" else _int(backends))
+                              backends=backends if backends == "auto" else _int(backends),
+                              calibrate=not no_calibration, min_kept=min_kept)
     if reference != "tsc_clock":
         res = analyze_run(res.run_dir, baseline=baseline, tol_pct=tol,
                           min_node_ms=min_node_ms, reference=reference)

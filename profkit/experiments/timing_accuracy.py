@@ -45,11 +45,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from profkit import rundir, tables
+from profkit.analyze import stats
 from profkit.analyze import timing_accuracy as ta
+from profkit.collect import vcpu
 from profkit.errors import ProfkitError
 from profkit.experiments import harness
 from profkit.modes import MODES, query_name
 from profkit.render import markdown as render_md
+from profkit.render.bench_report import extra_reps_note
 from profkit.progress import ProgressFn
 from profkit.collect.clock import measure_clocks
 from profkit.patches import PATCH_GUCS, PRESETS
@@ -70,7 +73,8 @@ TIMINGS_CSV = "timings.csv"
 PLANS_JSONL = "plans.jsonl"
 TIMINGS_COLUMNS: tuple[str, ...] = (
     *tables.SCHEMAS["timings"], "cpu_ms", "wait_ms", "explain_ms", "planning_ms", "preset",
-    "settings", "slot", "backend_pid", "t_start", "backend",
+    "settings", "slot", "backend_pid", "t_start", "backend", "calib_before_ms",
+    "calib_after_ms",
 )
 
 #: Modest scales, so that one run of all arms takes minutes on 2 cores.
@@ -271,7 +275,8 @@ class _Accuracy:
         rows = m.rows
         res: dict[str, Any] = {"client_ms": m.client_ms, "t_start": m.t_start,
                                "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,
-                               "wait_ms": m.runq_ms,
+                               "wait_ms": m.runq_ms, "calib_before_ms": m.calib_before_ms,
+                               "calib_after_ms": m.calib_after_ms,
                                "explain_ms": math.nan, "planning_ms": math.nan, "plan": None}
         if mode == "plain":
             exp = wl.expected_rows(self.scales[workload])
@@ -295,7 +300,8 @@ class _Accuracy:
         def cell(t: harness.Target, mode: str, rep: int, slot: int, order: int) -> None:
             self._record(t, workload, mode, rep, slot, order, self.execute(t, workload, mode))
             if slot == n_arms * len(MODES) - 1:
-                self.say(f"{workload}: repetition {rep}/{reps} done")
+                self.say(f"{workload}: repetition {rep}/{reps} done" if rep <= reps
+                         else f"{workload}: extra repetition {rep} done")
 
         return harness.Group(workload, MODES, f"{seed}-{workload}", run=cell,
                              warm=lambda t, m: self.execute(t, workload, m), warmup=warmup)
@@ -310,7 +316,8 @@ class _Accuracy:
                "explain_ms": r["explain_ms"], "planning_ms": r["planning_ms"],
                "preset": t.arm.preset, "settings": t.arm.settings_text,
                "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"],
-               "backend": t.block}
+               "backend": t.block, "calib_before_ms": r["calib_before_ms"],
+               "calib_after_ms": r["calib_after_ms"]}
         self.timings.write(row)
         if r["plan"] is not None:
             self.plans.json_line({"workload": workload, "arm": t.label,
@@ -335,6 +342,8 @@ class TimingAccuracyResult:
     summary: pd.DataFrame
     grid: dict[str, pd.DataFrame]
     report_md: Path
+    #: the slow-vCPU rule's account of the run ("" without calibration)
+    vcpu_note: str = ""
 
     def _repr_html_(self) -> str:
         return (f"<b>timing accuracy</b> {self.run_dir}<br>"
@@ -360,6 +369,9 @@ def run_timing_accuracy(
     min_node_ms: float = ta.MIN_NODE_MS,
     progress: ProgressFn | None = None,
     backends: int | str = "auto",
+    pin_cpu: int | str | None = "auto",
+    calibrate: bool = True,
+    min_kept: int | str | None = "auto",
 ) -> TimingAccuracyResult:
     """Measure, then analyse (see the module doc).  Returns :func:`analyze_run`'s result.
 
@@ -371,6 +383,13 @@ def run_timing_accuracy(
     −20 when running as root, else unchanged (None). *backends*: independent backends
     (each on a fresh cluster) per arm, the repetitions split between them (``"auto"``:
     :func:`harness.auto_backends`).
+
+    As ``profkit bench`` does: every backend is pinned to *pin_cpu* (``"auto"``: the last
+    CPU, when there are two or more; None: not pinned) and, with *calibrate*, the vCPU
+    calibration runs just before and after every execution: the analysis leaves out the
+    executions the slow-vCPU rule rejects (:func:`profkit.analyze.stats.vcpu_adjust`),
+    and a cell left with fewer than *min_kept* repetitions gets extra repetitions of every
+    cell (at most *reps*; ``"auto"``: half of *reps*, rounded up; 0 or None: never).
 
     Every arm runs on clusters of its own with its settings in their postgresql.conf (the
     harness's one rule), also arms of one preset that differ only in a session setting.
@@ -401,6 +420,8 @@ def run_timing_accuracy(
     if isinstance(backends, bool) or not isinstance(backends, int) or not 1 <= backends <= reps:
         raise TimingAccuracyError(f"backends must be an integer from 1 to reps ({reps}) or "
                                   f"'auto', got {backends!r}")
+    pin = vcpu.resolve_pin(pin_cpu, TimingAccuracyError)
+    keep = harness.resolve_min_kept(min_kept, reps, TimingAccuracyError)
 
     try:
         run_id, out = rundir.place("timing_accuracy", path=out_dir, run_id=run_id)
@@ -410,7 +431,8 @@ def run_timing_accuracy(
     session = harness.Session(
         arm_list, {a.label: builds[a.preset] for a in arm_list}, name="ta",
         log_dir=out / "logs",
-        options=harness.SessionOptions(backends=backends, nice=nice, pgss=False), say=say)
+        options=harness.SessionOptions(backends=backends, nice=nice, pgss=False, pin_cpu=pin,
+                                       calibrate=calibrate, min_kept=keep), say=say)
     runner = _Accuracy(sc, run_id, session, say)
     session.prepare = runner.prepare
     try:
@@ -434,6 +456,10 @@ def run_timing_accuracy(
                           if a.preset == "coarse_clock" and tick is not None},
             "verdict_thresholds": {"tol_pct": tol_pct, "min_node_ms": min_node_ms},
             "metric_note": METRIC_NOTE,
+            "pin_cpu": pin, "vcpu_calibration": (
+                {"loops": vcpu.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
+                 "where": "just before and after every execution, on the pinned CPU"}
+                if calibrate else None),
             "files": {"timings": TIMINGS_CSV, "plans": PLANS_JSONL},
         }) as rd:
             try:
@@ -457,7 +483,7 @@ def run_timing_accuracy(
                                 on_block=on_block)
                 except harness.HarnessError as e:
                     raise TimingAccuracyError(str(e)) from None
-                rd.update(measured_at=_now())
+                rd.update(measured_at=_now(), extra_repetitions=session.extra_facts())
                 if clock_cost:
                     _clock_cost(out, rd, say)
             finally:
@@ -609,6 +635,36 @@ def _vanilla_plain_section(cost_vanilla: pd.DataFrame, versions: Mapping[str, st
     return "\n".join(lines) + "\n"
 
 
+def apply_vcpu_rule(timings: pd.DataFrame, nodes: pd.DataFrame
+                    ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, str, str]:
+    """The slow-vCPU rule of ``profkit bench`` (:func:`profkit.analyze.stats.vcpu_adjust`)
+    on a run's timings and plans: (all timings, marked ``calib_slow`` with
+    ``cpu_kept_ms``; the kept timings; the kept plans' nodes; the rule's account; the
+    CPU metric the tables use). Without calibrations nothing is left out (``cpu_ms``);
+    a rule that would leave some (workload, arm, mode) without an execution is not
+    applied either, and the account says so: every table needs each cell."""
+    if not stats.has_calibration(timings):
+        return timings, timings, nodes, "", "cpu_ms"
+    adj, speed = stats.vcpu_adjust(timings)
+    marked = timings.assign(calib_slow=adj["calib_slow"].to_numpy(dtype=bool),
+                            cpu_kept_ms=adj["cpu_kept_ms"].to_numpy())
+    kept_n = (~marked["calib_slow"]).groupby(
+        [marked["workload"], marked["build"], marked["mode"]]).sum()
+    empty = [" ".join(map(str, k)) for k, n in kept_n.items() if n == 0]
+    if empty:
+        return (timings, timings, nodes,
+                f"{speed.describe()}; NOT applied: it would leave {', '.join(empty)} without "
+                "an execution (the tables use them all)", "cpu_ms")
+    slow = set(marked.loc[marked["calib_slow"], ["workload", "build", "mode", "rep"]]
+               .itertuples(index=False, name=None))
+    if slow and not nodes.empty:
+        keys = zip(nodes["workload"], nodes["arm"], nodes["mode"], nodes["rep"], strict=True)
+        nodes = nodes[[k not in slow for k in keys]]
+    return (marked, marked[~marked["calib_slow"]].drop(columns="calib_slow"), nodes,
+            f"{speed.describe()}; the rejected executions are left out of every table "
+            "(cpu_kept_ms: the CPU time of the others)", "cpu_kept_ms")
+
+
 def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                 tol_pct: float | None = None, min_node_ms: float | None = None,
                 reference: str | None = None) -> TimingAccuracyResult:
@@ -645,19 +701,24 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
             lambda d: d.index.isin(complete)].reset_index()
     nodes.to_parquet(out / "nodes.parquet", index=False)
     nodes.to_csv(out / "nodes.csv", index=False)
-    timings.to_parquet(out / "timings.parquet", index=False)
+    all_nodes = nodes
+    all_timings, timings, nodes, vcpu_note, cpu = apply_vcpu_rule(timings, nodes)
+    extra = extra_reps_note(prov)
+    vcpu_note += f". {extra}" if extra and vcpu_note else ""
+    all_timings.to_parquet(out / "timings.parquet", index=False)
+    pair = "common" if cpu == "cpu_kept_ms" else "auto"
 
     versions = arm_versions(prov)
     same_version = version_references(prov, baseline)
     mism = ta.compare_rows(nodes, baseline, same_version)
     acc = ta.node_accuracy(nodes, baseline)
     have_cpu = "cpu_ms" in timings and timings["cpu_ms"].notna().all()
-    cost = ta.cost_table(timings, baseline, metric="cpu_ms" if have_cpu else "server_ms")
-    cost_wall = ta.cost_table(timings, baseline, metric="server_ms")
+    metric = cpu if have_cpu else "server_ms"
+    cost = ta.cost_table(timings, baseline, metric=metric, pair=pair)
+    cost_wall = ta.cost_table(timings, baseline, metric="server_ms", pair=pair)
     truth = ta.truth_table(timings, nodes, baseline)
     plain_of = vanilla_plain_of(prov, arms=sorted(set(timings["build"])))
-    cost_vanilla = ta.cost_vs_plain_of(timings, plain_of,
-                                       metric="cpu_ms" if have_cpu else "server_ms")
+    cost_vanilla = ta.cost_vs_plain_of(timings, plain_of, metric=metric, pair=pair)
     if not cost_vanilla.empty:
         cost_vanilla.insert(2, "version", cost_vanilla["arm"].map(versions))
     tick_arms = {k: float(v) for k, v in (prov.get("tick_arms") or {}).items() if v}
@@ -674,8 +735,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
         acc_ref.to_csv(out / f"accuracy_vs_{ref}.csv", index=False)
     # signed mean error per node against vanilla, the second yardstick and vanilla minus
     # its own clock reads (in-situ cost per read): an estimator's bias, not its median
-    read_ns = ta.in_situ_read_ns(timings, nodes, baseline,
-                                 metric="cpu_ms" if have_cpu else "server_ms") \
+    read_ns = ta.in_situ_read_ns(timings, nodes, baseline, metric=metric) \
         if not nodes.empty else {}
     # arms of the baseline's major version only: another planner may choose another plan
     same_major = sorted(a for a in arms_present if same_version.get(a, baseline) == baseline)
@@ -689,8 +749,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     # baseline: "corrected:tsc_clock" holds the least clock cost of the exact yardsticks
     if ref and ref in same_major:
         twins[f"{ta.CORRECTED}:{ref}"] = ref
-    more = {name: (lab, ta.in_situ_read_ns(timings, nodes, lab,
-                                           metric="cpu_ms" if have_cpu else "server_ms"))
+    more = {name: (lab, ta.in_situ_read_ns(timings, nodes, lab, metric=metric))
             for name, lab in twins.items()} if not nodes.empty else {}
     yards = [baseline, *([ref] if ref in same_major else []), ta.CORRECTED, *more]
     bias = ta.bias_table(nodes, same_major, yards, ns_per_read=read_ns,
@@ -742,6 +801,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
         "clock cost (ns/read)": ", ".join(f"{k} {v:.1f}" for k, v in
                                           (prov.get("clock_cost_ns") or {}).items()) or "–",
         "load average (start → end)": f"{prov.get('loadavg_start')} → {prov.get('loadavg_end')}",
+        "vCPU": vcpu_note or "no vCPU calibration (calibrate=False, or a run from before it)",
     }
     md = render_md.timing_accuracy_report(title="Timing accuracy of the clock-source variants",
                             facts=facts, verdict_df=verd, cost=cost, truth=truth,
@@ -753,6 +813,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
     report.write_text(md + bias_md)
     with contextlib.suppress(OSError):
         rd.update(analysis={"baseline": baseline, "tol_pct": tol, "min_node_ms": mnm,
+                            "metric": metric, "vcpu": vcpu_note,
                             "analyzed_at": _now(), "mismatches": len(mism),
                             "in_situ_read_ns": read_ns,
                             "in_situ_read_ns_twins": {n: v for n, (_, v) in more.items()}},
@@ -760,5 +821,5 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                       "mismatches", "accuracy", "cost", "cost_wall", "cost_vs_vanilla", "truth",
                       "verdicts", "summary", "bias")},
                       "nodes": "nodes.parquet", "report": "report.md"})
-    return TimingAccuracyResult(out, rd.provenance, timings, nodes, mism, acc, cost, cost_wall,
-                                truth, verd, summ, grid, report)
+    return TimingAccuracyResult(out, rd.provenance, all_timings, all_nodes, mism, acc, cost,
+                                cost_wall, truth, verd, summ, grid, report, vcpu_note)
