@@ -122,8 +122,6 @@ def friendly(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-
-
 def _min_kept(_ctx: Any, param: Any, text: str) -> int | str:
     """--min-kept: 'auto' or a whole number (checked against --reps by the experiment)."""
     if str(text).strip() == "auto":
@@ -136,7 +134,8 @@ def _min_kept(_ctx: Any, param: Any, text: str) -> int | str:
 
 
 def min_kept_option(cell: str) -> Callable[[F], F]:
-    """--min-kept of the experiments that calibrate the vCPU (bench, correction)."""
+    """--min-kept of the experiments that calibrate the vCPU (bench, correction, timing
+    accuracy); *cell* names what they repeat."""
     return click.option(
         "--min-kept", default="auto", show_default=True, metavar="auto|N", callback=_min_kept,
         help=f"When the vCPU calibration rejects so many executions that a {cell} keeps "
