@@ -432,10 +432,16 @@ def test_bench_json(tmp_path: Path) -> None:
                              "--json", "--out", str(tmp_path)).stdout)
     modes = {r["mode"]: r for r in doc["summary"]}
     assert set(modes) == {"plain", "analyze_notiming", "analyze_timing"}
-    # n: the executions kept (2, minus those a slow vCPU calibration rejected)
+    # n: the executions kept (2 and the extra repetitions, minus those a slow vCPU
+    # calibration rejected): at least 1 (min_kept), unless the extra ones ran out
     kept = kept_counts(doc["run_dir"])
+    extra = json.loads((Path(doc["run_dir"]) / "provenance.json").read_text())[
+        "extra_repetitions"]
+    assert extra["min_kept"] == 1 and 0 <= extra["extra_reps"] <= 2, extra
     assert modes["plain"]["overhead_pct"] == 0
-    assert modes["plain"]["n"] == kept.get(("vanilla", "plain"), 0) and 1 <= modes["plain"]["n"] <= 2
+    n = modes["plain"]["n"]
+    assert n == kept.get(("vanilla", "plain"), 0) and n <= 2 + extra["extra_reps"], (n, extra)
+    assert n >= 1 or (extra["short_after_extra"] and extra["extra_reps"] == 2), (n, extra)
     assert Path(doc["run_dir"]).parent == tmp_path
     assert "reps must be an integer >= 1" in message(
         profkit("bench", "--reps", "0", "--out", str(tmp_path), code=1))
