@@ -194,9 +194,10 @@ def test_the_extra_repetitions_note():
 
 class _SlowWhile(VcpuProbe):
     """The real calibration helper, running 4 x its work while ``slow`` is set: what a
-    vCPU the host slowed down 4 x looks like to the rule. (At 1.6 x the rule saw nothing
-    in 1 run of 13 here: the VM drifted from 3.0 to 4.1 ms within the run, the MAD grew
-    and the threshold with it, to above the slowed calibrations.)"""
+    vCPU the host slowed down 4 x looks like to the rule. (At 1.6 x no extra repetition
+    ran in 5 of about 20 runs here; in the one looked at, the VM drifted from 3.0 to 4.1 ms
+    within the run, the MAD grew and the threshold with it, to above the slowed
+    calibrations.)"""
 
     slow = False
 
