@@ -120,6 +120,14 @@ def pin(pid: int, cpu: int) -> None:
     os.sched_setaffinity(pid, {cpu})
 
 
+def calibration_facts(calibrate: bool) -> dict[str, object] | None:
+    """The provenance's ``vcpu_calibration`` of a run that calibrates (None if not)."""
+    if not calibrate:
+        return None
+    return {"loops": DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
+            "where": "just before and after every execution, on the pinned CPU"}
+
+
 def default_pin_cpu() -> int | None:
     """The last CPU this process may use (None with a single one: nothing to choose)."""
     cpus = sorted(os.sched_getaffinity(0))

@@ -544,8 +544,7 @@ class _Bench:
         self.rows.append(row)
         assert self.writer is not None
         self.writer.write(row)
-        which = f"rep {rep}/{self.req.reps}" if rep <= self.req.reps else f"extra rep {rep}"
-        self.progress.advance(f"{which}: {t.label} {mode} "
+        self.progress.advance(f"{harness.rep_text(rep, self.req.reps)}: {t.label} {mode} "
                               f"{m['client_ms']:.0f} ms")
 
     def extra(self, rep: int, slot: int) -> None:
@@ -845,10 +844,7 @@ def run_bench(
                              "client round trip, rows fetched; explain_ms = EXPLAIN's "
                              "Execution Time"),
                 instruction_counter=counter,
-                pin_cpu=pin, vcpu_calibration=(
-                    {"loops": vcpu_mod.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
-                     "where": "just before and after every execution, on the pinned CPU"}
-                    if calibrate else None),
+                pin_cpu=pin, vcpu_calibration=vcpu_mod.calibration_facts(calibrate),
                 files={"timings": TIMINGS_CSV, "provenance": PROVENANCE_JSON}) as rd:
                 try:
                     runner.writer = rd.rows(TIMINGS_CSV, TIMINGS_COLUMNS)

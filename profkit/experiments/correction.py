@@ -117,10 +117,7 @@ def measure_correction(target: Cluster | Build | str = "vanilla", *,
     la0 = tuple(loadavg())
     with open_run("correction", build=build, base=base, run_id=run_id,
                   workloads=wls, reps=reps, metric=metric, loadavg_before=list(la0),
-                  pin_cpu=pin, vcpu_calibration=(
-                      {"loops": vcpu.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
-                       "where": "just before and after every execution, on the pinned CPU"}
-                      if calibrate else None)) as rd:
+                  pin_cpu=pin, vcpu_calibration=vcpu.calibration_facts(calibrate)) as rd:
         return _correct(rd, target if isinstance(target, Cluster) else build, wls,
                         reps=reps, warmup=warmup, metric=metric, top=top,
                         pin=pin, calibrate=calibrate, min_kept=keep,
@@ -198,7 +195,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
         assert writer is not None
         writer.write(row)
         if slot == len(cells) - 1:
-            say(f"rep {rep}/{reps} done" if rep <= reps else f"extra rep {rep} done")
+            say(f"{harness.rep_text(rep, reps)} done")
 
     writer: RowWriter | None = None
     facts_box: list[pd.DataFrame] = []

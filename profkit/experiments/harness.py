@@ -624,6 +624,11 @@ def resolve_min_kept(value: int | str | None, reps: int,
     return value
 
 
+def rep_text(rep: int, reps: int, word: str = "rep") -> str:
+    """A repetition in progress messages: ``rep 3/10``, or ``extra rep 11`` past *reps*."""
+    return f"{word} {rep}/{reps}" if rep <= reps else f"extra {word} {rep}"
+
+
 def cell_name(cell: Any) -> str:
     """A cell as messages show it: ``('join_sum', 'plain')`` → ``join_sum plain``."""
     return " ".join(map(str, cell)) if isinstance(cell, tuple) else str(cell)

@@ -300,8 +300,7 @@ class _Accuracy:
         def cell(t: harness.Target, mode: str, rep: int, slot: int, order: int) -> None:
             self._record(t, workload, mode, rep, slot, order, self.execute(t, workload, mode))
             if slot == n_arms * len(MODES) - 1:
-                self.say(f"{workload}: repetition {rep}/{reps} done" if rep <= reps
-                         else f"{workload}: extra repetition {rep} done")
+                self.say(f"{workload}: {harness.rep_text(rep, reps, 'repetition')} done")
 
         return harness.Group(workload, MODES, f"{seed}-{workload}", run=cell,
                              warm=lambda t, m: self.execute(t, workload, m), warmup=warmup)
@@ -456,10 +455,7 @@ def run_timing_accuracy(
                           if a.preset == "coarse_clock" and tick is not None},
             "verdict_thresholds": {"tol_pct": tol_pct, "min_node_ms": min_node_ms},
             "metric_note": METRIC_NOTE,
-            "pin_cpu": pin, "vcpu_calibration": (
-                {"loops": vcpu.DEFAULT_LOOPS, "helper": "profkit/collect/vcpu_calib.c",
-                 "where": "just before and after every execution, on the pinned CPU"}
-                if calibrate else None),
+            "pin_cpu": pin, "vcpu_calibration": vcpu.calibration_facts(calibrate),
             "files": {"timings": TIMINGS_CSV, "plans": PLANS_JSONL},
         }) as rd:
             try:
