@@ -374,3 +374,7 @@ def test_comparison_html():
     html = c._repr_html_()
     assert "vanilla → step3" in html and "lower" in html
     assert "no comparison" in nbk.Comparison(pd.DataFrame(), "m")._repr_html_()
+    # three repetitions: no verdict, and the table says why
+    few = pd.DataFrame([r for r in rows if r["rep"] < 3])
+    html3 = nbk.Comparison.chain(few, ["vanilla", "step3"])._repr_html_()
+    assert "too few repetitions to tell (n = 3)" in html3 and "lower" not in html3

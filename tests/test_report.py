@@ -183,3 +183,31 @@ def test_plain_slower_than_its_explain_is_flagged():
     lines = bench_report.impossible_orders(found)
     assert len(lines) == 2 and "`step3` plain Query-1" in lines[1]
     assert "`vanilla`" not in lines[1]
+
+
+def test_too_few_repetitions_are_said_not_judged():
+    """Three repetitions: the step table says "too few (n = 3)" where the interval alone
+    would call the 20-point change real, the ordering line says it cannot tell, and the
+    notes name the cells."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 10.0}},
+                     reps=3)
+    comps = stats.compare_chain(t, n_resamples=999)
+    assert comps.diff_ci_high_pct.iloc[0] < 0 and not comps.overhead_differs.iloc[0]
+    s = stats.summarize(t, n_resamples=999)
+    md = bench_report.render_markdown(s, PROV, comparisons=comps)
+    row = next(ln for ln in md.splitlines() if ln.startswith("| vanilla → step1"))
+    assert "| too few (n = 3) |" in row, row
+    assert f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind the interval" in md
+    assert bench_report.differs_text(comps.iloc[0]) == "too few (n = 3)"
+    note = bench_report.few_reps_note(s)
+    assert note.startswith(f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind vanilla "
+                           "plain (3), vanilla analyze_notiming (3), step1 plain (3)"), note
+    assert note in bench_report.engine_notes(s, {})
+    lines = bench_report.ordering_check(s, comps, builds=["vanilla", "step1"])
+    assert any("vanilla→step1 too few repetitions to tell" in ln for ln in lines), lines
+    # enough repetitions: no note, and a verdict
+    t8 = make_timings({"vanilla": {"analyze_notiming": 30.0},
+                       "step1": {"analyze_notiming": 10.0}}, reps=8)
+    s8 = stats.summarize(t8, n_resamples=999)
+    assert bench_report.few_reps_note(s8) == ""
+    assert bench_report.differs_text(stats.compare_chain(t8, n_resamples=999).iloc[0]) == "yes"

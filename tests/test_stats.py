@@ -250,6 +250,46 @@ def test_compare_builds_errors():
         stats.compare_builds(t, "a", "b")
 
 
+def test_no_verdict_from_too_few_repetitions():
+    """A 20-point difference with 1 % noise: its interval excludes 0 from 3 repetitions
+    on, but below MIN_VERDICT_REPS no verdict is drawn (two identical builds were called
+    different in half the simulated runs with 2 repetitions: small_n_intervals.py)."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step2": {"analyze_notiming": 10.0}},
+                     reps=3, noise=1.0)
+    c = stats.compare_builds(t, "vanilla", "step2", n_resamples=999)
+    assert c.diff_ci_high_pct < 0  # the interval alone would say "lower"
+    assert c.ci_method.endswith("(3 repetitions: too few, interval too narrow)"), c.ci_method
+    assert not c.overhead_differs
+    # unpaired (one execution left out, as the vCPU rule does): the smallest sample counts
+    t2 = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step2": {"analyze_notiming": 10.0}},
+                      reps=6, noise=1.0)
+    t2 = t2.drop(index=t2.index[(t2.build == "step2") & (t2["mode"] == "plain")][:2])
+    c2 = stats.compare_builds(t2, "vanilla", "step2", n_resamples=999)
+    assert not c2.paired and "(4 repetitions: too few" in c2.ci_method and not c2.overhead_differs
+    # enough repetitions: the verdict stands
+    t3 = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step2": {"analyze_notiming": 10.0}},
+                      reps=stats.MIN_VERDICT_REPS, noise=1.0)
+    c3 = stats.compare_builds(t3, "vanilla", "step2", n_resamples=999)
+    assert "too few" not in c3.ci_method and c3.overhead_differs
+
+
+def test_verdict_needs_the_rank_test_too():
+    """An interval that excludes 0 while the rank test of the per-repetition overheads
+    does not (p >= 0.05) is no verdict: the table's p column never contradicts it."""
+    base = dict(a="a", b="b", mode="analyze_notiming", metric="server_ms", n_a=8, n_b=8,
+                median_a_ms=1.0, median_b_ms=1.0, time_ratio=1.0, time_u=0.0,
+                time_p_value=0.5, overhead_a_pct=30.0, overhead_b_pct=25.0,
+                overhead_diff_pct=-5.0, diff_ci_low_pct=-9.0, diff_ci_high_pct=-0.5,
+                paired=True, ci_method="BCa")
+    assert stats.BuildComparison(**base, overhead_p_value=0.01).overhead_differs
+    assert not stats.BuildComparison(**base, overhead_p_value=0.2).overhead_differs
+    assert not stats.BuildComparison(**base, overhead_p_value=0.05).overhead_differs
+    # at 90 % the bar is 0.10
+    assert stats.BuildComparison(**base, overhead_p_value=0.07, confidence=0.9).overhead_differs
+    # no rank test (the samples do not pair): the interval decides
+    assert stats.BuildComparison(**base, overhead_p_value=math.nan).overhead_differs
+
+
 def test_compare_chain_rows():
     t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0},
                       "step2": {"analyze_notiming": 10.0}}, reps=8)

@@ -32,6 +32,7 @@ from profkit.analyze import stats
 from profkit.errors import ProfkitError
 from profkit.pg.build import find_build, get_build, presets
 from profkit.progress import Progress, in_notebook
+from profkit.render.bench_report import differs_text
 
 __all__ = ["Progress", "in_notebook"]  # re-exported: the one progress facility
 
@@ -340,6 +341,9 @@ class Comparison:
                 "#b00" if differs else "#555")
             verdict = ("lower" if r["overhead_diff_pct"] < 0 else "higher") if differs else \
                 "no difference beyond noise"
+            if "repetitions: too few" in str(r.get("ci_method", "")):
+                colour, verdict = "#555", differs_text(r).replace(
+                    "too few", "too few repetitions to tell")
             rows.append(
                 f"<tr><td>{html.escape(str(r['a']))} → {html.escape(str(r['b']))}</td>"
                 f"<td>{r['median_a_ms']:.3f} → {r['median_b_ms']:.3f}</td>"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +29,7 @@ from rich.table import Table
 from profkit.render import seed_figures as _seed
 from profkit.analyze.stats import (
     METRICS,
+    MIN_VERDICT_REPS,
     SLOW_MIN_EXCESS,
     SLOW_Z,
     BenchExtras,
@@ -441,7 +443,9 @@ def render_markdown(
         out += ["## Does each step change the overhead?", "",
                 ("Difference of overhead (b − a, percentage points) with its bootstrap 95 % CI; "
                 "Mann–Whitney U p-values on the mode's per-repetition times and on the "
-                "per-repetition overheads."), ""]
+                "per-repetition overheads. \"too few\": fewer than "
+                f"{MIN_VERDICT_REPS} repetitions behind the interval, which then covers far "
+                "less than 95 %: no verdict."), ""]
         header3 = ["a → b", "mode", "overhead a %", "overhead b %", "b − a [95% CI]",
                    "differs?", "p (overheads)", "p (times)"]
         rows3 = []
@@ -449,7 +453,7 @@ def render_markdown(
             rows3.append([
                 f"{r.a} → {r.b}", r.mode, _fmt_pct(r.overhead_a_pct), _fmt_pct(r.overhead_b_pct),
                 _fmt_pct(r.overhead_diff_pct, (r.diff_ci_low_pct, r.diff_ci_high_pct)),
-                "yes" if r.overhead_differs else "no",
+                differs_text(r),
                 f"{r.overhead_p_value:.3g}" if _isnum(r.overhead_p_value) else "–",
                 f"{r.time_p_value:.3g}" if _isnum(r.time_p_value) else "–",
             ])
@@ -901,12 +905,27 @@ def ordering_check(summary: pd.DataFrame, comparisons: pd.DataFrame | None = Non
             sep = []
             for r in c.itertuples():
                 if r.a in present and r.b in present:
-                    sep.append(f"{r.a}→{r.b} {'beyond' if r.overhead_differs else 'within'} "
-                               "noise")
+                    sep.append(f"{r.a}→{r.b} " + (
+                        "too few repetitions to tell" if _too_few_reps(r) else
+                        f"{'beyond' if r.overhead_differs else 'within'} noise"))
             if sep:
                 line += " (" + ", ".join(sep) + ")"
         out.append(line)
     return out
+
+
+def _too_few_reps(r: Any) -> bool:
+    return "repetitions: too few" in str(getattr(r, "ci_method", "") or "")
+
+
+def differs_text(r: Any) -> str:
+    """The "differs?" cell of a :func:`profkit.analyze.stats.compare_chain` row: yes, no,
+    or "too few (n = N)" when its interval came from fewer repetitions than a verdict
+    needs (:data:`profkit.analyze.stats.MIN_VERDICT_REPS`)."""
+    if _too_few_reps(r):
+        m = re.search(r"\((\d+) repetitions: too few", str(r.ci_method))
+        return f"too few (n = {m.group(1)})" if m else "too few"
+    return "yes" if r.overhead_differs else "no"
 
 
 def comparisons_table(comps: pd.DataFrame) -> Table:
@@ -919,7 +938,7 @@ def comparisons_table(comps: pd.DataFrame) -> Table:
         ci = (f"{r.overhead_diff_pct:.2f} [{r.diff_ci_low_pct:.2f}, {r.diff_ci_high_pct:.2f}]"
               if not math.isnan(r.diff_ci_low_pct) else f"{r.overhead_diff_pct:.2f}")
         p = "–" if math.isnan(r.overhead_p_value) else f"{r.overhead_p_value:.3g}"
-        t.add_row(f"{r.a} → {r.b}", r.mode, ci, "yes" if r.overhead_differs else "no", p)
+        t.add_row(f"{r.a} → {r.b}", r.mode, ci, differs_text(r), p)
     return t
 
 
@@ -957,6 +976,20 @@ def extra_reps_note(provenance: Mapping[str, Any]) -> str:
     return text
 
 
+def few_reps_note(summary: pd.DataFrame) -> str:
+    """A line naming the (build, mode) cells that kept fewer repetitions than a verdict
+    needs (:data:`~profkit.analyze.stats.MIN_VERDICT_REPS`; none kept: their own note)."""
+    if summary.empty or "n" not in summary.columns:
+        return ""
+    few = [f"{r.build} {r.mode} ({int(r.n)})" for r in summary.itertuples()
+           if 0 < int(r.n) < MIN_VERDICT_REPS]
+    if not few:
+        return ""
+    return (f"fewer than {MIN_VERDICT_REPS} repetitions behind {', '.join(few)}: their "
+            "intervals cover well under 95 %, and no step-to-step verdict rests on them "
+            "(more --reps)")
+
+
 def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
                  aa: Any | None = None) -> list[str]:
     """One line each, for the console and the report: different plans, executions
@@ -973,6 +1006,9 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
     extra = extra_reps_note(provenance)
     if extra:
         lines.append(extra)
+    few = few_reps_note(summary)
+    if few:
+        lines.append(few)
     if aa is not None:
         lines.append(aa.describe())
     k = provenance.get("backends")
