@@ -200,9 +200,15 @@ def test_too_few_repetitions_are_said_not_judged():
     assert f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind the interval" in md
     assert bench_report.differs_text(comps.iloc[0]) == "too few (n = 3)"
     note = bench_report.few_reps_note(s)
-    assert note.startswith(f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind vanilla "
-                           "plain (3), vanilla analyze_notiming (3), step1 plain (3)"), note
+    assert note.startswith(f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind every "
+                           "(build, mode) (3 each): their intervals"), note
     assert note in bench_report.engine_notes(s, {})
+    # some cells short: they are named
+    s2 = s.copy()
+    s2.loc[s2.build == "vanilla", "n"] = 8
+    assert bench_report.few_reps_note(s2).startswith(
+        f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind step1 plain (3), step1 "
+        "analyze_notiming (3): ")
     lines = bench_report.ordering_check(s, comps, builds=["vanilla", "step1"])
     assert any("vanilla→step1 too few repetitions to tell" in ln for ln in lines), lines
     # enough repetitions: no note, and a verdict

@@ -981,13 +981,17 @@ def few_reps_note(summary: pd.DataFrame) -> str:
     needs (:data:`~profkit.analyze.stats.MIN_VERDICT_REPS`; none kept: their own note)."""
     if summary.empty or "n" not in summary.columns:
         return ""
-    few = [f"{r.build} {r.mode} ({int(r.n)})" for r in summary.itertuples()
-           if 0 < int(r.n) < MIN_VERDICT_REPS]
-    if not few:
+    short = [r for r in summary.itertuples() if 0 < int(r.n) < MIN_VERDICT_REPS]
+    if not short:
         return ""
-    return (f"fewer than {MIN_VERDICT_REPS} repetitions behind {', '.join(few)}: their "
-            "intervals cover well under 95 %, and no step-to-step verdict rests on them "
-            "(more --reps)")
+    if len(short) == len(summary):
+        ns = sorted({int(r.n) for r in short})
+        cells = (f"every (build, mode) ({ns[0]}" + (f"-{ns[-1]}" if len(ns) > 1 else "")
+                 + " each)")
+    else:
+        cells = ", ".join(f"{r.build} {r.mode} ({int(r.n)})" for r in short)
+    return (f"fewer than {MIN_VERDICT_REPS} repetitions behind {cells}: their intervals "
+            "cover well under 95 %, and no step-to-step verdict rests on them (more --reps)")
 
 
 def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
