@@ -341,7 +341,7 @@ class Comparison:
                 "#b00" if differs else "#555")
             verdict = ("lower" if r["overhead_diff_pct"] < 0 else "higher") if differs else \
                 "no difference beyond noise"
-            if "repetitions: too few" in str(r.get("ci_method", "")):
+            if differs_text(r).startswith("too few"):
                 colour, verdict = "#555", differs_text(r).replace(
                     "too few", "too few repetitions to tell")
             rows.append(
