@@ -251,9 +251,10 @@ def test_compare_builds_errors():
 
 
 def test_no_verdict_from_too_few_repetitions():
-    """A 20-point difference with 1 % noise: its interval excludes 0 from 3 repetitions
-    on, but below MIN_VERDICT_REPS no verdict is drawn (two identical builds were called
-    different in half the simulated runs with 2 repetitions: small_n_intervals.py)."""
+    """A 20-point difference with 1 % noise: its interval excludes 0 from 3 repetitions,
+    but below MIN_VERDICT_REPS no verdict is drawn (the interval alone called two
+    identical builds different in 25-28 % of simulated runs with 3 repetitions:
+    small_n_intervals.py)."""
     t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step2": {"analyze_notiming": 10.0}},
                      reps=3, noise=1.0)
     c = stats.compare_builds(t, "vanilla", "step2", n_resamples=999)
@@ -263,9 +264,9 @@ def test_no_verdict_from_too_few_repetitions():
     # unpaired (one execution left out, as the vCPU rule does): the smallest sample counts
     t2 = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step2": {"analyze_notiming": 10.0}},
                       reps=6, noise=1.0)
-    t2 = t2.drop(index=t2.index[(t2.build == "step2") & (t2["mode"] == "plain")][:2])
+    t2 = t2.drop(index=t2.index[(t2.build == "step2") & (t2["mode"] == "plain")][:3])
     c2 = stats.compare_builds(t2, "vanilla", "step2", n_resamples=999)
-    assert not c2.paired and "(4 repetitions: too few" in c2.ci_method and not c2.overhead_differs
+    assert not c2.paired and "(3 repetitions: too few" in c2.ci_method and not c2.overhead_differs
     # enough repetitions: the verdict stands
     t3 = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step2": {"analyze_notiming": 10.0}},
                       reps=stats.MIN_VERDICT_REPS, noise=1.0)
@@ -288,6 +289,30 @@ def test_verdict_needs_the_rank_test_too():
     assert stats.BuildComparison(**base, overhead_p_value=0.07, confidence=0.9).overhead_differs
     # no rank test (the samples do not pair): the interval decides
     assert stats.BuildComparison(**base, overhead_p_value=math.nan).overhead_differs
+
+
+def test_compare_builds_pairs_on_the_kept_repetitions_like_summarize():
+    """Executions rejected on purpose (cpu_kept_ms): with pair="common" each build's
+    overhead in the step table is the summary's, per-repetition and paired; without it
+    one missing plain execution turned the step table to ratios of medians, and the
+    same build showed two overheads in one report."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0}},
+                     reps=10, noise=1.0)
+    t = t.drop(index=t.index[(t.build == "vanilla") & (t["mode"] == "plain") & (t.rep == 3)])
+    t = t.drop(index=t.index[(t.build == "step1") & (t["mode"] == "analyze_notiming")
+                             & (t.rep == 6)])
+    s = stats.summarize(t, pair="common", n_resamples=999).set_index(["build", "mode"])
+    c = stats.compare_builds(t, "vanilla", "step1", pair="common", n_resamples=999)
+    assert c.paired and c.overhead_a_pct == pytest.approx(
+        s.loc[("vanilla", "analyze_notiming"), "overhead_pct"])
+    assert c.overhead_b_pct == pytest.approx(s.loc[("step1", "analyze_notiming"), "overhead_pct"])
+    assert c.overhead_differs and math.isfinite(c.overhead_p_value)
+    auto = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
+    assert not auto.paired and math.isnan(auto.overhead_p_value)
+    chain = stats.compare_chain(t, ["vanilla", "step1"], pair="common", n_resamples=999)
+    assert bool(chain.paired.iloc[0])
+    with pytest.raises(ComparisonError, match="pair must be"):
+        stats.compare_builds(t, "vanilla", "step1", pair="never")
 
 
 def test_compare_chain_rows():

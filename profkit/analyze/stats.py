@@ -203,7 +203,7 @@ MIN_HIER_BACKENDS = 4
 #: no verdict from it (:attr:`BuildComparison.overhead_differs`): see
 #: ``benchmarks/small_n_intervals.py`` for how often two identical builds were called
 #: different at each n.
-MIN_VERDICT_REPS = 5
+MIN_VERDICT_REPS = 4
 
 
 def too_few_reps(method: str, n: int) -> str:
@@ -527,14 +527,21 @@ def compare_builds(
     confidence: float = 0.95,
     n_resamples: int = 9999,
     seed: int = 20250801,
+    pair: Literal["auto", "common"] = "auto",
 ) -> BuildComparison:
     """Test whether builds *a* and *b* differ in *mode*: times and overhead over plain.
 
     Overheads are estimated as in :func:`summarize`: when each build's plain and mode
     samples pair by repetition, from per-repetition overheads (resampled jointly across
     the two builds when they ran in the same repetitions); otherwise as ratios of
-    medians with the four samples resampled independently (``paired`` False).
+    medians with the four samples resampled independently (``paired`` False).  *pair*
+    ``"common"`` pairs each build's plain and mode on the repetitions both kept, as
+    :func:`summarize` does for ``cpu_kept_ms`` (executions rejected on purpose), so
+    that the two tables give one build the same overhead.
     """
+    if pair not in ("auto", "common"):
+        raise ComparisonError(f"pair must be 'auto' or 'common', not {pair!r}")
+    common = pair == "common"
     stat_fn = _center_fn(center)
     df = _check_timings(timings, metric)
     for name in (a, b):
@@ -567,15 +574,15 @@ def compare_builds(
     paired, method = False, "none"
     if mode != BASELINE_MODE:
         pa, pb = sample(a, BASELINE_MODE), sample(b, BASELINE_MODE)
-        pa_arr, ma_arr, ok_a = _pair(pa, ma)
-        pb_arr, mb_arr, ok_b = _pair(pb, mb)
+        pa_arr, ma_arr, ok_a = _pair(pa, ma, common)
+        pb_arr, mb_arr, ok_b = _pair(pb, mb, common)
         rng = _cell_rng(seed, a, b, mode, metric, center)
         if ok_a and ok_b:
             # Same estimator as summarize(): per-repetition overheads within each build.
             # They are the units resampled; jointly when both builds ran in the same
             # repetitions (interleaved), else each build's independently.
-            r_a = pd.Series(_pct(ma_arr, pa_arr), index=pa.index)
-            r_b = pd.Series(_pct(mb_arr, pb_arr), index=pb.index)
+            r_a = pd.Series(_pct(ma_arr, pa_arr), index=_paired_keys(pa, ma, common))
+            r_b = pd.Series(_pct(mb_arr, pb_arr), index=_paired_keys(pb, mb, common))
             ra, rb, joint = _pair(r_a, r_b)
 
             def diff_rep(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:

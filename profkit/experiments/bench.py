@@ -1068,8 +1068,9 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
         for mode in ("analyze_notiming", "analyze_timing"):
             if mode in set(timings["mode"]):
                 with contextlib.suppress(ComparisonError):
-                    parts.append(compare_chain(frame, mode=mode, metric=col,  # type: ignore[arg-type]
-                                               center=center))
+                    parts.append(compare_chain(  # type: ignore[arg-type]
+                        frame, mode=mode, metric=col, center=center,
+                        pair="common" if metric == "cpu_kept_ms" else "auto"))
         comps = pd.concat(parts, ignore_index=True).assign(metric=metric) if parts else None
     rprov = report_provenance({**prov, "report_metric": metric})
     try:
