@@ -315,6 +315,25 @@ def test_compare_builds_pairs_on_the_kept_repetitions_like_summarize():
         stats.compare_builds(t, "vanilla", "step1", pair="never")
 
 
+def test_compare_chain_metric_reads_like_the_summary():
+    """On a calibrated run the step table's default is cpu_kept_ms, paired on the kept
+    repetitions: one build, the overhead summarize_metric gives it."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0}},
+                     reps=8, noise=1.0)
+    t["cpu_ms"] = t["server_ms"]
+    t["calib_before_ms"] = 3.0
+    t["calib_after_ms"] = 3.0
+    slow = t.index[(t.build == "vanilla") & (t["mode"] == "plain") & (t.rep == 2)]
+    t.loc[slow, "calib_after_ms"] = 5.0  # the vCPU rule leaves this execution out
+    ch = stats.compare_chain_metric(t, n_resamples=999)
+    assert list(ch.metric) == ["cpu_kept_ms"] and bool(ch.paired.iloc[0])
+    s = stats.summarize_metric(t, n_resamples=999).set_index(["build", "mode"])
+    assert ch.overhead_a_pct.iloc[0] == pytest.approx(
+        s.loc[("vanilla", "analyze_notiming"), "overhead_pct"])
+    assert list(stats.compare_chain_metric(t, metric="cpu_ms", n_resamples=999).metric) == \
+        ["cpu_ms"]
+
+
 def test_compare_chain_rows():
     t = make_timings({"vanilla": {"analyze_notiming": 30.0}, "step1": {"analyze_notiming": 20.0},
                       "step2": {"analyze_notiming": 10.0}}, reps=8)

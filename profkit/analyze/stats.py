@@ -1012,6 +1012,20 @@ def metric_frame(timings: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, str]
     return timings.assign(server_ms=timings[metric].astype("float64")), "server_ms"
 
 
+def compare_chain_metric(timings: pd.DataFrame, builds: Sequence[str] | None = None,
+                         mode: str = "analyze_notiming", metric: str | None = None,
+                         **kwargs: Any) -> pd.DataFrame:
+    """:func:`compare_chain` on any of :data:`METRICS` (default: :func:`default_metric`),
+    the ``metric`` column saying which: the report's and the notebooks' step table.
+    ``cpu_kept_ms`` pairs each build's plain and mode on the repetitions kept, as
+    :func:`summarize_metric` does, so both give a build the same overhead."""
+    metric = metric or default_metric(timings)
+    frame, col = metric_frame(timings, metric)
+    if metric == "cpu_kept_ms":
+        kwargs.setdefault("pair", "common")
+    return compare_chain(frame, builds, mode, col, **kwargs).assign(metric=metric)  # type: ignore[arg-type]
+
+
 def summarize_metric(timings: pd.DataFrame, metric: str | None = None,
                      **kwargs: Any) -> pd.DataFrame:
     """:func:`profkit.analyze.stats.summarize` on any of :data:`METRICS` (default: see

@@ -78,9 +78,8 @@ from profkit.analyze.stats import (
     pg_major,
     attach_instructions,
     attach_reference,
-    compare_chain,
+    compare_chain_metric,
     default_metric,
-    metric_frame,
     summarize_metric,
 )
 from profkit.collect.artifacts import server_settings
@@ -1063,15 +1062,13 @@ def write_report(run: BenchResult | str | os.PathLike[str], *, metric: str | Non
     comps = None
     builds = timings["build"].unique().tolist()
     if len(builds) >= 2 and not timings.empty:
-        frame, col = metric_frame(timings, metric)
         parts = []
         for mode in ("analyze_notiming", "analyze_timing"):
             if mode in set(timings["mode"]):
                 with contextlib.suppress(ComparisonError):
-                    parts.append(compare_chain(  # type: ignore[arg-type]
-                        frame, mode=mode, metric=col, center=center,
-                        pair="common" if metric == "cpu_kept_ms" else "auto"))
-        comps = pd.concat(parts, ignore_index=True).assign(metric=metric) if parts else None
+                    parts.append(compare_chain_metric(timings, mode=mode, metric=metric,
+                                                      center=center))
+        comps = pd.concat(parts, ignore_index=True) if parts else None
     rprov = report_provenance({**prov, "report_metric": metric})
     try:
         write_summary_csv(s, d / SUMMARY_CSV)

@@ -321,9 +321,11 @@ class Comparison:
 
     @classmethod
     def chain(cls, timings: pd.DataFrame, builds: Sequence[str] | None = None,
-              mode: str = "analyze_notiming", **kwargs: Any) -> Comparison:
-
-        return cls(stats.compare_chain(timings, builds, mode, **kwargs), mode)
+              mode: str = "analyze_notiming", metric: str | None = None,
+              **kwargs: Any) -> Comparison:
+        """The report's step table (:func:`profkit.analyze.stats.compare_chain_metric`):
+        by *metric*, default the run's own (``cpu_kept_ms`` when it calibrated)."""
+        return cls(stats.compare_chain_metric(timings, builds, mode, metric, **kwargs), mode)
 
     def __len__(self) -> int:
         return len(self.table)
