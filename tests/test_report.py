@@ -206,9 +206,19 @@ def test_too_few_repetitions_are_said_not_judged():
     # some cells short: they are named
     s2 = s.copy()
     s2.loc[s2.build == "vanilla", "n"] = 8
+    s2.loc[(s2.build == "vanilla") & (s2["mode"] != "plain"), "ci_method"] = "BCa"
     assert bench_report.few_reps_note(s2).startswith(
         f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind step1 plain (3), step1 "
         "analyze_notiming (3): ")
+    # 5 executions each, but the overhead's interval came from 3 plain/mode pairs (the
+    # vCPU rule left the others' partners out): named by its pairs
+    t5 = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=5)
+    t5 = t5.drop(index=t5.index[(t5["mode"] == "plain") & (t5.rep == 0)])
+    t5 = t5.drop(index=t5.index[(t5["mode"] == "analyze_notiming") & (t5.rep == 1)])
+    s5 = stats.summarize(t5, pair="common", n_resamples=999)
+    assert list(s5.n) == [4, 4]
+    assert bench_report.few_reps_note(s5).startswith(
+        f"fewer than {stats.MIN_VERDICT_REPS} repetitions behind vanilla analyze_notiming (3): ")
     lines = bench_report.ordering_check(s, comps, builds=["vanilla", "step1"])
     assert any("vanilla→step1 too few repetitions to tell" in ln for ln in lines), lines
     # enough repetitions: no note, and a verdict

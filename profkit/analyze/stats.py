@@ -446,7 +446,9 @@ def summarize(
                     overhead_median_pct=float(_pct(np.median(o), np.median(b))),
                     overhead_mean_pct=float(_pct(np.mean(o), np.mean(b))),
                     overhead_q25_pct=float(_pct(np.quantile(o, 0.25), np.quantile(b, 0.25))),
-                    paired=ci.paired, ci_method=ci.method,
+                    paired=ci.paired,
+                    ci_method=ci.method if ci.method == "none" else too_few_reps(
+                        ci.method, min(len(b), len(o))),
                 )
             rows.append(row)
     out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))

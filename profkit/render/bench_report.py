@@ -976,20 +976,29 @@ def extra_reps_note(provenance: Mapping[str, Any]) -> str:
     return text
 
 
+def _reps_behind(r: Any) -> int:
+    """The repetitions behind a summary row's interval: the pairs its overhead used when
+    fewer than a verdict needs (``ci_method`` says so), else its executions kept."""
+    m = re.search(r"\((\d+) repetitions: too few", str(getattr(r, "ci_method", "") or ""))
+    return int(m.group(1)) if m else int(r.n)
+
+
 def few_reps_note(summary: pd.DataFrame) -> str:
-    """A line naming the (build, mode) cells that kept fewer repetitions than a verdict
-    needs (:data:`~profkit.analyze.stats.MIN_VERDICT_REPS`; none kept: their own note)."""
+    """A line naming the (build, mode) cells with fewer repetitions behind them than a
+    verdict needs (:data:`~profkit.analyze.stats.MIN_VERDICT_REPS`: executions kept, or
+    the plain/mode pairs of its overhead; none kept: their own note)."""
     if summary.empty or "n" not in summary.columns:
         return ""
-    short = [r for r in summary.itertuples() if 0 < int(r.n) < MIN_VERDICT_REPS]
+    short = [(r, _reps_behind(r)) for r in summary.itertuples()
+             if 0 < _reps_behind(r) < MIN_VERDICT_REPS]
     if not short:
         return ""
     if len(short) == len(summary):
-        ns = sorted({int(r.n) for r in short})
+        ns = sorted({k for _r, k in short})
         cells = (f"every (build, mode) ({ns[0]}" + (f"-{ns[-1]}" if len(ns) > 1 else "")
                  + " each)")
     else:
-        cells = ", ".join(f"{r.build} {r.mode} ({int(r.n)})" for r in short)
+        cells = ", ".join(f"{r.build} {r.mode} ({k})" for r, k in short)
     return (f"fewer than {MIN_VERDICT_REPS} repetitions behind {cells}: their intervals "
             "cover well under 95 %, and no step-to-step verdict rests on them (more --reps)")
 
