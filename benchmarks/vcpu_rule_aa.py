@@ -96,8 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     if not dirs:
         ap.error(f"no complete bench runs under {args.runs}")
     res = [evaluate(d, args.window, seed=11) for d in dirs]
+    slow: list[float] = []
+    for d in dirs:  # what the run-wide rule saw: its slow calibrations, x the reference
+        t = bench.load_timings(d)
+        _adj, speed = vcpu_adjust(t)
+        c = np.concatenate([t["calib_before_ms"].to_numpy(float), t["calib_after_ms"].to_numpy(float)])
+        slow += list(c[c > speed.threshold_ms] / speed.reference_ms)
     print(f"{len(dirs)} A/A runs under {args.runs}; local window ±{args.window} calibrations; "
           "plain Query-1, cpu_ms, median of per-repetition ratios, 95 % intervals")
+    if slow:
+        q = np.percentile(slow, [0, 25, 50, 75, 100])
+        print(f"the run-wide rule's slow calibrations: {len(slow)}, at "
+              + " / ".join(f"{x:.3f}" for x in q)
+              + " x their run's median (min / quartile / median / quartile / max)")
     print("\nrule | runs | median |estimate| (points) | median width (points) | "
           "excludes 0 [Wilson 95 %] | executions left out")
     for rule in RULES:
