@@ -250,9 +250,31 @@ CORPUS: tuple[CorpusQuery, ...] = (
 )
 
 
+#: The tables SETUP's VACUUM must leave all-visible (cpart's rows live in its partitions).
+VACUUMED = ("ca", "cb", "csmall", "cbig", "cpart1", "cpart2", "cbm")
+
+
 def load(conn: psycopg.Connection) -> None:
-    for stmt in SETUP:
-        conn.execute(stmt)
+    # Commits wait for their WAL here. profkit's clusters commit asynchronously
+    # (synchronous_commit off), and a tuple whose inserting commit is not yet flushed gets
+    # no hint bit, so VACUUM cannot mark its page all-visible: when the WAL writer ran
+    # late (a loaded machine), index-only scans fetched the heap and every buffer count of
+    # the corpus changed (seen in `make test`: 16,850 shared hits against 74;
+    # tests/test_same_answers.py stops the WAL writer to check it).
+    conn.execute("SET synchronous_commit = on")
+    try:
+        for stmt in SETUP:
+            conn.execute(stmt)
+    finally:
+        conn.execute("RESET synchronous_commit")
+    short = conn.execute(
+        "SELECT relname, relallvisible, relpages FROM pg_class WHERE relname = ANY(%s) "
+        "AND relallvisible < relpages ORDER BY relname", [list(VACUUMED)]).fetchall()
+    if short:
+        raise RuntimeError("the corpus's VACUUM left pages not all-visible ("
+                           + ", ".join(f"{r} {v} of {p}" for r, v, p in short)
+                           + "): an open transaction in this cluster? Index-only scans "
+                           "would read the heap and the buffer counts would not compare")
     host, port, db = conn.execute(
         "SELECT split_part(current_setting('unix_socket_directories'), ',', 1), "
         "current_setting('port'), current_database()").fetchone()
