@@ -659,7 +659,7 @@ def test_parallel_query(nested_loop_conn, tmp_path) -> None:
     conn = nested_loop_conn
     for k, v in (("parallel_setup_cost", "0"), ("parallel_tuple_cost", "0"),
                  ("min_parallel_table_scan_size", "0"), ("max_parallel_workers_per_gather", "2"),
-                 ("enable_material", "off")):
+                 ("enable_material", "off"), ("parallel_leader_participation", "off")):
         conn.execute(f"SET {k} = {v}")
     res = nodetime_on_conn(conn, "SELECT count(*) FROM test1 a, test2 b WHERE a.data = b.data",
                            min_samples=300, max_seconds=20, out=tmp_path / "par")
@@ -667,15 +667,21 @@ def test_parallel_query(nested_loop_conn, tmp_path) -> None:
     types = df["node_type"].tolist()
     assert "Gather" in types or "Gather Merge" in types, types
     assert res.facts["parallel"] and res.facts["worker_pids"], res.facts
-    assert res.facts["worker_samples"] > 0
+    # the leader only gathers (parallel_leader_participation off): the workers scan and
+    # join, so most executor samples are theirs (80-87 % in 12 runs here). With the leader
+    # participating, a worker spent most of its life starting at this scale and 2-14 of
+    # ~320 samples were the workers': once, none (a make test run failed on > 0).
+    assert res.facts["worker_samples"] > 0.5 * res.executor_samples, res.facts
     g = types.index("Gather") if "Gather" in types else types.index("Gather Merge")
     print(f"parallel: workers {res.facts['worker_pids']}, worker samples "
           f"{res.facts['worker_samples']:.0f} of {res.executor_samples:.0f}; "
           + ", ".join(f"{r.node_id} {r.node_type} {r.exclusive_share:.3f}"
                       for r in df.itertuples()))
     assert abs(df["exclusive_share"].sum() - 1.0) < 1e-9
-    # leader and workers run the nodes under the Gather: nearly all of the time
-    assert df.loc[g + 1, "inclusive_share"] > 0.8
-    # at this scale a worker spends most of its life starting: outside the plan, named
+    # the workers' nodes under the Gather hold most of the time; the leader's own CPU is
+    # the Gather's (its exclusive share 0.13-0.20 in those runs, so the node under it
+    # held 0.80-0.87 inclusive)
+    assert df.loc[g + 1, "inclusive_share"] > 0.7
+    # a worker's start-up is outside the plan, and named
     assert res.outside.get("parallel worker start-up (connecting, caches)", 0) > 0, \
         res.outside
