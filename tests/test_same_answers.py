@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -27,6 +26,8 @@ from profkit.patches import PRESETS, has_patch
 from profkit.pg import corpus
 from profkit.pg.build import get_build, split_major
 from profkit.pg.cluster import Cluster
+
+from proc_helpers import proc_text
 
 pytestmark = pytest.mark.pg
 
@@ -59,17 +60,10 @@ def _corpus_run(build, name: str):
     return rows, times
 
 
-def _walwriter(postmaster: int) -> int:
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster and b"walwriter" in cmd:
-                return int(d.name)
-    raise AssertionError(f"no walwriter among the children of {postmaster}")
+def _walwriter(cl: Cluster) -> int:
+    ww = [p for p in cl.backend_pids() if "walwriter" in proc_text(p, "cmdline")]
+    assert len(ww) == 1, ww
+    return ww[0]
 
 
 def test_the_corpus_is_all_visible_when_the_wal_writer_is_late(vanilla_build):
@@ -81,7 +75,7 @@ def test_the_corpus_is_all_visible_when_the_wal_writer_is_late(vanilla_build):
     Checked here: the load without its synchronous commits left 0 of 64 pages of ca
     all-visible (and of every other table) under this test."""
     with Cluster(vanilla_build, name="test-corpus-late-wal") as cl, cl.connect() as conn:
-        ww = _walwriter(cl.pid)
+        ww = _walwriter(cl)
         os.kill(ww, signal.SIGSTOP)
         try:
             corpus.load(conn)

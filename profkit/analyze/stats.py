@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
@@ -206,12 +207,21 @@ MIN_HIER_BACKENDS = 4
 MIN_VERDICT_REPS = 4
 
 
+_TOO_FEW_REPS = re.compile(r"\((\d+) repetitions: too few")
+
+
 def too_few_reps(method: str, n: int) -> str:
     """*method* marked "too few" when its interval came from *n* < :data:`MIN_VERDICT_REPS`
-    repetitions (nothing is marked twice)."""
-    if n >= MIN_VERDICT_REPS or "too few" in method:
+    repetitions (nothing is marked twice; ``"none"``, no interval, is left alone)."""
+    if n >= MIN_VERDICT_REPS or method == "none" or "too few" in method:
         return method
     return f"{method} ({n} repetitions: too few, interval too narrow)"
+
+
+def too_few_count(method: object) -> int | None:
+    """The repetitions :func:`too_few_reps` marked in a ``ci_method`` (None: not marked)."""
+    m = _TOO_FEW_REPS.search(str(method or ""))
+    return int(m.group(1)) if m else None
 
 
 def hierarchical_bootstrap(
@@ -447,8 +457,7 @@ def summarize(
                     overhead_mean_pct=float(_pct(np.mean(o), np.mean(b))),
                     overhead_q25_pct=float(_pct(np.quantile(o, 0.25), np.quantile(b, 0.25))),
                     paired=ci.paired,
-                    ci_method=ci.method if ci.method == "none" else too_few_reps(
-                        ci.method, min(len(b), len(o))),
+                    ci_method=too_few_reps(ci.method, min(len(b), len(o))),
                 )
             rows.append(row)
     out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
@@ -627,7 +636,7 @@ def compare_builds(
             smallest = min(len(pa), len(va), len(pb), len(vb))
         diff = ov_b - ov_a
         lo, hi = ci.low, ci.high
-        method = too_few_reps(ci.method, smallest) if ci.method != "none" else ci.method
+        method = too_few_reps(ci.method, smallest)
 
     return BuildComparison(
         a=a, b=b, mode=mode, metric=metric, n_a=len(va), n_b=len(vb),

@@ -343,9 +343,9 @@ class Comparison:
                 "#b00" if differs else "#555")
             verdict = ("lower" if r["overhead_diff_pct"] < 0 else "higher") if differs else \
                 "no difference beyond noise"
-            if differs_text(r).startswith("too few"):
-                colour, verdict = "#555", differs_text(r).replace(
-                    "too few", "too few repetitions to tell")
+            text = differs_text(r)
+            if text.startswith("too few"):
+                colour, verdict = "#555", text.replace("too few", "too few repetitions to tell")
             rows.append(
                 f"<tr><td>{html.escape(str(r['a']))} → {html.escape(str(r['b']))}</td>"
                 f"<td>{r['median_a_ms']:.3f} → {r['median_b_ms']:.3f}</td>"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +37,7 @@ from profkit.analyze.stats import (
     build_order,
     reference_comparisons,
     simultaneous_level,
+    too_few_count,
 )
 from profkit.errors import ProfkitError
 from profkit.pg.workloads import SEED_QUERY_NAMES
@@ -915,16 +915,16 @@ def ordering_check(summary: pd.DataFrame, comparisons: pd.DataFrame | None = Non
 
 
 def _too_few_reps(r: Any) -> bool:
-    return "repetitions: too few" in str(getattr(r, "ci_method", "") or "")
+    return too_few_count(getattr(r, "ci_method", None)) is not None
 
 
 def differs_text(r: Any) -> str:
     """The "differs?" cell of a :func:`profkit.analyze.stats.compare_chain` row: yes, no,
     or "too few (n = N)" when its interval came from fewer repetitions than a verdict
     needs (:data:`profkit.analyze.stats.MIN_VERDICT_REPS`)."""
-    if _too_few_reps(r):
-        m = re.search(r"\((\d+) repetitions: too few", str(r.ci_method))
-        return f"too few (n = {m.group(1)})" if m else "too few"
+    n = too_few_count(getattr(r, "ci_method", None))
+    if n is not None:
+        return f"too few (n = {n})"
     return "yes" if r.overhead_differs else "no"
 
 
@@ -979,8 +979,8 @@ def extra_reps_note(provenance: Mapping[str, Any]) -> str:
 def _reps_behind(r: Any) -> int:
     """The repetitions behind a summary row's interval: the pairs its overhead used when
     fewer than a verdict needs (``ci_method`` says so), else its executions kept."""
-    m = re.search(r"\((\d+) repetitions: too few", str(getattr(r, "ci_method", "") or ""))
-    return int(m.group(1)) if m else int(r.n)
+    n = too_few_count(getattr(r, "ci_method", None))
+    return n if n is not None else int(r.n)
 
 
 def few_reps_note(summary: pd.DataFrame) -> str:
