@@ -1,0 +1,146 @@
+"""What sampled_timing's subtraction leaves in a parent's time, and how the test reads it.
+
+tests/test_sampled_timing.py::test_childrens_bookkeeping_is_not_in_the_parents_time
+runs the probe of tests/c/sampled_timing_probe.c in rounds: a parent timed exactly over
+1,000 calls of a child that counts rows only ('rows'), is sampled and never timed
+('untimed'), or is sampled and timed on every call ('timed').  What the estimator leaves
+of the sampler's cost per child call is the parent's time per child call minus the
+rows-only run's.
+
+This VM runs in two speeds, and switches between them within milliseconds: the
+rows-only run reads ~8.9 ns per child call in one and ~13.5 in the other, and a
+calibration taken in the slow one (~6-7 ns per sampled call against ~3) is subtracted
+for the next 10 ms whatever the speed.  A difference of two medians, each over the
+rounds of one mode, then compares a slow median with a fast one whenever the rounds of
+the two modes fall on different sides of a switch.  This script runs the test's probe
+in N fresh backends and prints, against the test's own bounds, how often the residual
+leaves them when read
+
+- as the difference of the modes' medians over 9 rounds (the test until December 2026),
+- as the median of the rounds' own differences (each round runs its three modes within
+  a few ms), over 9 rounds and over ``--rounds`` rounds.
+
+Usage::
+
+    .venv/bin/python benchmarks/sampled_timing_residual.py --backends 80 --batches 6
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import sampled_timing_calibration as stc  # noqa: E402
+
+from profkit.pg.build import get_build  # noqa: E402
+from profkit.pg.cluster import Cluster  # noqa: E402
+
+MODES = ("rows", "untimed", "timed")
+ROUNDS = 27     # the test's rounds: ~8 calibrations (each kept 10 ms) behind its median
+CALLS, INNER, WORK = 41, 1000, 1
+
+
+def run_rounds(conn, rounds: int = ROUNDS) -> list[dict[str, float]]:
+    """*rounds* rounds of the three modes, back to back on *conn*: per round and mode the
+    median of CALLS parent calls, in ns per child call."""
+    out = []
+    for _ in range(rounds):
+        out.append({m: statistics.median(conn.execute(
+            "SELECT sampled_timing_probe(%s, %s, %s, %s)", (m, CALLS, INNER, WORK))
+            .fetchone()[0]) / INNER for m in MODES})
+    return out
+
+
+def residual(rounds: list[dict[str, float]], mode: str, paired: bool = True) -> float:
+    """What is left per child call in *mode* against the rows-only child: the median of
+    the rounds' own differences (*paired*), or the difference of the two medians."""
+    if paired:
+        return statistics.median(r[mode] - r["rows"] for r in rounds)
+    return (statistics.median(r[mode] for r in rounds)
+            - statistics.median(r["rows"] for r in rounds))
+
+
+def costs(calibrations: list[dict[str, float]]) -> dict[str, float]:
+    """The median of each calibrated cost over the calibrations a run logged."""
+    return {k: statistics.median(c[k] for c in calibrations) for k in ("call", "read", "timed")}
+
+
+def untimed_bound(c: dict[str, float]) -> float:
+    """Half a sampled call's calibrated cost (what an untimed call put in its parent's
+    time before the subtraction), at least 1.5 ns."""
+    return max(1.5, 0.5 * c["call"])
+
+
+def timed_bound(c: dict[str, float]) -> float:
+    """A quarter of what a timed call put in its parent before the subtraction (a
+    sampled call, two clock reads, the timed call's extra), at least 3 ns."""
+    return max(3.0, 0.25 * (c["call"] + 2 * c["read"] + c["timed"]))
+
+
+def one_backend(cl, rounds: int) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    with cl.connect() as conn:
+        seen: list[str] = []
+        conn.add_notice_handler(lambda d: seen.append(d.message_primary))
+        conn.execute("SELECT sampled_timing_probe('leaf', 1, 0, 0)")
+        conn.execute("SET client_min_messages = debug1")
+        data = run_rounds(conn, rounds)
+    cal = [c for c in map(stc.parse_calibration, seen) if c]
+    if not cal:
+        raise RuntimeError(f"no calibration logged in {seen!r}: is this sampled_timing?")
+    return data, cal
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="sampled_timing")
+    ap.add_argument("--backends", type=int, default=80, help="fresh backends per batch")
+    ap.add_argument("--batches", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    a = ap.parse_args(argv)
+    build = get_build(a.build)
+    so = stc.compile_probe(build)
+    reads = {("unpaired", 9): "difference of medians, 9 rounds",
+             ("paired", 9): "median of differences, 9 rounds",
+             ("paired", a.rounds): f"median of differences, {a.rounds} rounds"}
+    print(f"## {a.build} ({build.key}): {a.batches} batches of {a.backends} fresh backends")
+    total = {k: [0, 0] for k in reads}
+    try:
+        with Cluster(build, name="bench-sampled-residual") as cl:
+            with cl.connect() as conn:
+                stc.create_probe(conn, so)
+            for b in range(a.batches):
+                runs = [one_backend(cl, max(a.rounds, 9)) for _ in range(a.backends)]
+                line = []
+                for (how, k), label in reads.items():
+                    fails = {"untimed": 0, "timed": 0}
+                    vals = []
+                    for rounds, cal in runs:
+                        c = costs(cal)
+                        u = residual(rounds[:k], "untimed", how == "paired")
+                        t = residual(rounds[:k], "timed", how == "paired")
+                        vals.append(u)
+                        fails["untimed"] += abs(u) >= untimed_bound(c)
+                        fails["timed"] += abs(t) >= timed_bound(c)
+                    total[(how, k)][0] += fails["untimed"]
+                    total[(how, k)][1] += fails["timed"]
+                    line.append(f"{label}: untimed out {fails['untimed']} "
+                                f"[{min(vals):+.2f}, {max(vals):+.2f}], timed out {fails['timed']}")
+                print(f"batch {b + 1}: " + " | ".join(line), flush=True)
+    finally:
+        shutil.rmtree(so.parent, ignore_errors=True)
+    n = a.batches * a.backends
+    print(f"\nbackends whose residual leaves the test's bound, of {n}:")
+    for key, label in reads.items():
+        u, t = total[key]
+        print(f"  {label:<34} untimed {u:4d} ({100 * u / n:.1f} %)   timed {t:4d}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
