@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 
 import numpy as np
 import pandas as pd
@@ -227,3 +228,64 @@ def test_too_few_repetitions_are_said_not_judged():
     s8 = stats.summarize(t8, n_resamples=999)
     assert bench_report.few_reps_note(s8) == ""
     assert bench_report.differs_text(stats.compare_chain(t8, n_resamples=999).iloc[0]) == "yes"
+
+
+def test_intervals_from_too_few_repetitions_are_not_printed():
+    """Three repetitions: an interval of the seed table, the against-vanilla table, the
+    every-build table, the step table and the chart would cover far less than 95 % (see
+    test_too_few_repetitions_are_said_not_judged): the tables print the value and
+    "too few, n = 3" instead of brackets, the chart draws no whisker and labels the bar,
+    and summary.csv (which has no ci_method) says so in each row's note.  With 8
+    repetitions the brackets, the whiskers and an empty note are back."""
+    from matplotlib.container import ErrorbarContainer
+
+    builds = {b: {"preset": b, "version": "18.1"} for b in ("vanilla", "step1")}
+
+    def report(reps: int):
+        t = make_timings({"vanilla": {"analyze_notiming": 30.0},
+                          "step1": {"analyze_notiming": 10.0}}, reps=reps)
+        s = stats.attach_reference(stats.summarize(t, n_resamples=999), t, builds, None,
+                                   "server_ms", n_resamples=999)
+        comps = stats.compare_chain(t, n_resamples=999)
+        return s, bench_report.render_markdown(s, PROV, comparisons=comps), comps
+
+    s, md, comps = report(3)
+    q2 = s[(s.build == "step1") & (s["mode"] == "analyze_notiming")].iloc[0]
+    assert stats.too_few_count(q2.ci_method) == 3 and stats.too_few_count(q2.vs_ref_ci_method) == 3
+    lines = md.splitlines()
+    seed_row = next(ln for ln in lines if ln.startswith("| step1 (Step 1)"))
+    assert f"| {q2.overhead_pct:.2f} (too few, n = 3) |" in seed_row, seed_row
+    assert "[" not in seed_row, seed_row
+    ref_row = next(ln for ln in lines if ln.startswith("| step1 | 18.1 | vanilla"))
+    assert f"| {q2.vs_ref_pct:.2f} (too few, n = 3) |" in ref_row and "[" not in ref_row, ref_row
+    every = next(ln for ln in lines if ln.startswith("| step1 | analyze_notiming | 3 "))
+    assert "| too few (n = 3) |" in every and "[" not in every, every
+    step = next(ln for ln in lines if ln.startswith("| vanilla → step1"))
+    assert "(too few, n = 3) | too few (n = 3) |" in step, step
+    console = bench_report.comparisons_table(comps)
+    assert "(too few, n = 3)" in list(console.columns[2].cells)[0]
+    fig = bench_report.plot_overheads(s, None)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.texts]
+    assert f"{q2.overhead_pct:.1f}\nn = 3: no CI" in labels, labels
+    bars = next(c for c in ax.containers if isinstance(c, ErrorbarContainer))
+    segs = bars.lines[2][0].get_segments()
+    assert all(abs(seg[1][1] - seg[0][1]) < 1e-9 for seg in segs), segs  # no whisker
+    notes = pd.read_csv(io.StringIO(bench_report.summary_csv(s)), keep_default_na=False)["note"]
+    q2_note = notes[(s.build == "step1").to_numpy() & (s["mode"] == "analyze_notiming").to_numpy()]
+    assert q2_note.iloc[0] == (
+        f"overhead interval from 3 repetitions (fewer than {stats.MIN_VERDICT_REPS}: covers "
+        f"well under its level); vs_ref interval from 3 repetitions (fewer than "
+        f"{stats.MIN_VERDICT_REPS}: covers well under its level)"), q2_note.iloc[0]
+
+    s8, md8, _ = report(8)
+    q2 = s8[(s8.build == "step1") & (s8["mode"] == "analyze_notiming")].iloc[0]
+    seed_row = next(ln for ln in md8.splitlines() if ln.startswith("| step1 (Step 1)"))
+    assert (f"| {q2.overhead_pct:.2f} [{q2.ci_low_pct:.2f}, {q2.ci_high_pct:.2f}] |"
+            in seed_row), seed_row
+    assert "(too few, n =" not in md8 and "too few (n =" not in md8
+    ax = bench_report.plot_overheads(s8, None).axes[0]
+    bars = next(c for c in ax.containers if isinstance(c, ErrorbarContainer))
+    assert any(abs(seg[1][1] - seg[0][1]) > 0.1 for seg in bars.lines[2][0].get_segments())
+    notes8 = pd.read_csv(io.StringIO(bench_report.summary_csv(s8)), keep_default_na=False)["note"]
+    assert (notes8 == "").all(), notes8

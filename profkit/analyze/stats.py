@@ -718,6 +718,8 @@ def summary_table(summary: pd.DataFrame,
             f"summary lacks columns {missing}: pass the output of profkit.analyze.stats.summarize"
         )
     out = summary.loc[:, list(SUMMARY_CSV_COLUMNS)].copy()
+    out["note"] = [_with_few_reps(n, r) for n, (_i, r) in zip(out["note"], summary.iterrows(),
+                                                              strict=True)]
     # Rounded so that the file is readable and diffs between runs are meaningful;
     # the DataFrame keeps full precision.
     for c, nd in (("median_ms", 4), ("mean_ms", 4), ("variance", 6), ("overhead_pct", 3),
@@ -728,6 +730,27 @@ def summary_table(summary: pd.DataFrame,
                   ("vs_ref_between_share_pct", 1)):
         out[c] = out[c].astype("float64").round(nd)
     return out
+
+
+def few_reps_text(method: object) -> str | None:
+    """How a table shows an interval :func:`too_few_reps` marked: "too few (n = N)";
+    None for an interval that is not marked."""
+    n = too_few_count(method)
+    return None if n is None else f"too few (n = {n})"
+
+
+def _with_few_reps(note: object, row: pd.Series) -> str:
+    """summary.csv's ``note`` of *row*, plus which of its intervals rest on fewer than
+    :data:`MIN_VERDICT_REPS` repetitions (the file has no ``ci_method``: a reader of its
+    ``ci_low_pct``/``vs_ref_ci_low_pct`` learns it here)."""
+    text = "" if note is None or (isinstance(note, float) and math.isnan(note)) else str(note)
+    bits = [text] if text else []
+    for what, col in (("overhead", "ci_method"), ("vs_ref", "vs_ref_ci_method")):
+        n = too_few_count(row.get(col))
+        if n is not None:
+            bits.append(f"{what} interval from {n} repetitions (fewer than "
+                        f"{MIN_VERDICT_REPS}: covers well under its level)")
+    return "; ".join(bits)
 
 
 # --------------------------------------------------------------------------- against vanilla
@@ -822,6 +845,7 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
         kwargs.setdefault("pair", "common")
     plain_rows = out[out["mode"] == BASELINE_MODE].set_index("build")
     out["vs_ref_between_share_pct"] = math.nan
+    out["vs_ref_ci_method"] = pd.Series(["none"] * len(out), index=out.index, dtype="object")
     for c in _REFERENCE_COLUMNS:
         if c in ("q25_ms", "metric") and c in out.columns:
             continue  # from summarize
@@ -865,6 +889,7 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
         out.at[i, "vs_ref_ci_low_pct"] = r["ci_low_pct"]
         out.at[i, "vs_ref_ci_high_pct"] = r["ci_high_pct"]
         out.at[i, "vs_ref_between_share_pct"] = r["between_share_pct"]
+        out.at[i, "vs_ref_ci_method"] = r["ci_method"]
     return out
 
 

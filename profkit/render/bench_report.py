@@ -37,6 +37,7 @@ from profkit.analyze.stats import (
     build_order,
     reference_comparisons,
     simultaneous_level,
+    few_reps_text,
     too_few_count,
 )
 from profkit.errors import ProfkitError
@@ -80,10 +81,17 @@ def _isnum(x: object) -> bool:
         return False
 
 
-def _fmt_pct(v: object, ci: tuple[object, object] | None = None, digits: int = 2) -> str:
+def _fmt_pct(v: object, ci: tuple[object, object] | None = None, digits: int = 2,
+             method: object = None) -> str:
+    """*v* with its interval *ci* in brackets; when *method* (a ``ci_method``) says the
+    interval came from fewer repetitions than a verdict needs, the value and
+    "(too few, n = N)" instead: such an interval covers far less than its level."""
     if not _isnum(v):
         return "–"
     s = f"{float(v):.{digits}f}"  # type: ignore[arg-type]
+    few = too_few_count(method)
+    if ci is not None and few is not None:
+        return f"{s} (too few, n = {few})"
     if ci is not None and _isnum(ci[0]) and _isnum(ci[1]):
         s += f" [{float(ci[0]):.{digits}f}, {float(ci[1]):.{digits}f}]"  # type: ignore[arg-type]
     return s
@@ -109,7 +117,9 @@ def seed_table(summary: pd.DataFrame, seed: ModuleType = _seed) -> pd.DataFrame:
 
     Columns: build, seed_name, n, plain_median_ms, q2_overhead_pct, q2_ci_low, q2_ci_high,
     seed_q2_overhead_pct, q3_overhead_pct, q3_ci_low, q3_ci_high, seed_q3_overhead_pct,
-    q2_instr_overhead_pct, q3_instr_overhead_pct, plain_instr.
+    q2_instr_overhead_pct, q3_instr_overhead_pct, plain_instr, q2_ci_method, q3_ci_method
+    (how each interval was drawn; "too few" when fewer repetitions than a verdict needs
+    stand behind it, see :func:`profkit.analyze.stats.too_few_reps`).
     """
     s = _check(summary)
     rows = []
@@ -132,6 +142,8 @@ def seed_table(summary: pd.DataFrame, seed: ModuleType = _seed) -> pd.DataFrame:
             "q2_instr_overhead_pct": g(q2, "instr_overhead_pct"),
             "q3_instr_overhead_pct": g(q3, "instr_overhead_pct"),
             "plain_instr": g(plain, "instr"),
+            "q2_ci_method": q2.get("ci_method") if q2 is not None else None,
+            "q3_ci_method": q3.get("ci_method") if q3 is not None else None,
         })
     return pd.DataFrame(rows)
 
@@ -144,7 +156,8 @@ def reference_table(summary: pd.DataFrame) -> pd.DataFrame:
     cols = ["build", "pg_version", "ref_build", "plain_vs_ref_pct", "plain_vs_ref_ci_low",
             "plain_vs_ref_ci_high", "plain_vs_ref_instr_pct", "q2_vs_ref_pct", "q2_vs_ref_ci_low",
             "q2_vs_ref_ci_high", "q2_vs_ref_instr_pct", "q3_vs_ref_pct", "q3_vs_ref_ci_low",
-            "q3_vs_ref_ci_high", "q3_vs_ref_instr_pct"]
+            "q3_vs_ref_ci_high", "q3_vs_ref_instr_pct", "plain_vs_ref_ci_method",
+            "q2_vs_ref_ci_method", "q3_vs_ref_ci_method"]
     if "ref_build" not in summary.columns or summary["ref_build"].isna().all():
         return pd.DataFrame(columns=cols)
     rows = []
@@ -159,6 +172,7 @@ def reference_table(summary: pd.DataFrame) -> pd.DataFrame:
             row[f"{tag}_vs_ref_ci_low"] = r.get("vs_ref_ci_low_pct")
             row[f"{tag}_vs_ref_ci_high"] = r.get("vs_ref_ci_high_pct")
             row[f"{tag}_vs_ref_instr_pct"] = r.get("vs_ref_instr_pct")
+            row[f"{tag}_vs_ref_ci_method"] = r.get("vs_ref_ci_method")
         rows.append(row)
     return pd.DataFrame(rows, columns=cols)
 
@@ -237,7 +251,7 @@ def _reference_cells(r: Any) -> list[str]:
              str(r.ref_build) if _present(r.ref_build) else "–"]
     for tag in ("plain", "q2", "q3"):
         g = lambda k, tag=tag: getattr(r, f"{tag}_vs_ref_{k}")  # noqa: E731
-        cells += [_fmt_pct(g("pct"), (g("ci_low"), g("ci_high"))),
+        cells += [_fmt_pct(g("pct"), (g("ci_low"), g("ci_high")), method=g("ci_method")),
                   _fmt_pct(g("instr_pct"), digits=3)]
     return cells
 
@@ -403,9 +417,9 @@ def render_markdown(
         rows.append([
             f"{r.build}" + (f" ({r.seed_name})" if r.seed_name else ""), str(r.n),
             _fmt_ms(r.plain_median_ms),
-            _fmt_pct(r.q2_overhead_pct, (r.q2_ci_low, r.q2_ci_high)),
+            _fmt_pct(r.q2_overhead_pct, (r.q2_ci_low, r.q2_ci_high), method=r.q2_ci_method),
             _fmt_pct(r.seed_q2_overhead_pct),
-            _fmt_pct(r.q3_overhead_pct, (r.q3_ci_low, r.q3_ci_high)),
+            _fmt_pct(r.q3_overhead_pct, (r.q3_ci_low, r.q3_ci_high), method=r.q3_ci_method),
             _fmt_pct(r.q2_instr_overhead_pct), _fmt_pct(r.q3_instr_overhead_pct),
         ])
     out += [_md_table(header, rows), ""]
@@ -428,7 +442,8 @@ def render_markdown(
                "95% CI", "mean-based overhead %", "paired", "instructions", "instr. overhead %"]
     rows2 = []
     for r in s.itertuples():
-        ci = (f"[{r.ci_low_pct:.2f}, {r.ci_high_pct:.2f}]"
+        few = few_reps_text(getattr(r, "ci_method", None))
+        ci = (few if few else f"[{r.ci_low_pct:.2f}, {r.ci_high_pct:.2f}]"
               if _isnum(r.ci_low_pct) and _isnum(r.ci_high_pct) else "–")
         rows2.append([
             r.build, r.mode, str(r.n), _fmt_ms(r.median_ms), _fmt_ms(getattr(r, "mean_ms", None)),
@@ -452,7 +467,8 @@ def render_markdown(
         for r in comparisons.itertuples():
             rows3.append([
                 f"{r.a} → {r.b}", r.mode, _fmt_pct(r.overhead_a_pct), _fmt_pct(r.overhead_b_pct),
-                _fmt_pct(r.overhead_diff_pct, (r.diff_ci_low_pct, r.diff_ci_high_pct)),
+                _fmt_pct(r.overhead_diff_pct, (r.diff_ci_low_pct, r.diff_ci_high_pct),
+                         method=r.ci_method),
                 differs_text(r),
                 f"{r.overhead_p_value:.3g}" if _isnum(r.overhead_p_value) else "–",
                 f"{r.time_p_value:.3g}" if _isnum(r.time_p_value) else "–",
@@ -477,9 +493,9 @@ def render_console(summary: pd.DataFrame, seed: ModuleType = _seed,
     for r in seed_table(s, seed).itertuples():
         t.add_row(
             r.build, str(r.n), _fmt_ms(r.plain_median_ms),
-            _fmt_pct(r.q2_overhead_pct, (r.q2_ci_low, r.q2_ci_high)),
+            _fmt_pct(r.q2_overhead_pct, (r.q2_ci_low, r.q2_ci_high), method=r.q2_ci_method),
             _fmt_pct(r.seed_q2_overhead_pct),
-            _fmt_pct(r.q3_overhead_pct, (r.q3_ci_low, r.q3_ci_high)),
+            _fmt_pct(r.q3_overhead_pct, (r.q3_ci_low, r.q3_ci_high), method=r.q3_ci_method),
             _fmt_pct(r.q2_instr_overhead_pct), _fmt_pct(r.q3_instr_overhead_pct),
         )
     return t
@@ -573,13 +589,18 @@ def plot_overheads(
         FigureCanvasAgg(fig)
         axes = fig.subplots(npanels, 1, sharex=True)
         for ax, m in zip(axes, modes, strict=False):
-            vals, lo, hi = [], [], []
+            vals, lo, hi, labels = [], [], [], []
             for b in builds:
                 r = _cell(s, b, m)
                 v = float(r["overhead_pct"]) if r is not None and _isnum(r["overhead_pct"]) \
                     else math.nan
                 vals.append(v)
-                if r is not None and _isnum(r["ci_low_pct"]) and _isnum(r["ci_high_pct"]):
+                # an interval from too few repetitions gets no whisker: its bar says n
+                few = too_few_count(r.get("ci_method")) if r is not None else None
+                labels.append(_bar_label(v) + (f"\nn = {few}: no CI" if few is not None
+                                               and _isnum(v) else ""))
+                if (r is not None and few is None and _isnum(r["ci_low_pct"])
+                        and _isnum(r["ci_high_pct"])):
                     lo.append(max(v - float(r["ci_low_pct"]), 0.0))
                     hi.append(max(float(r["ci_high_pct"]) - v, 0.0))
                 else:
@@ -588,7 +609,7 @@ def plot_overheads(
             bars = ax.bar(xs, vals, 0.6, color=colors[m], yerr=[lo, hi], capsize=4,
                           error_kw={"elinewidth": 1, "ecolor": "#333333"},
                           label="measured here (bar: " + center + ", whisker: 95 % CI)")
-            ax.bar_label(bars, labels=[_bar_label(v) for v in vals], padding=3, fontsize=8,
+            ax.bar_label(bars, labels=labels, padding=3, fontsize=8,
                          label_type="edge")
             seed_pts = [(x, seed.seed_overhead_pct(b, m)) for x, b in zip(xs, builds, strict=True)
                         if seed.seed_overhead_pct(b, m) is not None]
@@ -922,10 +943,8 @@ def differs_text(r: Any) -> str:
     """The "differs?" cell of a :func:`profkit.analyze.stats.compare_chain` row: yes, no,
     or "too few (n = N)" when its interval came from fewer repetitions than a verdict
     needs (:data:`profkit.analyze.stats.MIN_VERDICT_REPS`)."""
-    n = too_few_count(getattr(r, "ci_method", None))
-    if n is not None:
-        return f"too few (n = {n})"
-    return "yes" if r.overhead_differs else "no"
+    return few_reps_text(getattr(r, "ci_method", None)) or (
+        "yes" if r.overhead_differs else "no")
 
 
 def comparisons_table(comps: pd.DataFrame) -> Table:
@@ -935,8 +954,8 @@ def comparisons_table(comps: pd.DataFrame) -> Table:
     for c in ("a → b", "mode", "b − a [95% CI]", "differs?", "p (overheads)"):
         t.add_column(c, justify="left" if c in ("a → b", "mode") else "right")
     for r in comps.itertuples():
-        ci = (f"{r.overhead_diff_pct:.2f} [{r.diff_ci_low_pct:.2f}, {r.diff_ci_high_pct:.2f}]"
-              if not math.isnan(r.diff_ci_low_pct) else f"{r.overhead_diff_pct:.2f}")
+        ci = _fmt_pct(r.overhead_diff_pct, (r.diff_ci_low_pct, r.diff_ci_high_pct),
+                      method=getattr(r, "ci_method", None))
         p = "–" if math.isnan(r.overhead_p_value) else f"{r.overhead_p_value:.3g}"
         t.add_row(f"{r.a} → {r.b}", r.mode, ci, differs_text(r), p)
     return t
