@@ -85,13 +85,13 @@ def _fmt_pct(v: object, ci: tuple[object, object] | None = None, digits: int = 2
              method: object = None) -> str:
     """*v* with its interval *ci* in brackets; when *method* (a ``ci_method``) says the
     interval came from fewer repetitions than a verdict needs, the value and
-    "(too few, n = N)" instead: such an interval covers far less than its level."""
+    ", too few (n = N)" instead: such an interval covers far less than its level."""
     if not _isnum(v):
         return "–"
     s = f"{float(v):.{digits}f}"  # type: ignore[arg-type]
-    few = too_few_count(method)
+    few = few_reps_text(method)
     if ci is not None and few is not None:
-        return f"{s} (too few, n = {few})"
+        return f"{s}, {few}"
     if ci is not None and _isnum(ci[0]) and _isnum(ci[1]):
         s += f" [{float(ci[0]):.{digits}f}, {float(ci[1]):.{digits}f}]"  # type: ignore[arg-type]
     return s
