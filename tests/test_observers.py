@@ -13,6 +13,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from proc_helpers import children_named, perf_bpf_fds
@@ -100,6 +101,55 @@ def test_slowdown_table_on_synthetic_timings():
     g = A.guard_verdict(t).set_index("method")
     assert set(g.index) == {"bcc", "ltrace"}
     assert g.loc["bcc", "verdict"] == "ok" and g.loc["ltrace", "verdict"] == "ok"
+
+
+def _pairs(method: str, variant: str, factor: float, n: int, *, start: int = 0,
+           noise: float = 0.02) -> list[dict]:
+    """*n* (unobserved, observed) pairs; each pair's CPU time drifts (the machine's noise)
+    and the observed one is *factor* times its unobserved partner, ± *noise*."""
+    rows, rng = [], np.random.default_rng(7)
+    for i in range(n):
+        o = start + 2 * i
+        base = 8.0 * (1 + rng.uniform(-0.1, 0.1))
+        obs = base * factor * (1 + rng.uniform(-noise, noise))
+        rows.append(_row(o, "unobserved", "", base + 2, rep=i + 1, cpu=base))
+        rows.append(_row(o + 1, method, variant, obs + 2, rep=i + 1, base=o, hits=10,
+                         kind="samples", cpu=obs))
+    return rows
+
+
+def test_slowdown_interval_and_verdict():
+    """The paired slowdown on the backend's CPU (in-process observers) with its interval:
+    a 30 % cost is "slower", a cost within the pairs' noise is "no slowdown measured",
+    three pairs are too few for an interval; ltrace's basis is the wall time.  The
+    report prints the interval, or "too few (n = N)" in its place."""
+    rows = (_pairs("bcc", "clock_gettime", 1.3, 8) + _pairs("perf", "99Hz", 1.0, 8, start=100)
+            + _pairs("perf", "999Hz", 1.3, 3, start=200)
+            + _pairs("ltrace", "clock_gettime", 1.3, 6, start=300))
+    t = A.slowdown_table(tables.validate(pd.DataFrame(rows), "observer_timings"))
+    r = t.set_index(["method", "variant"])
+    bcc = r.loc[("bcc", "clock_gettime")]
+    assert bcc.basis == "cpu" and bcc.verdict == "slower", bcc
+    assert 1.0 < bcc.ci_low_x <= bcc.basis_slowdown_x <= bcc.ci_high_x < 1.4, bcc
+    assert bcc.basis_slowdown_x == pytest.approx(1.3, abs=0.03)
+    flat = r.loc[("perf", "99Hz")]
+    assert flat.verdict == "no slowdown measured" and flat.ci_low_x < 1 < flat.ci_high_x, flat
+    few = r.loc[("perf", "999Hz")]
+    assert few.verdict == "too few (n = 3)" and stats.too_few_count(few.ci_method) == 3
+    lt = r.loc[("ltrace", "clock_gettime")]
+    assert lt.basis == "wall" and lt.verdict == "slower"
+    # wall: (obs + 2) / (base + 2), less than the CPU ratio
+    assert lt.basis_slowdown_x < 1.3
+    assert A.slowdown_verdict(0.9, 0.95, "percentile") == "faster?"
+    assert r.loc[("unobserved", ""), "verdict"] == ""
+    from profkit.render.observers import slowdown_shown
+
+    shown = slowdown_shown(t).set_index(["method", "variant"])
+    assert shown.loc[("bcc", "clock_gettime"), "paired [95% CI]"] == (
+        f"cpu {bcc.basis_slowdown_x:.3f} [{bcc.ci_low_x:.3f}, {bcc.ci_high_x:.3f}]")
+    assert shown.loc[("perf", "999Hz"), "paired [95% CI]"] == (
+        f"cpu {few.basis_slowdown_x:.3f} too few (n = 3)")
+    assert shown.loc[("unobserved", ""), "paired [95% CI]"] == ""
 
 
 def test_summarize_a_run_directory_again(tmp_path):
@@ -357,12 +407,19 @@ def test_observers_real_perf_and_bcc(pg_cluster, _join_sum_loaded, tmp_path):
     fds = perf_bpf_fds()
     res = measure_observers(pg_cluster, workload="join_sum", scale=_join_sum_loaded,
                             modes=("analyze_timing",), methods=("perf-99", "bcc-clock"),
-                            reps=2, load=False, base=tmp_path)
+                            reps=4, load=False, base=tmp_path)
     t = res.slowdown.set_index("method")
     assert list(res.slowdown.columns) == list(A.SLOWDOWN_COLUMNS)
     assert set(t.index) == {"unobserved", "perf", "bcc"}
-    assert t.loc["bcc", "reps"] == 2 and t.loc["perf", "reps"] == 2
-    assert t.loc["unobserved", "reps"] == 4
+    assert t.loc["bcc", "reps"] == 4 and t.loc["perf", "reps"] == 4
+    assert t.loc["unobserved", "reps"] == 8
+    # four pairs: an interval, on the backend's CPU time for in-process observers, and a
+    # verdict from it (perf's at 99 Hz is whatever this VM's noise makes of it)
+    assert t.loc["bcc", "basis"] == "cpu" and t.loc["perf", "basis"] == "cpu"
+    assert t.loc["bcc", "ci_low_x"] > 5 and t.loc["bcc", "verdict"] == "slower", t.loc["bcc"]
+    assert t.loc["perf", "verdict"] in ("slower", "no slowdown measured", "faster?")
+    assert t.loc["perf", "ci_low_x"] <= t.loc["perf", "basis_slowdown_x"] <= \
+        t.loc["perf", "ci_high_x"]
     # a uprobe on libc's clock_gettime costs µs per hit against ~25 ns for the read
     # itself: the query runs many times slower, on the CPU too, not only on the clock
     assert t.loc["bcc", "slowdown_x"] > 5
@@ -386,7 +443,11 @@ def test_observers_real_perf_and_bcc(pg_cluster, _join_sum_loaded, tmp_path):
         assert (res.run_dir / f).exists(), f
     prov = json.loads((res.run_dir / "provenance.json").read_text())
     assert prov["status"] == "complete" and len(prov["loadavg_after"]) == 3
-    assert "load average" in (res.run_dir / "slowdown.md").read_text()
+    md = (res.run_dir / "slowdown.md").read_text()
+    assert "load average" in md
+    b = t.loc["bcc"]
+    assert (f"| cpu {b.basis_slowdown_x:.3f} [{b.ci_low_x:.3f}, {b.ci_high_x:.3f}] | slower |"
+            in md), md
     # every tracer was stopped and every probe detached
     assert children_named("perf", "ltrace", "bpftrace") == []
     assert perf_bpf_fds() <= fds

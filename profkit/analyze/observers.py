@@ -52,7 +52,13 @@ SLOWDOWN_COLUMNS: tuple[str, ...] = (
     "server_slowdown_x", "cpu_median_ms", "cpu_unobserved_ms", "cpu_slowdown_x",
     "runq_median_ms", "hits", "hits_kind", "extra_ms", "ns_per_hit", "extra_cpu_ms",
     "ns_per_hit_cpu", "guard_estimate_ms", "guard_ns_per_hit", "guard_basis", "guard_ratio",
+    # the paired slowdown on the basis that sees the observer's cost (backend CPU for
+    # in-process observers, wall time for ltrace) with its bootstrap interval, and what
+    # it supports: see slowdown_verdict
+    "basis", "basis_slowdown_x", "ci_low_x", "ci_high_x", "ci_method", "verdict",
 )
+#: The level of the slowdown intervals.
+CONFIDENCE = 0.95
 # Observers whose work runs in the observed backend's own context (uprobe handlers,
 # perf's sampling interrupt): their cost shows in the backend's CPU time, which a
 # loaded machine does not inflate.  ltrace works in its own process (ptrace stops,
@@ -138,6 +144,7 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
             row["guard_basis"] = basis if math.isfinite(row["guard_ns_per_hit"]) else ""
             measured = row["ns_per_hit_cpu"] if basis == "cpu" else row["ns_per_hit"]
             row["guard_ratio"] = _ratio(measured, row["guard_ns_per_hit"])
+            row.update(_paired_interval(g, df, method))
             out.append(row)
     res = pd.DataFrame(out, columns=list(SLOWDOWN_COLUMNS))
     order = {UNOBSERVED: 0, "perf": 1, "bcc": 2, "bpftrace": 3, "ltrace": 4, "callgrind": 5}
@@ -145,6 +152,69 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
     res["_f"] = res["variant"].map(_variant_key)
     res = res.sort_values(["workload", "mode", "_k", "_f"], kind="stable")
     return res.drop(columns=["_k", "_f"]).reset_index(drop=True)
+
+
+def _paired_interval(g: pd.DataFrame, df: pd.DataFrame, method: str) -> dict[str, Any]:
+    """The slowdown of the observed executions *g* against the unobserved execution each
+    one follows, as the median of the per-pair ratios with its bootstrap interval
+    (:func:`profkit.analyze.stats.summarize`, the engine of the bench's overheads: the
+    same resampling, the same "too few" below
+    :data:`~profkit.analyze.stats.MIN_VERDICT_REPS` pairs). In-process observers (their
+    work runs in the backend) on the backend's CPU time, which the load of other processes
+    does not inflate; ltrace on wall time (its work is in its own process)."""
+    none = {"basis": "", "basis_slowdown_x": math.nan, "ci_low_x": math.nan,
+            "ci_high_x": math.nan, "ci_method": "none", "verdict": ""}
+    if method == UNOBSERVED:
+        return none
+    basis = "cpu_ms" if method in IN_PROCESS else "client_ms"
+    by_order = df.set_index("order")[basis].astype(float)
+    rows = []
+    for i, (v, o) in enumerate(zip(g[basis].astype(float), g["baseline_order"], strict=True)):
+        if pd.isna(o) or int(o) not in by_order.index:
+            continue
+        b = by_order[int(o)]
+        if not (math.isfinite(v) and math.isfinite(b) and b > 0):
+            continue
+        for mode, ms in (("plain", b), ("observed", v)):
+            rows.append({"run_id": "observers", "build": method, "workload": "w", "query": "q",
+                         "mode": mode, "rep": i, "order": 2 * i + (mode == "observed"),
+                         "client_ms": ms, "server_ms": ms})
+    if not rows:
+        return none
+    basis_name = "cpu" if basis == "cpu_ms" else "wall"
+    if len(rows) < 4:  # one pair: a ratio, no interval
+        v, b = rows[1]["client_ms"], rows[0]["client_ms"]
+        one = stats.too_few_reps("one pair", 1)
+        return {**none, "basis": basis_name, "basis_slowdown_x": v / b, "ci_method": one,
+                "verdict": slowdown_verdict(math.nan, math.nan, one)}
+    r = stats.summarize(pd.DataFrame(rows), "client_ms", confidence=CONFIDENCE,
+                        n_resamples=4000)
+    r = r[r["mode"] == "observed"].iloc[0]
+    x = lambda pct: 1.0 + float(pct) / 100.0  # noqa: E731
+    return {"basis": basis_name, "basis_slowdown_x": x(r["overhead_pct"]),
+            "ci_low_x": x(r["ci_low_pct"]), "ci_high_x": x(r["ci_high_pct"]),
+            "ci_method": str(r["ci_method"]),
+            "verdict": slowdown_verdict(x(r["ci_low_pct"]), x(r["ci_high_pct"]),
+                                        str(r["ci_method"]))}
+
+
+def slowdown_verdict(low_x: float, high_x: float, method: str) -> str:
+    """What a slowdown interval [*low_x*, *high_x*] supports: "slower" (it excludes 1
+    from above), "no slowdown measured" (it holds 1: the runs cannot tell the observer's
+    cost from this machine's noise), "faster?" (it excludes 1 from below: an observer
+    does not speed a query up, so something else moved between the pairs), or
+    "too few (n = N)" when fewer than :data:`~profkit.analyze.stats.MIN_VERDICT_REPS`
+    pairs stand behind it."""
+    few = stats.few_reps_text(method)
+    if few:
+        return few
+    if not (math.isfinite(low_x) and math.isfinite(high_x)):
+        return ""
+    if low_x > 1.0:
+        return "slower"
+    if high_x < 1.0:
+        return "faster?"
+    return "no slowdown measured"
 
 
 def _variant_key(v: str) -> float:

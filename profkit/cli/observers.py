@@ -48,7 +48,7 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
     """Slowdown of the query under each observer (ltrace, bcc, bpftrace, perf, callgrind)."""
     from profkit.experiments.observers import DEFAULT_METHODS, measure_observers
     from profkit.pg.workloads import check_args, check_count
-    from profkit.render.observers import SLOWDOWN_SHOW
+    from profkit.render.observers import slowdown_shown
 
     check_args(workload, scale=scale, reps=reps, modes=modes)
     check_count(expensive_reps, "--expensive-reps")
@@ -59,7 +59,7 @@ def observers_cmd(workload: str, scale: float, build_name: str, modes: tuple[str
     la0 = " ".join(f"{x:.2f}" for x in res.loadavg_before)
     la1 = " ".join(f"{x:.2f}" for x in res.loadavg_after)
     click.echo(f"{workload} at scale {scale}; load average before {la0}, after {la1}")
-    click.echo(res.slowdown[SLOWDOWN_SHOW].to_string(index=False, float_format=_fmt))
+    click.echo(slowdown_shown(res.slowdown).to_string(index=False, float_format=_fmt))
     if len(res.guard):
         click.echo("\ncost guard check (measured ns/hit vs profkit.collect.bpf defaults):")
         click.echo(res.guard.to_string(index=False, float_format=_fmt))

@@ -14,7 +14,27 @@ from profkit.render.markdown import frame, loadavg_text
 #: The columns the observers report (and command) shows.
 SLOWDOWN_SHOW = ["mode", "method", "variant", "reps", "median_ms", "slowdown_x",
                  "paired_slowdown_x", "server_slowdown_x", "cpu_slowdown_x", "hits",
-                 "ns_per_hit", "ns_per_hit_cpu"]
+                 "ns_per_hit", "ns_per_hit_cpu", "paired [95% CI]", "verdict"]
+
+
+def slowdown_shown(slow: pd.DataFrame) -> pd.DataFrame:
+    """The columns :data:`SLOWDOWN_SHOW` of :func:`profkit.analyze.observers.slowdown_table`
+    *slow*: "paired [95% CI]" is the paired slowdown on its basis (cpu or wall) with its
+    interval, or "too few (n = N)" in place of an interval from too few pairs."""
+    from profkit.analyze.stats import few_reps_text
+
+    def text(r: pd.Series) -> str:
+        v = r.get("basis_slowdown_x")
+        if not r.get("basis") or v is None or pd.isna(v):
+            return ""
+        few = few_reps_text(r.get("ci_method"))
+        lo, hi = r.get("ci_low_x"), r.get("ci_high_x")
+        ci = few if few else (f"[{lo:.3f}, {hi:.3f}]" if pd.notna(lo) and pd.notna(hi) else "")
+        return f"{r['basis']} {v:.3f} {ci}".rstrip()
+
+    out = slow.copy()
+    out["paired [95% CI]"] = [text(r) for _i, r in slow.iterrows()] if len(slow) else []
+    return out[SLOWDOWN_SHOW]
 
 
 def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFrame, *,
@@ -30,12 +50,17 @@ def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFr
              f"run `{run_id}`; load average before {loadavg_text(la0)}, after "
              f"{loadavg_text(la1)} (`uptime`: {uptime})", "",
              "slowdown_x = median observed / median unobserved client time; paired = median "
-             "of per-pair ratios (each observed run follows an unobserved one); ns_per_hit = "
+             "of per-pair ratios (each observed run follows an unobserved one); paired [95% "
+             "CI] = the same on the time that sees the observer's cost (cpu: the backend's "
+             "CPU time, for observers working inside it; wall: ltrace), with its bootstrap "
+             "interval; verdict: slower (the interval is above 1), no slowdown measured (it "
+             "holds 1: not told apart from this machine's noise), or too few (n = N) pairs "
+             "for an interval; ns_per_hit = "
              "(observed − unobserved) / hits (perf: per sample), from the client's wall time; "
              "cpu_* from the backend's CPU time (/proc/PID/schedstat: robust to the load of "
              "other processes, but blind to ltrace's own work); guard_ns_per_hit = what "
              "profkit.collect.bpf's cost guard assumes for that probe mix.", "",
-             frame(slow[SLOWDOWN_SHOW], fmt), "",
+             frame(slowdown_shown(slow), fmt), "",
              "## Cost guard check", "", frame(guard, fmt), "",
              "Per probe kind (profkit.collect.bpf.DEFAULT_COST_NS keys; uprobe = a function of "
              "the postgres binary, derived from the per-node probe minus its clock hits):", "",
