@@ -599,8 +599,10 @@ def plot_overheads(
                 few = too_few_count(r.get("ci_method")) if r is not None else None
                 labels.append(_bar_label(v) + (f"\nn = {few}: no CI" if few is not None
                                                and _isnum(v) else ""))
-                if (r is not None and few is None and _isnum(r["ci_low_pct"])
-                        and _isnum(r["ci_high_pct"])):
+                if few is not None:  # NaN: matplotlib draws neither whisker nor cap
+                    lo.append(math.nan)
+                    hi.append(math.nan)
+                elif r is not None and _isnum(r["ci_low_pct"]) and _isnum(r["ci_high_pct"]):
                     lo.append(max(v - float(r["ci_low_pct"]), 0.0))
                     hi.append(max(float(r["ci_high_pct"]) - v, 0.0))
                 else:
