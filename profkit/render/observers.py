@@ -20,17 +20,16 @@ SLOWDOWN_SHOW = ["mode", "method", "variant", "reps", "median_ms", "slowdown_x",
 def slowdown_shown(slow: pd.DataFrame) -> pd.DataFrame:
     """The columns :data:`SLOWDOWN_SHOW` of :func:`profkit.analyze.observers.slowdown_table`
     *slow*: "paired [95% CI]" is the paired slowdown on its basis (cpu or wall) with its
-    interval, or "too few (n = N)" in place of an interval from too few pairs."""
-    from profkit.analyze.stats import few_reps_text
+    interval; an interval from too few pairs is left out (the verdict says "too few")."""
+    from profkit.analyze.stats import too_few_count
 
     def text(r: pd.Series) -> str:
         v = r.get("basis_slowdown_x")
         if not r.get("basis") or v is None or pd.isna(v):
             return ""
-        few = few_reps_text(r.get("ci_method"))
         lo, hi = r.get("ci_low_x"), r.get("ci_high_x")
-        ci = few if few else (f"[{lo:.3f}, {hi:.3f}]" if pd.notna(lo) and pd.notna(hi) else "")
-        return f"{r['basis']} {v:.3f} {ci}".rstrip()
+        shown = (too_few_count(r.get("ci_method")) is None and pd.notna(lo) and pd.notna(hi))
+        return f"{r['basis']} {v:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if shown else "")
 
     out = slow.copy()
     out["paired [95% CI]"] = [text(r) for _i, r in slow.iterrows()] if len(slow) else []
@@ -55,7 +54,7 @@ def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFr
              "CPU time, for observers working inside it; wall: ltrace), with its bootstrap "
              "interval; verdict: slower (the interval is above 1), no slowdown measured (it "
              "holds 1: not told apart from this machine's noise), or too few (n = N) pairs "
-             "for an interval; ns_per_hit = "
+             "for an interval (none is shown); ns_per_hit = "
              "(observed − unobserved) / hits (perf: per sample), from the client's wall time; "
              "cpu_* from the backend's CPU time (/proc/PID/schedstat: robust to the load of "
              "other processes, but blind to ltrace's own work); guard_ns_per_hit = what "
