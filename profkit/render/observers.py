@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from profkit.analyze.stats import too_few_count
 from profkit.render.markdown import frame, loadavg_text
 
 #: The columns the observers report (and command) shows.
@@ -21,7 +22,6 @@ def slowdown_shown(slow: pd.DataFrame) -> pd.DataFrame:
     """The columns :data:`SLOWDOWN_SHOW` of :func:`profkit.analyze.observers.slowdown_table`
     *slow*: "paired [95% CI]" is the paired slowdown on its basis (cpu or wall) with its
     interval; an interval from too few pairs is left out (the verdict says "too few")."""
-    from profkit.analyze.stats import too_few_count
 
     def text(r: pd.Series) -> str:
         v = r.get("basis_slowdown_x")
