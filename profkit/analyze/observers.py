@@ -100,6 +100,7 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
     if base_rows.empty:
         raise ObserverError("the timings hold no unobserved executions: nothing to compare with")
     by_order = df.set_index("order")["client_ms"].astype(float)
+    cpu_by_order = df.set_index("order")["cpu_ms"].astype(float)
     out = []
     for (wl, mode), part in df.groupby(["workload", "mode"], sort=False):
         base = part[part["method"] == UNOBSERVED]
@@ -144,7 +145,8 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
             row["guard_basis"] = basis if math.isfinite(row["guard_ns_per_hit"]) else ""
             measured = row["ns_per_hit_cpu"] if basis == "cpu" else row["ns_per_hit"]
             row["guard_ratio"] = _ratio(measured, row["guard_ns_per_hit"])
-            row.update(_paired_interval(g, df, method))
+            row.update(_paired_interval(
+                g, method, cpu_by_order if method in IN_PROCESS else by_order))
             out.append(row)
     res = pd.DataFrame(out, columns=list(SLOWDOWN_COLUMNS))
     order = {UNOBSERVED: 0, "perf": 1, "bcc": 2, "bpftrace": 3, "ltrace": 4, "callgrind": 5}
@@ -154,9 +156,10 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
     return res.drop(columns=["_k", "_f"]).reset_index(drop=True)
 
 
-def _paired_interval(g: pd.DataFrame, df: pd.DataFrame, method: str) -> dict[str, Any]:
+def _paired_interval(g: pd.DataFrame, method: str, by_order: pd.Series) -> dict[str, Any]:
     """The slowdown of the observed executions *g* against the unobserved execution each
-    one follows, as the median of the per-pair ratios with its bootstrap interval
+    one follows (*by_order*: every execution's time on the basis, by its ``order``), as
+    the median of the per-pair ratios with its bootstrap interval
     (:func:`profkit.analyze.stats.summarize`, the engine of the bench's overheads: the
     same resampling, the same "too few" below
     :data:`~profkit.analyze.stats.MIN_VERDICT_REPS` pairs). In-process observers (their
@@ -167,7 +170,6 @@ def _paired_interval(g: pd.DataFrame, df: pd.DataFrame, method: str) -> dict[str
     if method == UNOBSERVED:
         return none
     basis = "cpu_ms" if method in IN_PROCESS else "client_ms"
-    by_order = df.set_index("order")[basis].astype(float)
     rows = []
     for i, (v, o) in enumerate(zip(g[basis].astype(float), g["baseline_order"], strict=True)):
         if pd.isna(o) or int(o) not in by_order.index:
@@ -181,21 +183,18 @@ def _paired_interval(g: pd.DataFrame, df: pd.DataFrame, method: str) -> dict[str
                          "client_ms": ms, "server_ms": ms})
     if not rows:
         return none
-    basis_name = "cpu" if basis == "cpu_ms" else "wall"
-    if len(rows) < 4:  # one pair: a ratio, no interval
-        v, b = rows[1]["client_ms"], rows[0]["client_ms"]
-        one = stats.too_few_reps("one pair", 1)
-        return {**none, "basis": basis_name, "basis_slowdown_x": v / b, "ci_method": one,
-                "verdict": slowdown_verdict(math.nan, math.nan, one)}
     r = stats.summarize(pd.DataFrame(rows), "client_ms", confidence=CONFIDENCE,
                         n_resamples=4000)
     r = r[r["mode"] == "observed"].iloc[0]
+    method_ci = str(r["ci_method"])
+    if method_ci == "none":  # one pair: a ratio, no interval
+        method_ci = stats.too_few_reps("no interval", len(rows) // 2)
     x = lambda pct: 1.0 + float(pct) / 100.0  # noqa: E731
-    return {"basis": basis_name, "basis_slowdown_x": x(r["overhead_pct"]),
+    return {"basis": "cpu" if basis == "cpu_ms" else "wall",
+            "basis_slowdown_x": x(r["overhead_pct"]),
             "ci_low_x": x(r["ci_low_pct"]), "ci_high_x": x(r["ci_high_pct"]),
-            "ci_method": str(r["ci_method"]),
-            "verdict": slowdown_verdict(x(r["ci_low_pct"]), x(r["ci_high_pct"]),
-                                        str(r["ci_method"]))}
+            "ci_method": method_ci,
+            "verdict": slowdown_verdict(x(r["ci_low_pct"]), x(r["ci_high_pct"]), method_ci)}
 
 
 def slowdown_verdict(low_x: float, high_x: float, method: str) -> str:
