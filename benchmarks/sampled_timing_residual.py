@@ -7,10 +7,10 @@ runs the probe of tests/c/sampled_timing_probe.c in rounds: a parent timed exact
 of the sampler's cost per child call is the parent's time per child call minus the
 rows-only run's.
 
-This VM runs in two speeds, and switches between them within milliseconds: the
-rows-only run reads ~8.9 ns per child call in one and ~13.5 in the other, and a
-calibration taken in the slow one (~6-7 ns per sampled call against ~3) is subtracted
-for the next 10 ms whatever the speed.  A difference of two medians, each over the
+This VM runs in two speeds, and switches between them within milliseconds (the script
+prints the spread of the rows-only child's ns per call and of the calibrated cost of a
+sampled call), and a calibration taken in the slow one is subtracted for the next 10 ms
+whatever the speed.  A difference of two medians, each over the
 rounds of one mode, then compares a slow median with a fast one whenever the rounds of
 the two modes fall on different sides of a switch.  This script runs the test's probe
 in N fresh backends and prints, against the test's own bounds, how often the residual
@@ -110,12 +110,16 @@ def main(argv: list[str] | None = None) -> int:
              ("paired", a.rounds): f"median of differences, {a.rounds} rounds"}
     print(f"## {a.build} ({build.key}): {a.batches} batches of {a.backends} fresh backends")
     total = {k: [0, 0] for k in reads}
+    rows_ns: list[float] = []   # the rows-only child's ns per call, every round
+    call_ns: list[float] = []   # every calibration's cost of a sampled call
     try:
         with Cluster(build, name="bench-sampled-residual") as cl:
             with cl.connect() as conn:
                 stc.create_probe(conn, so)
             for b in range(a.batches):
                 runs = [one_backend(cl, max(a.rounds, 9)) for _ in range(a.backends)]
+                rows_ns += [r["rows"] for rounds, _c in runs for r in rounds]
+                call_ns += [c["call"] for _r, cal in runs for c in cal]
                 line = []
                 for (how, k), label in reads.items():
                     fails = {"untimed": 0, "timed": 0}
@@ -135,6 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(so.parent, ignore_errors=True)
     n = a.batches * a.backends
+
+    def spread(xs: list[float]) -> str:
+        q = statistics.quantiles(xs, n=20)
+        return (f"5 % {q[0]:.2f}, 25 % {q[4]:.2f}, median {statistics.median(xs):.2f}, "
+                f"75 % {q[14]:.2f}, 95 % {q[18]:.2f}")
+
+    print(f"\nthe VM's two speeds: the rows-only child's ns per call over {len(rows_ns)} "
+          f"rounds: {spread(rows_ns)}; above 11 ns in {sum(x > 11 for x in rows_ns)}")
+    print(f"a sampled call's calibrated cost (ns) over {len(call_ns)} calibrations: "
+          f"{spread(call_ns)}")
     print(f"\nbackends whose residual leaves the test's bound, of {n}:")
     for key, label in reads.items():
         u, t = total[key]
