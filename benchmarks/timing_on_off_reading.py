@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from profkit.analyze import stats  # noqa: E402
+from profkit.analyze import correction, stats  # noqa: E402
 from profkit.experiments import bench  # noqa: E402
 
 
@@ -38,8 +38,7 @@ def readings(timings) -> tuple[float, float, int]:
     med = timings.groupby("mode")["server_ms"].median()
     old = float(med["analyze_timing"] - med["analyze_notiming"])
     kept, col = stats.metric_frame(timings, "cpu_kept_ms")
-    per_rep = kept.pivot_table(index=["run_id", "rep"], columns="mode", values=col)
-    d = (per_rep["analyze_timing"] - per_rep["analyze_notiming"]).dropna()
+    d = correction.paired_differences(kept, col, "analyze_timing", "analyze_notiming")
     return old, float(d.median()), len(d)
 
 

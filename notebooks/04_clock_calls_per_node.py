@@ -158,10 +158,9 @@ reads = int(t["predicted_clock_reads"])
 # what one read costs inside the backend, from the data: TIMING on minus TIMING off, paired
 # by repetition (the modes of one repetition run back to back in one backend) — the median
 # of those differences, not the difference of two medians a speed switch can invert
-per_rep = kept.pivot_table(index=["run_id", "rep"], columns="mode", values=col)
-on_off = (per_rep["analyze_timing"] - per_rep["analyze_notiming"]).dropna()
-on_plain = (per_rep["analyze_timing"] - per_rep["plain"]).dropna()
-effective_ns = float(on_off.median()) * 1e6 / reads
+on_off = C.paired_differences(kept, col, "analyze_timing", "analyze_notiming")
+on_plain = C.paired_differences(kept, col, "analyze_timing", "plain")
+effective_ns = corr.attrs["in_situ_ns_per_read"]  # the table's own reading: these pairs
 print(f"clock_gettime in a tight loop: {ns_per_read:.1f} ns; effective cost per read in the "
       f"backend (TIMING on − off, median of {len(on_off)} repetitions) / reads: "
       f"{effective_ns:.1f} ns")
@@ -169,8 +168,9 @@ print(f"{reads:,} reads × {ns_per_read:.1f} ns = {reads * ns_per_read / 1e6:.2f
       f"{on_off.median():.2f} ms measured between TIMING on and off "
       f"(per repetition: {', '.join(f'{v:.2f}' for v in on_off)})")
 assert 1 < ns_per_read < 10_000, ns_per_read
-assert len(on_off) >= 2 and len(on_plain) >= 2, per_rep
-assert on_off.median() > 0 and on_plain.median() > 0 and notiming > 0, per_rep
+assert len(on_off) >= 2 and len(on_plain) >= 2, kept
+assert on_off.median() > 0 and on_plain.median() > 0 and notiming > 0, (on_off, on_plain)
+assert abs(effective_ns - on_off.median() * 1e6 / reads) < 1e-6, (effective_ns, on_off)
 assert 1 < effective_ns < 10_000, effective_ns
 # the loop's price and the backend's agree to within an order of magnitude (out-of-order
 # execution overlaps part of each read with the executor's work, so they are not equal)

@@ -8,6 +8,7 @@ measured during that same EXPLAIN (plan_node_id and tag read from the backend).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -199,15 +200,49 @@ def test_corrected_node_times_join_sum():
         C.corrected_node_times(times, 25.0)
 
 
+def test_paired_differences_survive_a_speed_switch():
+    """The VM slows down for reps 1-2 (every mode of them), and switches speed inside
+    rep 3 (TIMING off slow, on fast).  The modes' medians then put TIMING on 0.5 ms below
+    off; each repetition's own difference keeps it 1.0 ms above (the median of 1.5, 1.5,
+    −0.5, 1.0, 1.0)."""
+    slow = 1.5
+    rows = []
+    for rep in range(1, 6):
+        s_all = slow if rep <= 2 else 1.0
+        rows += [("plain", rep, 2.0 * s_all),
+                 ("analyze_notiming", rep, 3.0 * (slow if rep <= 3 else 1.0)),
+                 ("analyze_timing", rep, 4.0 * s_all)]
+    t = pd.DataFrame(rows, columns=["mode", "rep", "server_ms"]).assign(run_id="r1")
+    med = t.groupby("mode")["server_ms"].median()
+    assert med["analyze_timing"] - med["analyze_notiming"] == pytest.approx(-0.5)
+    d = C.paired_differences(t, "server_ms", "analyze_timing", "analyze_notiming")
+    assert list(d.index) == [("r1", r) for r in range(1, 6)]
+    assert list(d) == pytest.approx([1.5, 1.5, -0.5, 1.0, 1.0])
+    assert C.paired_gap(t, "server_ms", "analyze_timing", "analyze_notiming") == 1.0
+    # correction_table reads its costs from the pairs: 1.0 ms over 1,000 reads
+    tab = C.correction_table(t, clock_reads=1_000, instr_calls=500, ns_per_read=25.0)
+    assert tab.attrs["in_situ_ns_per_read"] == pytest.approx(1000.0)
+    # TIMING off − plain per rep: 1.5, 1.5, 2.5, 1.0, 1.0 -> 1.5 ms over 500 calls
+    assert tab.attrs["row_cost_ns"] == pytest.approx(3000.0)
+    # repetitions that never hold both modes: no gap, and no row cost (not 0)
+    extra = pd.DataFrame({"mode": ["plain"], "rep": [9], "server_ms": [2.0], "run_id": ["r1"]})
+    lone = pd.concat([t[t["mode"] != "plain"], extra])
+    assert C.paired_differences(lone, "server_ms", "analyze_notiming", "plain").empty
+    assert math.isnan(C.paired_gap(lone, "server_ms", "analyze_notiming", "plain"))
+    assert math.isnan(C.correction_table(lone, clock_reads=1_000, instr_calls=500,
+                                         ns_per_read=25.0).attrs["row_cost_ns"])
+
+
 def test_correction_table_and_row_cost():
     cost = C.row_counting_cost_ns(notiming_ms=3.0, plain_ms=2.0, instr_calls=20_000)
     assert cost == pytest.approx(50.0)
     assert C.row_counting_cost_ns(1.0, 2.0, 10) == 0.0
     with pytest.raises(C.CorrectionError):
         C.row_counting_cost_ns(1.0, 2.0, 0)
-    timings = pd.DataFrame({"mode": ["plain", "plain", "analyze_notiming", "analyze_timing",
-                                     "analyze_timing"],
-                            "server_ms": [2.0, 2.2, 3.1, 4.0, 4.2]})
+    timings = pd.DataFrame({"mode": ["plain", "plain", "analyze_notiming", "analyze_notiming",
+                                     "analyze_timing", "analyze_timing"],
+                            "rep": [1, 2, 1, 2, 1, 2],
+                            "server_ms": [2.0, 2.2, 3.0, 3.2, 4.0, 4.2]})
     t = C.correction_table(timings, clock_reads=40_110, instr_calls=20_051, ns_per_read=25.0)
     by = t.set_index("what")["ms"]
     assert by["plain"] == pytest.approx(2.1)
@@ -220,6 +255,9 @@ def test_correction_table_and_row_cost():
     assert t.attrs["in_situ_ns_per_read"] == pytest.approx(1.0e6 / 40_110)
     with pytest.raises(C.CorrectionError, match="more often"):
         C.in_situ_ns_per_read(4.0, 3.0, 8, notiming_clock_reads=8)
+    with pytest.raises(C.CorrectionError, match="need column 'rep'"):
+        C.correction_table(timings.drop(columns="rep"), clock_reads=8, instr_calls=4,
+                           ns_per_read=25.0)
     with pytest.raises(C.CorrectionError, match="lack modes"):
         C.correction_table({"plain": 1.0}, clock_reads=1, instr_calls=1, ns_per_read=1)
     with pytest.raises(C.CorrectionError, match="no node times"):

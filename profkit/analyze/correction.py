@@ -22,6 +22,7 @@ All functions are pure (DataFrames in, DataFrames out).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -127,6 +128,34 @@ def corrected_node_times(nodes: pd.DataFrame, ns_per_read: float, row_cost_ns: f
     return df
 
 
+def paired_differences(timings: pd.DataFrame, column: str, a: str, b: str) -> pd.Series:
+    """Per repetition, mode *a*'s *column* minus mode *b*'s (repetitions without both left
+    out), indexed by (run_id, rep), or rep for a table without run_id.
+
+    The modes of one repetition run interleaved, next to each other in one backend, so a
+    stretch of slow machine (this VM switches between two speeds within milliseconds, about
+    as far apart as TIMING on is from TIMING off) slows both sides of a pair.  The
+    difference of two medians compares executions from different stretches: at 5
+    repetitions it has made TIMING on look cheaper than off
+    (benchmarks/timing_on_off_reading.py).
+    """
+    for c in ("mode", "rep", column):
+        if c not in timings.columns:
+            raise CorrectionError(f"timings need column {c!r}; have {list(timings.columns)}")
+    index = ["run_id", "rep"] if "run_id" in timings.columns else ["rep"]
+    t = timings[timings["mode"].isin((a, b))]
+    wide = t.pivot_table(index=index, columns="mode", values=column, aggfunc="median")
+    if a not in wide.columns or b not in wide.columns:
+        return pd.Series([], dtype="float64", name=f"{a} - {b}")
+    return (wide[a] - wide[b]).dropna().rename(f"{a} - {b}")
+
+
+def paired_gap(timings: pd.DataFrame, column: str, a: str, b: str) -> float:
+    """The median of :func:`paired_differences` (NaN when no repetition has both modes)."""
+    d = paired_differences(timings, column, a, b)
+    return float(d.median()) if len(d) else math.nan
+
+
 def row_counting_cost_ns(notiming_ms: float, plain_ms: float, instr_calls: int) -> float:
     """Cost per InstrStartNode+InstrStopNode pair with TIMING off, from two run times.
 
@@ -175,13 +204,23 @@ def correction_table(timings: pd.DataFrame | Mapping[str, float], *, clock_reads
     *clock_reads* / *instr_calls*: for the TIMING TRUE run (predicted or
     measured).  Rows: each measured mode, then the TIMING run corrected for
     the clock only and for clock + row counting; ``vs_plain`` is ms / plain ms.
+    From a table, the row-counting cost and ``attrs["in_situ_ns_per_read"]`` come from
+    each repetition's own pairs (:func:`paired_gap`: TIMING off − plain, TIMING on − off);
+    from a mapping, from its values.
     """
     med = _median_by_mode(timings, column)
     missing = [m for m in ("plain", "analyze_notiming", "analyze_timing") if m not in med]
     if missing:
         raise CorrectionError(f"timings lack modes {missing}")
     plain, noti, timing = med["plain"], med["analyze_notiming"], med["analyze_timing"]
-    row_cost = row_counting_cost_ns(noti, plain, instr_calls) if instr_calls else 0.0
+    if isinstance(timings, pd.DataFrame):
+        row_gap = paired_gap(timings, column, "analyze_notiming", "plain")
+        clock_gap = paired_gap(timings, column, "analyze_timing", "analyze_notiming")
+    else:
+        row_gap, clock_gap = noti - plain, timing - noti
+    # no repetition with both modes (every pair rejected): no cost, rather than 0
+    row_cost = (math.nan if math.isnan(row_gap) and instr_calls
+                else row_counting_cost_ns(row_gap, 0.0, instr_calls) if instr_calls else 0.0)
     clock_only = corrected_total_ms(timing, clock_reads, ns_per_read)
     full = corrected_total_ms(timing, clock_reads, ns_per_read, instr_calls, row_cost)
     rows = [
@@ -195,7 +234,7 @@ def correction_table(timings: pd.DataFrame | Mapping[str, float], *, clock_reads
     ]
     df = pd.DataFrame(rows, columns=["what", "ms", "how"])
     df["vs_plain"] = df["ms"] / plain if plain > 0 else float("nan")
-    in_situ = in_situ_ns_per_read(timing, noti, clock_reads) if clock_reads > 0 else float("nan")
+    in_situ = in_situ_ns_per_read(clock_gap, 0.0, clock_reads) if clock_reads > 0 else math.nan
     df.attrs.update(ns_per_read=ns_per_read, row_cost_ns=row_cost, clock_reads=clock_reads,
                     instr_calls=instr_calls, in_situ_ns_per_read=in_situ)
     return df

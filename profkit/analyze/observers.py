@@ -324,21 +324,6 @@ def _medians(t: pd.DataFrame, metric: str) -> dict[str, float]:
     return {m: _median(t.loc[t["mode"] == m, metric]) for m in CORRECTION_MODES}
 
 
-def _paired_gap(t: pd.DataFrame, metric: str, a: str, b: str) -> float:
-    """Median over repetitions of (mode *a* − mode *b*), each repetition's own pair: the
-    modes run interleaved, next to each other, so a stretch of slow machine (this VM's
-    speed changes by up to 40 % for a second or two) slows both sides of a pair. The
-    difference of the two medians compares executions from different stretches: at 5
-    repetitions of a 5 ms query it once made TIMING ON look cheaper than OFF (−3.3 ns per
-    clock read). NaN when no repetition has both."""
-    wide = t[t["mode"].isin((a, b))].pivot_table(index="rep", columns="mode", values=metric,
-                                                 aggfunc="median")
-    if a not in wide.columns or b not in wide.columns:
-        return math.nan
-    d = (wide[a] - wide[b]).dropna()
-    return float(d.median()) if len(d) else math.nan
-
-
 def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
                        metric: str = "cpu_ms") -> pd.DataFrame:
     """One row per workload: plain, TIMING ON, and TIMING ON corrected three ways.
@@ -385,18 +370,18 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
         if missing:
             raise ObserverError(f"{wl}: no {metric} for modes {missing}")
         reads, calls = int(f.clock_reads), int(f.instr_calls)
-        # the costs from each repetition's own pairs (_paired_gap), not from the medians
+        # the costs from each repetition's own pairs (correction.paired_gap), not the medians
         in_situ = correction.in_situ_ns_per_read(
-            _paired_gap(tw, metric, "analyze_timing", "analyze_notiming"), 0.0, reads)
+            correction.paired_gap(tw, metric, "analyze_timing", "analyze_notiming"), 0.0, reads)
         row_cost = correction.row_counting_cost_ns(
-            _paired_gap(tw, metric, "analyze_notiming", "plain"), 0.0, calls)
+            correction.paired_gap(tw, metric, "analyze_notiming", "plain"), 0.0, calls)
         odd, even = tw[tw["rep"] % 2 == 1], tw[tw["rep"] % 2 == 0]
         mo, me = _medians(odd, metric), _medians(even, metric)
         if all(math.isfinite(v) for v in (*mo.values(), *me.values())):
             s_read = correction.in_situ_ns_per_read(
-                _paired_gap(odd, metric, "analyze_timing", "analyze_notiming"), 0.0, reads)
+                correction.paired_gap(odd, metric, "analyze_timing", "analyze_notiming"), 0.0, reads)
             s_row = correction.row_counting_cost_ns(
-                _paired_gap(odd, metric, "analyze_notiming", "plain"), 0.0, calls)
+                correction.paired_gap(odd, metric, "analyze_notiming", "plain"), 0.0, calls)
             split = correction.corrected_total_ms(me["analyze_timing"], reads, s_read, calls, s_row)
             plain_even = me["plain"]
         else:  # fewer than two repetitions
