@@ -32,6 +32,7 @@ from profkit.experiments.observers import (
     summarize_observers,
 )
 from profkit.parse.explain import execution_ms as explain_execution_ms
+from profkit.render import correction as R
 from profkit.render import markdown as render_md
 
 pytestmark = pytest.mark.alone  # asserts times measured here: make test runs it alone
@@ -344,6 +345,50 @@ def test_in_situ_costs_come_from_each_repetitions_pairs():
     # odd repetitions' costs applied to the even ones: nearer plain than ON itself
     assert abs(r["corrected_in_situ_split_ms"] - r["plain_split_ms"]) < abs(
         r["timing_on_ms"] - r["plain_ms"])
+
+
+def test_corrected_ratio_has_an_interval_and_says_what_it_shows():
+    """corrected / plain with a 95 % interval over whole repetitions, and whether it
+    excludes 1.  Workload b of the synthetic test: micro 20 ns against 30 ns in situ
+    leaves 10 ms of 50 in: corrected / plain 1.2.  Noise of ±1 ms per execution."""
+    noise = [0.0, 0.6, -0.4, 1.0, -0.8, 0.3, -1.0, 0.5]
+    rows = []
+    for rep, e in enumerate(noise, 1):
+        for mode, ms in (("plain", 50.0 + e), ("analyze_notiming", 55.0 - e / 2),
+                         ("analyze_timing", 85.0 + e / 3)):
+            rows.append({"run_id": "t", "build": "vanilla", "workload": "b", "query": mode,
+                         "mode": mode, "rep": rep, "order": len(rows), "client_ms": ms,
+                         "server_ms": ms, "cpu_ms": ms})
+    facts = pd.DataFrame([{"workload": "b", "scale": 0.5, "clock_reads": 1_000_000,
+                           "instr_calls": 500_000, "ns_per_read_micro": 20.0}])
+    t = pd.DataFrame(rows)
+    r = A.correction_summary(t, facts, metric="cpu_ms").iloc[0]
+    assert r["ci_reps"] == 8 and r["ci_method"] == "percentile"
+    assert 1.1 < r["corrected_micro_ci_low"] <= r["corrected_micro_ratio"] <= r[
+        "corrected_micro_ci_high"] < 1.35, r
+    assert r["corrected_micro_vs_plain"] == "above plain"
+    # the same function, each resample recomputed as the summary computes: a run whose
+    # micro cost is the in-situ one (30 ns) recovers plain, and says so
+    lo, hi, n, method = A.corrected_ratio_interval(
+        t, "cpu_ms", workload="b", clock_reads=1_000_000, instr_calls=500_000, ns_per_read=30.0)
+    assert n == 8 and lo < 1.0 < hi and hi - lo < 0.1, (lo, hi)
+    assert A.corrected_vs_plain(lo, hi, method) == "not distinguishable from plain"
+    assert A.corrected_vs_plain(0.8, 0.9, "percentile") == "below plain"
+    # from 3 repetitions: marked too few, no bracket shown, no verdict drawn
+    few = A.correction_summary(t[t["rep"] <= 3], facts, metric="cpu_ms").iloc[0]
+    assert few["ci_reps"] == 3 and "too few" in few["ci_method"]
+    assert few["corrected_micro_vs_plain"] == "too few (n = 3)"
+    shown = R.correction_shown(pd.DataFrame([r, few]))
+    assert list(shown.columns) == R.CORRECTION_SHOW
+    assert shown["micro_ratio_95ci"].iloc[0] == (f"[{r['corrected_micro_ci_low']:.2f}, "
+                                                 f"{r['corrected_micro_ci_high']:.2f}]")
+    assert shown["micro_ratio_95ci"].iloc[1] == "too few (n = 3)"
+    # a repetition that lost a mode (rejected) does not pair; one left: no interval
+    one = A.correction_summary(t[(t["rep"] == 1) | ((t["rep"] == 2) & (t["mode"] == "plain"))],
+                               facts, metric="cpu_ms").iloc[0]
+    assert one["ci_reps"] == 1 and one["ci_method"] == "none"
+    assert math.isnan(one["corrected_micro_ci_low"]) and one["corrected_micro_vs_plain"] == ""
+    assert R.correction_shown(pd.DataFrame([one]))["micro_ratio_95ci"].iloc[0] == ""
 
 
 def test_node_correction_from_recorded_plans():

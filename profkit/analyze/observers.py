@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -317,11 +318,67 @@ CORRECTION_COLUMNS: tuple[str, ...] = (
     "corrected_clock_only_micro_ms", "corrected_micro_ms", "corrected_micro_ratio",
     "corrected_in_situ_split_ms", "plain_split_ms", "corrected_in_situ_split_ratio",
     "corrected_in_situ_xval_ms", "corrected_in_situ_xval_ratio",
+    "corrected_micro_ci_low", "corrected_micro_ci_high", "ci_reps", "ci_method",
+    "corrected_micro_vs_plain",
 )
+#: The level of ``corrected_micro_ratio``'s interval and the resamples behind it.
+CORRECTION_CONFIDENCE = 0.95
+CORRECTION_RESAMPLES = 4999
+_CORRECTION_SEED = 20261206
 
 
 def _medians(t: pd.DataFrame, metric: str) -> dict[str, float]:
     return {m: _median(t.loc[t["mode"] == m, metric]) for m in CORRECTION_MODES}
+
+
+def corrected_ratio_interval(timings: pd.DataFrame, metric: str, *, workload: str,
+                             clock_reads: int, instr_calls: int, ns_per_read: float,
+                             confidence: float = CORRECTION_CONFIDENCE,
+                             n_resamples: int = CORRECTION_RESAMPLES
+                             ) -> tuple[float, float, int, str]:
+    """(low, high, repetitions, method) of ``corrected_micro_ratio``: a percentile bootstrap
+    that resamples whole repetitions (plain, TIMING OFF and ON of one repetition together,
+    as they ran) among those that hold all three, and recomputes in each resample what
+    :func:`correction_summary` computes (the modes' medians, the row cost from the paired
+    OFF − plain gaps, corrected / plain).  No interval below two such repetitions; below
+    :data:`profkit.analyze.stats.MIN_VERDICT_REPS` the method is marked too few."""
+    index = ["run_id", "rep"] if "run_id" in timings.columns else ["rep"]
+    wide = timings[timings["mode"].isin(CORRECTION_MODES)].pivot_table(
+        index=index, columns="mode", values=metric, aggfunc="median")
+    if not set(CORRECTION_MODES) <= set(wide.columns) or instr_calls <= 0:
+        return math.nan, math.nan, 0, "none"
+    wide = wide[list(CORRECTION_MODES)].dropna()
+    n = len(wide)
+    if n < 2:
+        return math.nan, math.nan, n, "none"
+    plain, off, on = (wide[m].to_numpy(dtype="float64") for m in CORRECTION_MODES)
+    rng = np.random.default_rng([_CORRECTION_SEED, zlib.crc32(workload.encode())])
+    idx = rng.integers(0, n, size=(n_resamples, n))
+    p, o, t = plain[idx], off[idx], on[idx]
+    row_cost = np.maximum(0.0, np.median(o - p, axis=1)) * 1e6 / instr_calls
+    corrected = np.median(t, axis=1) - (clock_reads * ns_per_read
+                                         + instr_calls * row_cost) / 1e6
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = corrected / np.median(p, axis=1)
+    alpha = (1.0 - confidence) / 2
+    lo, hi = (float(x) for x in np.nanquantile(ratio, [alpha, 1 - alpha]))
+    return lo, hi, n, stats.too_few_reps("percentile", n)
+
+
+def corrected_vs_plain(low: float, high: float, method: str) -> str:
+    """Whether the corrected time differs from plain: "above plain" / "below plain" (the
+    interval of corrected / plain excludes 1), "not distinguishable from plain", or "too
+    few (n = N)" and "" (no interval)."""
+    few = stats.few_reps_text(method)
+    if few:
+        return few
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    if low > 1.0:
+        return "above plain"
+    if high < 1.0:
+        return "below plain"
+    return "not distinguishable from plain"
 
 
 def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
@@ -343,6 +400,10 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
     - ``corrected_in_situ_xval_ms``: the median in-situ cost per read and row
       cost per call of the *other* workloads, applied to this one.
     Ratios are corrected / plain (1.0 = the correction recovers plain).
+    ``corrected_micro_ci_low``/``_high``: the 95 % interval of ``corrected_micro_ratio``
+    over ``ci_reps`` repetitions (:func:`corrected_ratio_interval`; ``ci_method`` says
+    "too few" below 4), and ``corrected_micro_vs_plain`` what it says
+    (:func:`corrected_vs_plain`).
     ``left_out``: the workload's executions without the metric (with ``cpu_kept_ms``,
     those the slow-vCPU rule rejected: their pairs drop out of the paired gaps).
     """
@@ -403,6 +464,12 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
                 med["analyze_timing"], reads, float(f.ns_per_read_micro), calls, row_cost),
             "corrected_in_situ_split_ms": split, "plain_split_ms": plain_even,
         }
+        lo, hi, n_ci, method = corrected_ratio_interval(
+            tw, metric, workload=wl, clock_reads=reads, instr_calls=calls,
+            ns_per_read=float(f.ns_per_read_micro))
+        per[wl].update(corrected_micro_ci_low=lo, corrected_micro_ci_high=hi, ci_reps=n_ci,
+                       ci_method=method,
+                       corrected_micro_vs_plain=corrected_vs_plain(lo, hi, method))
     for wl, r in per.items():
         others = [o for o in per if o != wl]
         if others:

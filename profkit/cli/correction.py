@@ -56,7 +56,7 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
     """TIMING ON minus clock reads × cost per read, against the plain query's time."""
     from profkit.experiments.correction import measure_correction
     from profkit.pg.workloads import check_args, check_count
-    from profkit.render.correction import CORRECTION_SHOW, COSTS_SHOW, NODES_SHOW
+    from profkit.render.correction import COSTS_SHOW, NODES_SHOW, correction_shown
 
     wls = _parse_workloads(workloads)
     for name, sc in (wls or {}).items():
@@ -71,7 +71,7 @@ def correction_cmd(workloads: tuple[str, ...], build_name: str, reps: int, metri
     click.echo(res.vcpu_note)
     if res.extra_note:
         click.echo(res.extra_note)
-    click.echo(res.summary[CORRECTION_SHOW].to_string(index=False, float_format=_fmt))
+    click.echo(correction_shown(res.summary).to_string(index=False, float_format=_fmt))
     click.echo("\ncosts:")
     click.echo(res.summary[COSTS_SHOW].to_string(index=False, float_format=_fmt))
     click.echo("\ntop nodes:")
