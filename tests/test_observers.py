@@ -101,7 +101,9 @@ def test_slowdown_table_on_synthetic_timings():
 
     g = A.guard_verdict(t).set_index("method")
     assert set(g.index) == {"bcc", "ltrace"}
-    assert g.loc["bcc", "verdict"] == "ok" and g.loc["ltrace", "verdict"] == "ok"
+    # the ratios are 1.0, but 3 pairs (bcc) and 1 (ltrace) are too few for a verdict
+    assert g.loc["bcc", "verdict"] == "too few (n = 3)"
+    assert g.loc["ltrace", "verdict"] == "too few (n = 1)"
 
 
 def _pairs(method: str, variant: str, factor: float, n: int, *, start: int = 0,
@@ -194,13 +196,46 @@ def test_hit_costs_by_probe_kind():
     assert r.loc["uprobe", "ratio"] == pytest.approx(1.0)
 
 
+def _guarded(extra_cpu_ms: list[float]) -> pd.DataFrame:
+    """bcc's clock probe after each of len(*extra_cpu_ms*) unobserved executions (CPU 8 ms
+    ± 10 %): 10,000 hits, the guard assumed 6 µs each (60 ms)."""
+    rows, rng = [], np.random.default_rng(11)
+    for i, extra in enumerate(extra_cpu_ms):
+        base = 8.0 * (1 + rng.uniform(-0.1, 0.1))
+        rows.append(_row(2 * i, "unobserved", "", base + 2, rep=i + 1, cpu=base))
+        rows.append(_row(2 * i + 1, "bcc", "clock_gettime", base + 2 + extra, rep=i + 1,
+                         base=2 * i, hits=10_000, kind="clock_gettime calls",
+                         guard_hits=10_000, guard_ms=60.0, cpu=base + extra))
+    return tables.validate(pd.DataFrame(rows), "observer_timings")
+
+
 def test_guard_verdicts_and_errors():
+    """The verdict comes from the interval of measured ÷ guard, not from its point."""
+    def verdict(extra: list[float]) -> pd.Series:
+        return A.guard_verdict(A.slowdown_table(_guarded(extra))).set_index("method").loc["bcc"]
+
+    # the probe really cost 10× what the guard assumed (600 ms ± 2 % over 10,000 hits)
+    g = verdict([600.0 * (1 + d) for d in (0.0, 0.02, -0.01, 0.015, -0.02, 0.01)])
+    assert 9.0 < g["guard_ratio_low"] <= g["guard_ratio_high"] < 11.5, g
+    assert g["verdict"] == "guard too low"
+    # as the guard assumed: the whole interval within 3× either way
+    g = verdict([60.0 * (1 + d) for d in (0.0, 0.05, -0.04, 0.03, -0.05, 0.02)])
+    assert 0.7 < g["guard_ratio_low"] <= g["guard_ratio_high"] < 1.4 and g["verdict"] == "ok"
+    # a fiftieth of it: refused though affordable
+    g = verdict([1.2 * (1 + d) for d in (0.0, 0.05, -0.04, 0.03, -0.05, 0.02)])
+    assert g["guard_ratio_high"] < 1 / 3 and g["verdict"] == "guard too high"
+    # 2× to 4×, pair by pair: the interval crosses 3×, whatever the point says
+    g = verdict([120.0, 240.0, 180.0, 150.0, 210.0, 170.0, 230.0, 130.0])
+    assert g["guard_ratio_low"] < 3.0 < g["guard_ratio_high"], g
+    assert g["verdict"] == "unclear"
+    # three pairs: too few for a verdict, however clear the point
+    assert verdict([600.0, 610.0, 590.0])["verdict"] == "too few (n = 3)"
+    # without pairs (no baseline_order): the point, and it says so
+    runs = _guarded([600.0] * 6)
+    runs["baseline_order"] = np.nan
+    g = A.guard_verdict(A.slowdown_table(runs)).set_index("method").loc["bcc"]
+    assert math.isnan(g["guard_ratio_low"]) and g["verdict"] == "guard too low (no interval)"
     runs = _synthetic_runs()
-    # the probe really cost 10× what the guard assumed
-    runs.loc[runs["method"] == "bcc", "cpu_ms"] = 608.0
-    g = A.guard_verdict(A.slowdown_table(runs)).set_index("method")
-    assert g.loc["bcc", "guard_ratio"] == pytest.approx(10.0)
-    assert g.loc["bcc", "verdict"] == "guard too low"
     runs.loc[runs["method"] == "bcc", "hits"] = 4
     g = A.guard_verdict(A.slowdown_table(runs)).set_index("method")
     assert g.loc["bcc", "verdict"] == "too few hits"

@@ -231,26 +231,53 @@ def guard_verdict(table: pd.DataFrame, tolerance: float = 3.0,
 
     Compares the measured ns/hit (backend CPU time for in-process probes, wall
     time for ltrace: ``guard_basis``) with what ``bpf.DEFAULT_COST_NS`` gives for
-    that mix of probes.  Verdicts: "ok", "guard too low" (it lets through probes
-    that cost more than it thinks), "guard too high" (it refuses affordable
-    probes), or "too few hits" (< *min_hits*: one-off costs such as the first
-    hit mapping uprobes' out-of-line page dominate).
+    that mix of probes: ``guard_ratio`` (measured ÷ guard, from the medians) and its
+    95 % interval ``guard_ratio_low``/``_high`` (the paired slowdown's interval of
+    :func:`slowdown_table` on the same basis, as ns per hit: (slowdown − 1) × the
+    unobserved median / hits).  Verdicts, from the interval: "guard too low" (all of it
+    above *tolerance*: the guard lets through probes that cost more than it thinks),
+    "guard too high" (all of it below 1/*tolerance*: it refuses affordable probes), "ok"
+    (all of it within), "unclear" (it crosses a bound); "too few (n = N)" below
+    :data:`~profkit.analyze.stats.MIN_VERDICT_REPS` pairs; "too few hits" (< *min_hits*:
+    one-off costs such as the first hit mapping uprobes' out-of-line page dominate).
+    A run without pairs (no interval) is judged on ``guard_ratio`` alone and says so.
     """
     t = table[table["guard_ns_per_hit"].notna() & (table["method"] != UNOBSERVED)].copy()
-    verdicts = []
+    lows, highs, verdicts = [], [], []
     for r in t.itertuples(index=False):
+        base = r.cpu_unobserved_ms if r.guard_basis == "cpu" else r.unobserved_ms
+        same_basis = r.basis == r.guard_basis
+        lo, hi = (((x - 1.0) * base * 1e6 / r.hits / r.guard_ns_per_hit)
+                  if same_basis and r.hits and r.hits > 0 else math.nan
+                  for x in (r.ci_low_x, r.ci_high_x))
+        lows.append(lo)
+        highs.append(hi)
+        few = stats.few_reps_text(r.ci_method)
         if not (r.hits and r.hits >= min_hits) or not math.isfinite(r.guard_ratio):
             verdicts.append("too few hits")
-        elif r.guard_ratio > tolerance:
-            verdicts.append("guard too low")
-        elif r.guard_ratio < 1.0 / tolerance:
-            verdicts.append("guard too high")
+        elif few:
+            verdicts.append(few)
+        elif not (math.isfinite(lo) and math.isfinite(hi)):
+            verdicts.append(_guard_word(r.guard_ratio, r.guard_ratio, tolerance)
+                            + " (no interval)")
         else:
-            verdicts.append("ok")
+            verdicts.append(_guard_word(lo, hi, tolerance))
+    t["guard_ratio_low"] = lows
+    t["guard_ratio_high"] = highs
     t["verdict"] = verdicts
     return t[["workload", "mode", "method", "variant", "hits", "ns_per_hit", "ns_per_hit_cpu",
-              "guard_ns_per_hit", "guard_basis", "guard_ratio", "verdict"]
-             ].reset_index(drop=True)
+              "guard_ns_per_hit", "guard_basis", "guard_ratio", "guard_ratio_low",
+              "guard_ratio_high", "verdict"]].reset_index(drop=True)
+
+
+def _guard_word(low: float, high: float, tolerance: float) -> str:
+    if low > tolerance:
+        return "guard too low"
+    if high < 1.0 / tolerance:
+        return "guard too high"
+    if low >= 1.0 / tolerance and high <= tolerance:
+        return "ok"
+    return "unclear"
 
 
 def hit_costs(table: pd.DataFrame, defaults: Mapping[str, float],

@@ -43,7 +43,8 @@ def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFr
                        notes: Sequence[str] = ()) -> str:
     fmt = {"median_ms": "{:.1f}", "slowdown_x": "{:.2f}", "paired_slowdown_x": "{:.2f}",
            "server_slowdown_x": "{:.2f}", "hits": "{:,.0f}", "ns_per_hit": "{:,.0f}",
-           "guard_ns_per_hit": "{:,.0f}", "guard_ratio": "{:.2f}", "cpu_slowdown_x": "{:.2f}",
+           "guard_ns_per_hit": "{:,.0f}", "guard_ratio": "{:.2f}", "guard_ratio_low": "{:.2f}",
+           "guard_ratio_high": "{:.2f}", "cpu_slowdown_x": "{:.2f}",
            "ns_per_hit_cpu": "{:,.0f}"}
     lines = [f"# Observer effect of the observers: {workload} at scale {scale}", "",
              f"run `{run_id}`; load average before {loadavg_text(la0)}, after "
@@ -60,7 +61,12 @@ def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFr
              "other processes, but blind to ltrace's own work); guard_ns_per_hit = what "
              "profkit.collect.bpf's cost guard assumes for that probe mix.", "",
              frame(slowdown_shown(slow), fmt), "",
-             "## Cost guard check", "", frame(guard, fmt), "",
+             "## Cost guard check", "",
+             "guard_ratio = measured ns/hit ÷ the guard's, with its 95 % interval "
+             "(guard_ratio_low/_high: the paired slowdown's interval in ns per hit); the "
+             "verdict comes from the interval: guard too low / too high (all of it beyond 3× "
+             "either way), ok (all of it within), unclear (it crosses a bound), too few "
+             "(n = N) pairs, too few hits.", "", frame(guard, fmt), "",
              "Per probe kind (profkit.collect.bpf.DEFAULT_COST_NS keys; uprobe = a function of "
              "the postgres binary, derived from the per-node probe minus its clock hits):", "",
              frame(costs, {**fmt, "ns_per_hit_wall": "{:,.0f}",
