@@ -20,6 +20,12 @@ CORRECTION_SHOW = ["workload", "scale", "left_out", "plain_ms", "timing_on_ms", 
                    "corrected_in_situ_split_ms", "plain_split_ms",
                    "corrected_in_situ_split_ratio", "corrected_in_situ_xval_ms",
                    "corrected_in_situ_xval_ratio"]
+COSTS_SHOW = ["workload", "notiming_ms", "clock_reads", "instr_calls", "ns_per_read_micro",
+              "ns_per_read_in_situ", "ns_per_read_in_situ_xval", "row_cost_ns",
+              "corrected_clock_only_micro_ms"]
+NODES_SHOW = ["workload", "node_id", "node_type", "rows", "loops", "clock_reads", "total_ms",
+              "self_ms", "corrected_self_micro_ms", "corrected_self_in_situ_ms",
+              "corrected_total_micro_ms", "corrected_total_in_situ_ms"]
 
 
 def _interval_text(low: float, high: float, method: str) -> str:
@@ -42,12 +48,6 @@ def correction_shown(summary: pd.DataFrame) -> pd.DataFrame:
             strict=True)]
     out["micro_vs_plain"] = out["corrected_micro_vs_plain"].fillna("")
     return out[CORRECTION_SHOW]
-COSTS_SHOW = ["workload", "notiming_ms", "clock_reads", "instr_calls", "ns_per_read_micro",
-              "ns_per_read_in_situ", "ns_per_read_in_situ_xval", "row_cost_ns",
-              "corrected_clock_only_micro_ms"]
-NODES_SHOW = ["workload", "node_id", "node_type", "rows", "loops", "clock_reads", "total_ms",
-              "self_ms", "corrected_self_micro_ms", "corrected_self_in_situ_ms",
-              "corrected_total_micro_ms", "corrected_total_in_situ_ms"]
 
 
 def correction_markdown(summary: pd.DataFrame, nodes: pd.DataFrame, *, run_id: str,
