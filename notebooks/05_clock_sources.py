@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -39,7 +39,8 @@ from IPython.display import display
 from profkit.experiments import bench
 from profkit.lab import notebook as nb
 from profkit.analyze import predict as P
-from profkit.analyze.stats import summarize
+from profkit.analyze import correction as C
+from profkit.analyze import stats
 from profkit.collect import clock
 
 info = clock.clock_info()
@@ -101,15 +102,22 @@ if run is None:
     run = nb.Run.load(res.out_dir)
 display(run)
 timings = run.timings()
-summary = summarize(timings)
+# the bench's own metric (backend CPU, the executions the vCPU calibration caught in a
+# slow spell left out, when the run has the calibration) and its pairing
+metric = stats.default_metric(timings)
+summary = stats.summarize_metric(timings, metric)
+kept, col = stats.metric_frame(timings, metric)
+print(f"metric: {metric}")
 s = summary.set_index(["build", "mode"])
 display(summary[["build", "mode", "n", "median_ms", "overhead_pct", "ci_low_pct",
                  "ci_high_pct"]].round(2))
 
 # %% [markdown]
 # ## Predicted clock cost vs the measured TIMING overhead
-# reads (from the plan) × ns per read of the build's clock, against the median time
-# TIMING on adds over TIMING off.
+# reads (from the plan) × ns per read of the build's clock, against the time TIMING on adds
+# over TIMING off: the median of each repetition's own difference (the modes of one
+# repetition run back to back), not the difference of two medians a switch of this VM's
+# speed can invert.
 
 # %%
 from profkit.pg.cluster import Cluster
@@ -125,7 +133,7 @@ SOURCE_OF = {"vanilla": "clock_monotonic", "coarse_clock": "clock_monotonic_coar
              "tsc_clock": "rdtsc"}
 rows = []
 for b in choice.names:
-    added = s.loc[(b, "analyze_timing"), "median_ms"] - s.loc[(b, "analyze_notiming"), "median_ms"]
+    added = C.paired_gap(kept[kept["build"] == b], col, "analyze_timing", "analyze_notiming")
     src = SOURCE_OF.get(b)
     ns = float(c[src]) if src in c.index else float("nan")
     rows.append({"build": b, "clock": src, "ns_per_read": ns, "reads": reads,
