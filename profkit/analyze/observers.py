@@ -205,16 +205,24 @@ def slowdown_verdict(low_x: float, high_x: float, method: str) -> str:
     does not speed a query up, so something else moved between the pairs), or
     "too few (n = N)" when fewer than :data:`~profkit.analyze.stats.MIN_VERDICT_REPS`
     pairs stand behind it."""
+    return _against_one(low_x, high_x, method, "slower", "faster?", "no slowdown measured")
+
+
+def _against_one(low: float, high: float, method: str, above: str, below: str,
+                 holds: str) -> str:
+    """*above* / *below* when the interval [*low*, *high*] excludes 1 from that side,
+    *holds* when it holds 1; "too few (n = N)" for an interval from too few repetitions
+    (:func:`profkit.analyze.stats.few_reps_text`), "" for none."""
     few = stats.few_reps_text(method)
     if few:
         return few
-    if not (math.isfinite(low_x) and math.isfinite(high_x)):
+    if not (math.isfinite(low) and math.isfinite(high)):
         return ""
-    if low_x > 1.0:
-        return "slower"
-    if high_x < 1.0:
-        return "faster?"
-    return "no slowdown measured"
+    if low > 1.0:
+        return above
+    if high < 1.0:
+        return below
+    return holds
 
 
 def _variant_key(v: str) -> float:
@@ -396,16 +404,8 @@ def corrected_vs_plain(low: float, high: float, method: str) -> str:
     """Whether the corrected time differs from plain: "above plain" / "below plain" (the
     interval of corrected / plain excludes 1), "not distinguishable from plain", or "too
     few (n = N)" and "" (no interval)."""
-    few = stats.few_reps_text(method)
-    if few:
-        return few
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return ""
-    if low > 1.0:
-        return "above plain"
-    if high < 1.0:
-        return "below plain"
-    return "not distinguishable from plain"
+    return _against_one(low, high, method, "above plain", "below plain",
+                        "not distinguishable from plain")
 
 
 def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
