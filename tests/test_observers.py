@@ -409,15 +409,19 @@ def test_corrected_ratio_has_an_interval_and_says_what_it_shows():
     assert n == 8 and lo < 1.0 < hi and hi - lo < 0.1, (lo, hi)
     assert A.corrected_vs_plain(lo, hi, method) == "not distinguishable from plain"
     assert A.corrected_vs_plain(0.8, 0.9, "percentile") == "below plain"
-    # from 3 repetitions: marked too few, no bracket shown, no verdict drawn
-    few = A.correction_summary(t[t["rep"] <= 3], facts, metric="cpu_ms").iloc[0]
-    assert few["ci_reps"] == 3 and "too few" in few["ci_method"]
-    assert few["corrected_micro_vs_plain"] == "too few (n = 3)"
+    # from 5 repetitions (below CORRECTION_MIN_REPS: it under-covers there): marked too
+    # few, no bracket shown, no verdict drawn; from 6 an interval and a verdict
+    assert A.CORRECTION_MIN_REPS == 6
+    few = A.correction_summary(t[t["rep"] <= 5], facts, metric="cpu_ms").iloc[0]
+    assert few["ci_reps"] == 5 and "too few" in few["ci_method"]
+    assert few["corrected_micro_vs_plain"] == "too few (n = 5)"
+    six = A.correction_summary(t[t["rep"] <= 6], facts, metric="cpu_ms").iloc[0]
+    assert six["ci_method"] == "percentile" and six["corrected_micro_vs_plain"] == "above plain"
     shown = R.correction_shown(pd.DataFrame([r, few]))
     assert list(shown.columns) == R.CORRECTION_SHOW
     assert shown["micro_ratio_95ci"].iloc[0] == (f"[{r['corrected_micro_ci_low']:.2f}, "
                                                  f"{r['corrected_micro_ci_high']:.2f}]")
-    assert shown["micro_ratio_95ci"].iloc[1] == "too few (n = 3)"
+    assert shown["micro_ratio_95ci"].iloc[1] == "too few (n = 5)"
     # a repetition that lost a mode (rejected) does not pair; one left: no interval
     one = A.correction_summary(t[(t["rep"] == 1) | ((t["rep"] == 2) & (t["mode"] == "plain"))],
                                facts, metric="cpu_ms").iloc[0]

@@ -359,6 +359,11 @@ CORRECTION_COLUMNS: tuple[str, ...] = (
 #: The level of ``corrected_micro_ratio``'s interval and the resamples behind it.
 CORRECTION_CONFIDENCE = 0.95
 CORRECTION_RESAMPLES = 4999
+#: Below this many repetitions the interval is marked too few: in simulation it held the
+#: truth in 88 % of runs at 4 repetitions, 92-96 % at 5, 95 % from 6 on (this VM's own
+#: spread and a log-normal one: benchmarks/correction_interval_coverage.py,
+#: benchmarks/results/correction_interval_coverage-20261206.txt).
+CORRECTION_MIN_REPS = 6
 _CORRECTION_SEED = 20261206
 
 
@@ -376,7 +381,7 @@ def corrected_ratio_interval(timings: pd.DataFrame, metric: str, *, workload: st
     as they ran) among those that hold all three, and recomputes in each resample what
     :func:`correction_summary` computes (the modes' medians, the row cost from the paired
     OFF − plain gaps, corrected / plain).  No interval below two such repetitions; below
-    :data:`profkit.analyze.stats.MIN_VERDICT_REPS` the method is marked too few."""
+    :data:`CORRECTION_MIN_REPS` the method is marked too few."""
     index = ["run_id", "rep"] if "run_id" in timings.columns else ["rep"]
     wide = timings[timings["mode"].isin(CORRECTION_MODES)].pivot_table(
         index=index, columns="mode", values=metric, aggfunc="median")
@@ -397,7 +402,7 @@ def corrected_ratio_interval(timings: pd.DataFrame, metric: str, *, workload: st
         ratio = corrected / np.median(p, axis=1)
     alpha = (1.0 - confidence) / 2
     lo, hi = (float(x) for x in np.nanquantile(ratio, [alpha, 1 - alpha]))
-    return lo, hi, n, stats.too_few_reps("percentile", n)
+    return lo, hi, n, stats.too_few_reps("percentile", n, CORRECTION_MIN_REPS)
 
 
 def corrected_vs_plain(low: float, high: float, method: str) -> str:
@@ -429,7 +434,7 @@ def correction_summary(timings: pd.DataFrame, facts: pd.DataFrame, *,
     Ratios are corrected / plain (1.0 = the correction recovers plain).
     ``corrected_micro_ci_low``/``_high``: the 95 % interval of ``corrected_micro_ratio``
     over ``ci_reps`` repetitions (:func:`corrected_ratio_interval`; ``ci_method`` says
-    "too few" below 4), and ``corrected_micro_vs_plain`` what it says
+    "too few" below :data:`CORRECTION_MIN_REPS`), and ``corrected_micro_vs_plain`` what it says
     (:func:`corrected_vs_plain`).
     ``left_out``: the workload's executions without the metric (with ``cpu_kept_ms``,
     those the slow-vCPU rule rejected: their pairs drop out of the paired gaps).

@@ -210,10 +210,11 @@ MIN_VERDICT_REPS = 4
 _TOO_FEW_REPS = re.compile(r"\((\d+) repetitions: too few")
 
 
-def too_few_reps(method: str, n: int) -> str:
-    """*method* marked "too few" when its interval came from *n* < :data:`MIN_VERDICT_REPS`
-    repetitions (nothing is marked twice; ``"none"``, no interval, is left alone)."""
-    if n >= MIN_VERDICT_REPS or method == "none" or "too few" in method:
+def too_few_reps(method: str, n: int, minimum: int = MIN_VERDICT_REPS) -> str:
+    """*method* marked "too few" when its interval came from *n* < *minimum* (default
+    :data:`MIN_VERDICT_REPS`) repetitions (nothing is marked twice; ``"none"``, no
+    interval, is left alone)."""
+    if n >= minimum or method == "none" or "too few" in method:
         return method
     return f"{method} ({n} repetitions: too few, interval too narrow)"
 

@@ -39,7 +39,7 @@ def _interval_text(low: float, high: float, method: str) -> str:
 
 def correction_shown(summary: pd.DataFrame) -> pd.DataFrame:
     """:data:`CORRECTION_SHOW` of a correction summary: ``corrected_micro_ratio``'s 95 %
-    interval as text ("too few (n = N)" from fewer than 4 repetitions: no bracket) and
+    interval as text ("too few (n = N)" from fewer than 6 repetitions: no bracket) and
     what it says against plain."""
     out = summary.copy()
     out["micro_ratio_95ci"] = [
@@ -72,7 +72,7 @@ def correction_markdown(summary: pd.DataFrame, nodes: pd.DataFrame, *, run_id: s
         "the odd repetitions applied to the even ones (compare with plain_split_ms). "
         "in_situ_xval: the other workloads' median in-situ costs. micro_ratio_95ci: the 95 % "
         "interval of corrected_micro_ratio, resampling whole repetitions (none from fewer "
-        "than 4); micro_vs_plain: whether it excludes 1.", "",
+        "than 6: it under-covers there); micro_vs_plain: whether it excludes 1.", "",
         frame(correction_shown(summary), fmt), "", "## Costs", "",
         frame(summary[COSTS_SHOW], fmt), "",
         *[part for m, df in (others or {}).items()
