@@ -23,7 +23,7 @@ All functions are pure (DataFrames in, DataFrames out).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -128,9 +128,21 @@ def corrected_node_times(nodes: pd.DataFrame, ns_per_read: float, row_cost_ns: f
     return df
 
 
+def per_repetition(timings: pd.DataFrame, column: str, modes: Sequence[str]) -> pd.DataFrame:
+    """*column* per repetition (rows: (run_id, rep), or rep for a table without run_id)
+    and mode (columns: those of *modes* the table has); NaN where a repetition lacks the
+    mode."""
+    for c in ("mode", "rep", column):
+        if c not in timings.columns:
+            raise CorrectionError(f"timings need column {c!r}; have {list(timings.columns)}")
+    index = ["run_id", "rep"] if "run_id" in timings.columns else ["rep"]
+    t = timings[timings["mode"].isin(modes)]
+    return t.pivot_table(index=index, columns="mode", values=column, aggfunc="median")
+
+
 def paired_differences(timings: pd.DataFrame, column: str, a: str, b: str) -> pd.Series:
     """Per repetition, mode *a*'s *column* minus mode *b*'s (repetitions without both left
-    out), indexed by (run_id, rep), or rep for a table without run_id.
+    out), indexed as :func:`per_repetition`.
 
     The modes of one repetition run interleaved, next to each other in one backend, so a
     stretch of slow machine (this VM switches between two speeds within milliseconds, about
@@ -139,12 +151,7 @@ def paired_differences(timings: pd.DataFrame, column: str, a: str, b: str) -> pd
     repetitions it has made TIMING on look cheaper than off
     (benchmarks/timing_on_off_reading.py).
     """
-    for c in ("mode", "rep", column):
-        if c not in timings.columns:
-            raise CorrectionError(f"timings need column {c!r}; have {list(timings.columns)}")
-    index = ["run_id", "rep"] if "run_id" in timings.columns else ["rep"]
-    t = timings[timings["mode"].isin((a, b))]
-    wide = t.pivot_table(index=index, columns="mode", values=column, aggfunc="median")
+    wide = per_repetition(timings, column, (a, b))
     if a not in wide.columns or b not in wide.columns:
         return pd.Series([], dtype="float64", name=f"{a} - {b}")
     return (wide[a] - wide[b]).dropna().rename(f"{a} - {b}")

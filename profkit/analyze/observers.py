@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -382,9 +381,7 @@ def corrected_ratio_interval(timings: pd.DataFrame, metric: str, *, workload: st
     :func:`correction_summary` computes (the modes' medians, the row cost from the paired
     OFF − plain gaps, corrected / plain).  No interval below two such repetitions; below
     :data:`CORRECTION_MIN_REPS` the method is marked too few."""
-    index = ["run_id", "rep"] if "run_id" in timings.columns else ["rep"]
-    wide = timings[timings["mode"].isin(CORRECTION_MODES)].pivot_table(
-        index=index, columns="mode", values=metric, aggfunc="median")
+    wide = correction.per_repetition(timings, metric, CORRECTION_MODES)
     if not set(CORRECTION_MODES) <= set(wide.columns) or instr_calls <= 0:
         return math.nan, math.nan, 0, "none"
     wide = wide[list(CORRECTION_MODES)].dropna()
@@ -392,7 +389,7 @@ def corrected_ratio_interval(timings: pd.DataFrame, metric: str, *, workload: st
     if n < 2:
         return math.nan, math.nan, n, "none"
     plain, off, on = (wide[m].to_numpy(dtype="float64") for m in CORRECTION_MODES)
-    rng = np.random.default_rng([_CORRECTION_SEED, zlib.crc32(workload.encode())])
+    rng = stats.cell_rng(_CORRECTION_SEED, workload)
     idx = rng.integers(0, n, size=(n_resamples, n))
     p, o, t = plain[idx], off[idx], on[idx]
     row_cost = np.maximum(0.0, np.median(o - p, axis=1)) * 1e6 / instr_calls

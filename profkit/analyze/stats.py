@@ -137,7 +137,7 @@ class BootstrapCI:
     paired: bool
 
 
-def _cell_rng(seed: int, *parts: str) -> np.random.Generator:
+def cell_rng(seed: int, *parts: str) -> np.random.Generator:
     """A generator seeded from *seed* and the cell's name.
 
     Each (build, mode) cell gets its own stream, so adding a build to a run does not
@@ -437,7 +437,7 @@ def summarize(
                 b, o, paired = _pair(base, cur, common=pair == "common")
                 paired = paired and pair != "never"
                 stat = paired_stat if paired else ratio_stat
-                rng = _cell_rng(seed, build, mode, metric, center)
+                rng = cell_rng(seed, build, mode, metric, center)
                 ids = (backend_of.reindex(_paired_keys(base, cur, pair == "common"))
                        .fillna(1).to_numpy() if paired else np.ones(0))
                 if paired and len(np.unique(ids)) >= 2:
@@ -588,7 +588,7 @@ def compare_builds(
         pa, pb = sample(a, BASELINE_MODE), sample(b, BASELINE_MODE)
         pa_arr, ma_arr, ok_a = _pair(pa, ma, common)
         pb_arr, mb_arr, ok_b = _pair(pb, mb, common)
-        rng = _cell_rng(seed, a, b, mode, metric, center)
+        rng = cell_rng(seed, a, b, mode, metric, center)
         if ok_a and ok_b:
             # Same estimator as summarize(): per-repetition overheads within each build.
             # They are the units resampled; jointly when both builds ran in the same
