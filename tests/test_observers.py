@@ -194,6 +194,73 @@ def test_hit_costs_by_probe_kind():
     assert r.loc["uprobe", "ns_per_hit_wall"] == pytest.approx(1500.0)
     assert r.loc["ltrace", "ratio"] == pytest.approx(1.0)
     assert r.loc["uprobe", "ratio"] == pytest.approx(1.0)
+    assert list(c.columns) == list(A.HIT_COST_COLUMNS)
+    # three pairs of the clock probe, one of ltrace: too few for an interval's verdict
+    assert r.loc["uprobe_libc", "verdict"] == "too few (n = 3)"
+    assert r.loc["ltrace", "verdict"] == "too few (n = 1)"
+    # no timings given: the derived kind has no interval, and its verdict says so
+    assert math.isnan(r.loc["uprobe", "ratio_low"])
+    assert r.loc["uprobe", "verdict"] == "ok (no interval)"
+
+
+def _probe_pairs(variant: str, extra_cpu: float, hits: int, n: int, *, start: int,
+                 noise: float, seed: int) -> list[dict]:
+    """*n* (unobserved, bcc probe) pairs: unobserved CPU 8 ms ± 10 %, the probe adds
+    *extra_cpu* ms ± *noise* (relative) over *hits* hits."""
+    rows, rng = [], np.random.default_rng(seed)
+    for i in range(n):
+        o = start + 2 * i
+        base = 8.0 * (1 + rng.uniform(-0.1, 0.1))
+        cpu = base + extra_cpu * (1 + rng.uniform(-noise, noise))
+        rows.append(_row(o, "unobserved", "", base + 2, rep=i + 1, cpu=base))
+        rows.append(_row(o + 1, "bcc", variant, cpu + 2, rep=i + 1, base=o, hits=hits,
+                         kind="uprobe hits", cpu=cpu))
+    return rows
+
+
+def _costs(clock_noise: float, per_node_ms: float = 80.0, n_node: int = 10,
+           with_runs: bool = True) -> pd.Series:
+    """hit_costs' rows for a bcc clock probe (10,000 hits, 60 ms CPU: 6 µs each) and a
+    per-node probe (those 10,000 plus 20,000 on binary functions, *per_node_ms* CPU)."""
+    runs = tables.validate(pd.DataFrame(
+        _probe_pairs("clock_gettime", 60.0, 10_000, 10, start=0, noise=clock_noise, seed=3)
+        + _probe_pairs("per_node", per_node_ms, 30_000, n_node, start=100, noise=0.02,
+                       seed=5)), "observer_timings")
+    c = A.hit_costs(A.slowdown_table(runs), {"uprobe": 1000.0, "uprobe_libc": 6000.0},
+                    runs=runs if with_runs else None)
+    return c.set_index("kind")
+
+
+def test_hit_costs_have_intervals_and_verdicts():
+    """The ratio to the default gets a 95 % interval from the pairs; the derived uprobe
+    kind's interval carries the clock probe's uncertainty too."""
+    r = _costs(0.02)
+    libc, up = r.loc["uprobe_libc"], r.loc["uprobe"]
+    # 20 ms over 20,000 hits: 1 µs, as the default says
+    assert up["ratio"] == pytest.approx(1.0, abs=0.15)
+    for row, default in ((libc, 6000.0), (up, 1000.0)):
+        # the point is the pairs' (the interval's centre), not the medians'
+        assert row["ratio"] == pytest.approx(row["ns_per_hit_paired"] / default)
+        assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"], row
+        assert 0.6 < row["ratio_low"] <= 1.0 <= row["ratio_high"] < 1.6, row
+        assert row["verdict"] == "ok" and "too few" not in row["ci_method"], row
+    # the per-node probe's pairs are the same; a noisier clock probe widens the derived
+    # interval (what is subtracted is uncertain too), and the clock probe's own
+    noisy = _costs(0.3)
+    width = lambda x: x["ratio_high"] - x["ratio_low"]  # noqa: E731
+    assert width(noisy.loc["uprobe"]) > 1.3 * width(up), (noisy.loc["uprobe"], up)
+    assert width(noisy.loc["uprobe_libc"]) > width(libc)
+    # a per-node probe that costs 10 µs a binary-function hit: the default is too low
+    dear = _costs(0.02, per_node_ms=260.0).loc["uprobe"]
+    assert dear["ratio_low"] > 3.0 and dear["verdict"] == "default too low", dear
+    # three per-node pairs: too few
+    few = _costs(0.02, n_node=3).loc["uprobe"]
+    assert few["verdict"] == "too few (n = 3)" and stats.too_few_count(few["ci_method"]) == 3
+    # no timings: the point only, marked
+    bare = _costs(0.02, with_runs=False).loc["uprobe"]
+    assert bare["ci_method"] == "none" and bare["verdict"] == "ok (no interval)"
+    assert math.isnan(bare["ns_per_hit_paired"])
+    assert bare["ratio"] == pytest.approx(bare["ns_per_hit_cpu"] / 1000.0)
 
 
 def _guarded(extra_cpu_ms: list[float]) -> pd.DataFrame:
@@ -216,7 +283,7 @@ def test_guard_verdicts_and_errors():
 
     # the probe really cost 10× what the guard assumed (600 ms ± 2 % over 10,000 hits)
     g = verdict([600.0 * (1 + d) for d in (0.0, 0.02, -0.01, 0.015, -0.02, 0.01)])
-    assert 9.0 < g["guard_ratio_low"] <= g["guard_ratio_high"] < 11.5, g
+    assert 9.0 < g["guard_ratio_low"] <= g["guard_ratio"] <= g["guard_ratio_high"] < 11.5, g
     assert g["verdict"] == "guard too low"
     # as the guard assumed: the whole interval within 3× either way
     g = verdict([60.0 * (1 + d) for d in (0.0, 0.05, -0.04, 0.03, -0.05, 0.02)])
@@ -227,6 +294,9 @@ def test_guard_verdicts_and_errors():
     # 2× to 4×, pair by pair: the interval crosses 3×, whatever the point says
     g = verdict([120.0, 240.0, 180.0, 150.0, 210.0, 170.0, 230.0, 130.0])
     assert g["guard_ratio_low"] < 3.0 < g["guard_ratio_high"], g
+    # the point is the pairs' too (the medians' would not sit inside the interval when
+    # the machine's speed moves between pairs)
+    assert g["guard_ratio_low"] <= g["guard_ratio"] <= g["guard_ratio_high"], g
     assert g["verdict"] == "unclear"
     # three pairs: too few for a verdict, however clear the point
     assert verdict([600.0, 610.0, 590.0])["verdict"] == "too few (n = 3)"

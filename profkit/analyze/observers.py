@@ -13,7 +13,9 @@ Pure functions over tables (no processes, no database):
 
   plus the cost guard's estimate (:func:`profkit.collect.bpf.guard`) beside the
   measured extra time, so the guard's defaults can be checked (``guard_ratio``
-  = measured ns/hit ÷ the guard's ns/hit; 1 means the guard is right).
+  = measured ns/hit ÷ the guard's ns/hit, the measured one from the paired slowdown
+  where there are pairs, as its interval in :func:`guard_verdict`; 1 means the guard is
+  right).
 - :func:`correction_summary` — observer-effect.txt's proposal checked on the seed
   workloads: EXPLAIN ANALYZE's total minus clock reads × cost per read (and
   minus the row-counting cost) against the plain query's time.  The cost per
@@ -143,10 +145,14 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
             basis = "cpu" if method in IN_PROCESS and math.isfinite(row["ns_per_hit_cpu"]) \
                 else "wall"
             row["guard_basis"] = basis if math.isfinite(row["guard_ns_per_hit"]) else ""
-            measured = row["ns_per_hit_cpu"] if basis == "cpu" else row["ns_per_hit"]
-            row["guard_ratio"] = _ratio(measured, row["guard_ns_per_hit"])
             row.update(_paired_interval(
                 g, method, cpu_by_order if method in IN_PROCESS else by_order))
+            # the guard's ratio from the paired slowdown, as its interval (guard_verdict),
+            # so the point lies inside it; from the medians when there are no pairs
+            paired = _ns_per_hit(pd.Series(row), basis, row["basis_slowdown_x"])
+            measured = row["ns_per_hit_cpu"] if basis == "cpu" else row["ns_per_hit"]
+            row["guard_ratio"] = _ratio(paired if math.isfinite(paired) else measured,
+                                        row["guard_ns_per_hit"])
             out.append(row)
     res = pd.DataFrame(out, columns=list(SLOWDOWN_COLUMNS))
     order = {UNOBSERVED: 0, "perf": 1, "bcc": 2, "bpftrace": 3, "ltrace": 4, "callgrind": 5}
@@ -169,14 +175,9 @@ def _paired_interval(g: pd.DataFrame, method: str, by_order: pd.Series) -> dict[
             "ci_high_x": math.nan, "ci_method": "none", "verdict": ""}
     if method == UNOBSERVED:
         return none
-    basis = "cpu_ms" if method in IN_PROCESS else "client_ms"
+    basis = _basis_column(method)
     rows = []
-    for i, (v, o) in enumerate(zip(g[basis].astype(float), g["baseline_order"], strict=True)):
-        if pd.isna(o) or int(o) not in by_order.index:
-            continue
-        b = by_order[int(o)]
-        if not (math.isfinite(v) and math.isfinite(b) and b > 0):
-            continue
+    for i, (b, v) in enumerate(_pairs(g, basis, by_order)):
         for mode, ms in (("plain", b), ("observed", v)):
             rows.append({"run_id": "observers", "build": method, "workload": "w", "query": "q",
                          "mode": mode, "rep": i, "order": 2 * i + (mode == "observed"),
@@ -195,6 +196,26 @@ def _paired_interval(g: pd.DataFrame, method: str, by_order: pd.Series) -> dict[
             "ci_low_x": x(r["ci_low_pct"]), "ci_high_x": x(r["ci_high_pct"]),
             "ci_method": method_ci,
             "verdict": slowdown_verdict(x(r["ci_low_pct"]), x(r["ci_high_pct"]), method_ci)}
+
+
+def _basis_column(method: str) -> str:
+    """The time that sees *method*'s cost: the backend's CPU for in-process observers,
+    the client's wall time for ltrace (its work is in its own process)."""
+    return "cpu_ms" if method in IN_PROCESS else "client_ms"
+
+
+def _pairs(g: pd.DataFrame, basis: str, by_order: pd.Series) -> list[tuple[float, float]]:
+    """(unobserved, observed) times on *basis* of the observed executions *g* that name,
+    in ``baseline_order``, the unobserved execution run just before them (*by_order*: every
+    execution's time on the basis, by its ``order``)."""
+    out = []
+    for v, o in zip(g[basis].astype(float), g["baseline_order"], strict=True):
+        if pd.isna(o) or int(o) not in by_order.index:
+            continue
+        b = float(by_order[int(o)])
+        if math.isfinite(v) and math.isfinite(b) and b > 0:
+            out.append((b, float(v)))
+    return out
 
 
 def slowdown_verdict(low_x: float, high_x: float, method: str) -> str:
@@ -252,11 +273,7 @@ def guard_verdict(table: pd.DataFrame, tolerance: float = 3.0,
     t = table[table["guard_ns_per_hit"].notna() & (table["method"] != UNOBSERVED)].copy()
     lows, highs, verdicts = [], [], []
     for r in t.itertuples(index=False):
-        base = r.cpu_unobserved_ms if r.guard_basis == "cpu" else r.unobserved_ms
-        same_basis = r.basis == r.guard_basis
-        lo, hi = (((x - 1.0) * base * 1e6 / r.hits / r.guard_ns_per_hit)
-                  if same_basis and r.hits and r.hits > 0 else math.nan
-                  for x in (r.ci_low_x, r.ci_high_x))
+        lo, hi = (ns / r.guard_ns_per_hit for ns in _ns_per_hit_interval(r, r.guard_basis))
         lows.append(lo)
         highs.append(hi)
         few = stats.few_reps_text(r.ci_method)
@@ -277,18 +294,44 @@ def guard_verdict(table: pd.DataFrame, tolerance: float = 3.0,
               "guard_ratio_high", "verdict"]].reset_index(drop=True)
 
 
-def _guard_word(low: float, high: float, tolerance: float) -> str:
+def _ns_per_hit(r: Any, basis: str, x: float) -> float:
+    """A paired slowdown *x* of slowdown row *r* (a row tuple or Series: read by
+    attribute) as ns per hit on *basis* ("cpu" or "wall"): (x − 1) × the unobserved
+    median × 1e6 / hits; NaN when the row's paired slowdown is on the other basis or the
+    row has no hits."""
+    if r.basis != basis or not (r.hits and r.hits > 0 and math.isfinite(x)):
+        return math.nan
+    base = r.cpu_unobserved_ms if basis == "cpu" else r.unobserved_ms
+    return (x - 1.0) * base * 1e6 / r.hits
+
+
+def _ns_per_hit_interval(r: Any, basis: str) -> tuple[float, float]:
+    """The paired slowdown's interval of slowdown row *r* in ns per hit (:func:`_ns_per_hit`)."""
+    return _ns_per_hit(r, basis, r.ci_low_x), _ns_per_hit(r, basis, r.ci_high_x)
+
+
+def _guard_word(low: float, high: float, tolerance: float, noun: str = "guard") -> str:
     if low > tolerance:
-        return "guard too low"
+        return f"{noun} too low"
     if high < 1.0 / tolerance:
-        return "guard too high"
+        return f"{noun} too high"
     if low >= 1.0 / tolerance and high <= tolerance:
         return "ok"
     return "unclear"
 
 
+#: Columns of :func:`hit_costs`.
+HIT_COST_COLUMNS: tuple[str, ...] = (
+    "workload", "mode", "method", "kind", "hits", "ns_per_hit_cpu", "ns_per_hit_wall",
+    "ns_per_hit_paired", "default_ns", "ratio", "ratio_low", "ratio_high", "ci_method",
+    "verdict")
+_HIT_COST_SEED = 20261207
+
+
 def hit_costs(table: pd.DataFrame, defaults: Mapping[str, float],
-              min_hits: int = MIN_HITS_FOR_VERDICT) -> pd.DataFrame:
+              min_hits: int = MIN_HITS_FOR_VERDICT, *, runs: pd.DataFrame | None = None,
+              tolerance: float = 3.0, confidence: float = CONFIDENCE,
+              n_resamples: int = 4000) -> pd.DataFrame:
     """Cost per hit by probe kind, in the guard's own terms (``bpf.DEFAULT_COST_NS`` keys).
 
     - ``uprobe_libc``: the clock_gettime-only probe's ns/hit;
@@ -298,9 +341,25 @@ def hit_costs(table: pd.DataFrame, defaults: Mapping[str, float],
           (extra_per_node − clock_hits × ns_libc) / (hits_per_node − clock_hits)
 
     - ``ltrace``: ltrace's ns per counted call (wall time).
-    Columns: workload, mode, method, kind, hits, ns_per_hit_cpu, ns_per_hit_wall,
-    default_ns, ratio (measured ÷ default, on CPU time for uprobes, wall for ltrace).
+
+    ``ns_per_hit_cpu``/``_wall`` come from the medians (observed − unobserved);
+    ``ns_per_hit_paired`` from the pairs (each observed execution against the unobserved
+    one just before it; CPU time for uprobes, wall for ltrace): for ``uprobe_libc`` and
+    ``ltrace`` the probe's paired slowdown of :func:`slowdown_table` in ns per hit (as
+    :func:`guard_verdict` reads it), for the derived ``uprobe`` the per-node probe's
+    median paired slowdown minus the clock probe's (that needs *runs*, the
+    ``observer_timings`` table).  ``ratio`` is ``ns_per_hit_paired`` ÷ the default (the
+    medians' ns/hit ÷ the default where there are no pairs), ``ratio_low``/``_high`` its
+    95 % interval: the paired slowdown's interval, and for ``uprobe`` a bootstrap of that
+    difference with each probe's pairs resampled on their own (they are different
+    executions), so the clock probe's uncertainty is in it.  ``verdict`` from the
+    interval, as the guard's check words it: "default too low" / "default too high" (all
+    of it beyond *tolerance*× either way), "ok" (all within), "unclear" (it crosses a
+    bound), "too few (n = N)" below :data:`~profkit.analyze.stats.MIN_VERDICT_REPS` pairs,
+    the point's word and "(no interval)" without one.  Columns: :data:`HIT_COST_COLUMNS`.
     """
+    cpu_by_order = (None if runs is None
+                    else runs.set_index("order")["cpu_ms"].astype(float))
     rows = []
     t = table[table["method"] != UNOBSERVED]
     for (wl, mode, method), g in t.groupby(["workload", "mode", "method"], sort=False):
@@ -308,29 +367,85 @@ def hit_costs(table: pd.DataFrame, defaults: Mapping[str, float],
         if method == "ltrace" and "clock_gettime" in by.index:
             r = by.loc["clock_gettime"]
             if r["hits"] >= min_hits:
+                lo, hi = _ns_per_hit_interval(r, "wall")
                 rows.append((wl, mode, method, "ltrace", r["hits"], r["ns_per_hit_cpu"],
-                             r["ns_per_hit"]))
+                             r["ns_per_hit"], _ns_per_hit(r, "wall", r["basis_slowdown_x"]),
+                             lo, hi, r["ci_method"]))
             continue
         if method not in ("bcc", "bpftrace") or "clock_gettime" not in by.index:
             continue
         c = by.loc["clock_gettime"]
         if not c["hits"] >= min_hits:
             continue
+        lo, hi = _ns_per_hit_interval(c, "cpu")
         rows.append((wl, mode, method, "uprobe_libc", c["hits"], c["ns_per_hit_cpu"],
-                     c["ns_per_hit"]))
+                     c["ns_per_hit"], _ns_per_hit(c, "cpu", c["basis_slowdown_x"]), lo, hi,
+                     c["ci_method"]))
         if "per_node" in by.index:
             n = by.loc["per_node"]
             other = n["hits"] - c["hits"]
             if other >= min_hits:
                 cpu = (n["extra_cpu_ms"] * 1e6 - c["hits"] * c["ns_per_hit_cpu"]) / other
                 wall = (n["extra_ms"] * 1e6 - c["hits"] * c["ns_per_hit"]) / other
-                rows.append((wl, mode, method, "uprobe", other, cpu, wall))
+                point, lo, hi, how = math.nan, math.nan, math.nan, "none"
+                if cpu_by_order is not None:
+                    point, lo, hi, how = _derived_interval(
+                        runs, cpu_by_order, (wl, mode, method), c["cpu_unobserved_ms"], other,
+                        confidence=confidence, n_resamples=n_resamples)
+                rows.append((wl, mode, method, "uprobe", other, cpu, wall, point, lo, hi, how))
     out = pd.DataFrame(rows, columns=["workload", "mode", "method", "kind", "hits",
-                                      "ns_per_hit_cpu", "ns_per_hit_wall"])
+                                      "ns_per_hit_cpu", "ns_per_hit_wall", "ns_per_hit_paired",
+                                      "ns_low", "ns_high", "ci_method"])
     out["default_ns"] = out["kind"].map(lambda k: float(defaults.get(k, math.nan)))
     measured = out["ns_per_hit_wall"].where(out["kind"] == "ltrace", out["ns_per_hit_cpu"])
-    out["ratio"] = measured / out["default_ns"]
-    return out
+    out["ratio"] = out["ns_per_hit_paired"].fillna(measured) / out["default_ns"]
+    out["ratio_low"] = out["ns_low"] / out["default_ns"]
+    out["ratio_high"] = out["ns_high"] / out["default_ns"]
+    verdicts = []
+    for r in out.itertuples(index=False):
+        few = stats.few_reps_text(r.ci_method)
+        if few:
+            verdicts.append(few)
+        elif not math.isfinite(r.ratio):
+            verdicts.append("")
+        elif math.isfinite(r.ratio_low) and math.isfinite(r.ratio_high):
+            verdicts.append(_guard_word(r.ratio_low, r.ratio_high, tolerance, "default"))
+        else:
+            verdicts.append(_guard_word(r.ratio, r.ratio, tolerance, "default")
+                            + " (no interval)")
+    out["verdict"] = verdicts
+    return out[list(HIT_COST_COLUMNS)]
+
+
+def _derived_interval(runs: pd.DataFrame, cpu_by_order: pd.Series,
+                      key: tuple[str, str, str], cpu_unobserved_ms: float, other_hits: float,
+                      *, confidence: float, n_resamples: int
+                      ) -> tuple[float, float, float, str]:
+    """(estimate, low, high, method) in ns per hit of the derived ``uprobe`` kind: the
+    per-node probe's median paired CPU slowdown minus the clock probe's, × the unobserved
+    median, over the hits that are not clock_gettime's."""
+    wl, mode, method = key
+    part = runs[(runs["workload"] == wl) & (runs["mode"] == mode) & (runs["method"] == method)]
+    variant = part["variant"].fillna("")
+    samples = []
+    for v in ("per_node", "clock_gettime"):
+        pairs = _pairs(part[variant == v], "cpu_ms", cpu_by_order)
+        samples.append(np.array([o / b for b, o in pairs], dtype="float64"))
+    n = min(len(x) for x in samples)
+    if n < 1 or not (math.isfinite(cpu_unobserved_ms) and other_hits > 0):
+        return math.nan, math.nan, math.nan, "none"
+    scale = cpu_unobserved_ms * 1e6 / other_hits
+
+    def stat(pn: np.ndarray, ck: np.ndarray, axis: int = -1) -> np.ndarray:
+        return (np.median(pn, axis=axis) - np.median(ck, axis=axis)) * scale
+
+    point = float(stat(*(x[np.newaxis, :] for x in samples))[0])
+    ci = stats.bootstrap(samples, stat, paired=False,
+                         rng=stats.cell_rng(_HIT_COST_SEED, wl, mode, method, "uprobe"),
+                         confidence=confidence, n_resamples=n_resamples)
+    if ci.method == "none":  # one pair of either probe: an estimate, no interval
+        return point, ci.low, ci.high, stats.too_few_reps("no interval", n)
+    return point, ci.low, ci.high, stats.too_few_reps(ci.method, n)
 
 
 # ---------------------------------------------------------------------------

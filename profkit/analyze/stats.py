@@ -160,7 +160,7 @@ def _pct(new: np.ndarray | float, base: np.ndarray | float) -> np.ndarray | floa
         return (np.asarray(new) - base) / base * 100.0
 
 
-def _bootstrap(
+def bootstrap(
     samples: Sequence[np.ndarray],
     statistic: Callable[..., np.ndarray],
     *,
@@ -449,8 +449,8 @@ def summarize(
                         n_resamples=min(n_resamples, max(4000, int(40 / (1 - confidence)))))
                     row["between_share_pct"] = share
                 else:
-                    ci = _bootstrap((b, o), stat, paired=paired, rng=rng,
-                                    confidence=confidence, n_resamples=n_resamples)
+                    ci = bootstrap((b, o), stat, paired=paired, rng=rng,
+                                   confidence=confidence, n_resamples=n_resamples)
                 row.update(
                     overhead_pct=float(stat(b, o)),
                     ci_low_pct=ci.low, ci_high_pct=ci.high,
@@ -616,8 +616,8 @@ def compare_builds(
                                  f"hierarchical ({k} backends: too few, interval too narrow)",
                                  True)
             else:
-                ci = _bootstrap((ra, rb), diff_rep, paired=joint, rng=rng,
-                                confidence=confidence, n_resamples=n_resamples)
+                ci = bootstrap((ra, rb), diff_rep, paired=joint, rng=rng,
+                               confidence=confidence, n_resamples=n_resamples)
             p_ov = float(sps.mannwhitneyu(ra, rb, alternative="two-sided").pvalue)
             paired = True
             smallest = min(len(ra), len(rb))
@@ -631,8 +631,8 @@ def compare_builds(
                 ob = _pct(stat_fn(m_b, axis=axis), stat_fn(p_b, axis=axis))
                 return ob - oa
 
-            ci = _bootstrap([pa.to_numpy(), va, pb.to_numpy(), vb], diff_ratio, paired=False,
-                            rng=rng, confidence=confidence, n_resamples=n_resamples)
+            ci = bootstrap([pa.to_numpy(), va, pb.to_numpy(), vb], diff_ratio, paired=False,
+                           rng=rng, confidence=confidence, n_resamples=n_resamples)
             paired = False
             smallest = min(len(pa), len(va), len(pb), len(vb))
         diff = ov_b - ov_a

@@ -455,7 +455,7 @@ def summarize_observers(run_dir: str | os.PathLike[str]) -> ObserverResult:
     timings = _timings_frame(timings.to_dict("records"))
     slow = A.slowdown_table(timings)
     guard = A.guard_verdict(slow)
-    costs = A.hit_costs(slow, DEFAULT_COST_NS)
+    costs = A.hit_costs(slow, DEFAULT_COST_NS, runs=timings)
     slow.to_csv(rd.file("slowdown.csv"), index=False)
     guard.to_csv(rd.file("guard_check.csv"), index=False)
     costs.to_csv(rd.file("hit_costs.csv"), index=False)

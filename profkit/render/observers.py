@@ -62,15 +62,21 @@ def observers_markdown(slow: pd.DataFrame, guard: pd.DataFrame, costs: pd.DataFr
              "profkit.collect.bpf's cost guard assumes for that probe mix.", "",
              frame(slowdown_shown(slow), fmt), "",
              "## Cost guard check", "",
-             "guard_ratio = measured ns/hit ÷ the guard's, with its 95 % interval "
+             "guard_ratio = measured ns/hit ÷ the guard's (from the paired slowdown, in ns "
+             "per hit; from the medians where a run has no pairs), with its 95 % interval "
              "(guard_ratio_low/_high: the paired slowdown's interval in ns per hit); the "
              "verdict comes from the interval: guard too low / too high (all of it beyond 3× "
              "either way), ok (all of it within), unclear (it crosses a bound), too few "
              "(n = N) pairs, too few hits.", "", frame(guard, fmt), "",
              "Per probe kind (profkit.collect.bpf.DEFAULT_COST_NS keys; uprobe = a function of "
-             "the postgres binary, derived from the per-node probe minus its clock hits):", "",
-             frame(costs, {**fmt, "ns_per_hit_wall": "{:,.0f}",
-                                      "default_ns": "{:,.0f}", "ratio": "{:.2f}"}), "",
+             "the postgres binary, derived from the per-node probe minus its clock hits): "
+             "ratio = measured ns/hit ÷ the default, ratio_low/_high its 95 % interval from "
+             "the pairs (for uprobe, the per-node and clock probes' pairs resampled each on "
+             "its own); the verdict from the interval, in the guard check's words (default "
+             "too low / too high beyond 3×).", "",
+             frame(costs, {**fmt, "ns_per_hit_wall": "{:,.0f}", "default_ns": "{:,.0f}",
+                           "ratio": "{:.2f}", "ratio_low": "{:.2f}",
+                           "ratio_high": "{:.2f}"}), "",
              "## Predicted clock reads per execution", ""]
     for mode, t in predicted.items():
         lines.append(f"- {mode}: clock_reads {t.get('clock_reads', 0):,} (ltrace-visible "
