@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,13 +55,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.reps}), TIMING on − off in ms")
     print(f"{'run':>4} {'old: server_ms medians':>22} {'new: paired cpu_kept':>21} {'pairs':>5}")
     olds, news = [], []
-    for i in range(a.runs):
-        r = bench.run_bench([a.build], a.workload, a.scale, a.reps, progress=None,
-                            instructions="none")
-        old, new, n = readings(r.timings)
-        olds.append(old)
-        news.append(new)
-        print(f"{i + 1:>4} {old:>22.3f} {new:>21.3f} {n:>5}", flush=True)
+    # the runs go to a temporary folder, removed at the end: hundreds of them are no
+    # user's profiles
+    with tempfile.TemporaryDirectory(prefix="timing-on-off-") as tmp:
+        for i in range(a.runs):
+            r = bench.run_bench([a.build], a.workload, a.scale, a.reps, progress=None,
+                                instructions="none", out_dir=Path(tmp) / f"run{i}")
+            old, new, n = readings(r.timings)
+            olds.append(old)
+            news.append(new)
+            print(f"{i + 1:>4} {old:>22.3f} {new:>21.3f} {n:>5}", flush=True)
     for name, xs in (("old", olds), ("new", news)):
         q = statistics.quantiles(xs, n=20) if len(xs) >= 2 else [xs[0]] * 19
         print(f"{name}: median {statistics.median(xs):.3f} ms, 5th percentile {q[0]:.3f}, "
