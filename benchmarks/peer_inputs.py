@@ -23,8 +23,11 @@ For each file it prints whether profkit reads it and whether the numbers agree:
 
 With --inferno-tests (the ``tests`` folder of https://github.com/jonhoo/inferno, the Rust
 port of FlameGraph): its ``perf script`` inputs (``data/collapse-perf/*.txt``) folded
-against stackcollapse-perf.pl, and its folded inputs (``data/flamegraph/*/*.txt``) read
-with profkit's ``read_folded`` against a reading by flamegraph.pl's own line pattern
+against stackcollapse-perf.pl, its diff-folded expected outputs
+(``data/diff-folded/results``) against profkit's ``format_diff_folded`` of the same
+inputs, and its folded inputs (``data/flamegraph/*/*.txt``; a differential one read
+with ``read_diff_folded``, widths from AFTER as flamegraph.pl draws it) read
+with profkit's ``read_folded_or_diff`` against a reading by flamegraph.pl's own line pattern
 (``(.*)\s+?(\d+(?:\.\d*)?)``, a second such number making the line differential; lines
 starting with ``#`` are comments, as profkit and inferno take them, where flamegraph.pl
 would draw austin's ``# duration: 23873`` as a frame): stacks and total count.
@@ -189,7 +192,7 @@ _FLAMEGRAPH_PL_LINE = re.compile(rb"^(.*)\s+?(\d+(?:\.\d*)?)$")
 
 
 def folded_row(path: Path) -> str:
-    from profkit.parse.folded import read_folded
+    from profkit.parse.folded import read_folded_or_diff
 
     theirs: dict[bytes, float] = {}
     bad = differential = 0
@@ -200,19 +203,45 @@ def folded_row(path: Path) -> str:
         if not m:
             bad += raw.strip() != b""
             continue
-        stack, count = m.group(1), float(m.group(2))
-        if _FLAMEGRAPH_PL_LINE.match(stack.rstrip()):
+        stack, count = m.group(1).rstrip(), float(m.group(2))
+        inner = _FLAMEGRAPH_PL_LINE.match(stack)
+        if inner:  # BEFORE AFTER: flamegraph.pl's widths are AFTER's
             differential += 1
-        theirs[stack.rstrip()] = theirs.get(stack.rstrip(), 0) + count
+            stack = inner.group(1).rstrip()
+        theirs[stack] = theirs.get(stack, 0) + count
     what = (f"flamegraph.pl's pattern: {len(theirs)} stacks, total {sum(theirs.values()):g}"
             + (f", {bad} lines it ignores" if bad else "")
             + (f", {differential} differential lines" if differential else ""))
-    mine = _ours(read_folded, path)
+    # what profkit flamegraph FILE draws: a differential file's AFTER, against BEFORE
+    mine = _ours(lambda p: read_folded_or_diff(p)[0], path)
     if isinstance(mine, str):
         return f"{mine} ({what})"
     same = (len(mine) == len(theirs) and abs(sum(mine.values()) - sum(theirs.values())) < 1e-6)
     return (f"{len(mine)} stacks, total {sum(mine.values()):g}; {what}: "
             f"{'the same' if same else 'DIFFERENT'}")
+
+
+#: inferno's diff-folded expected outputs: (BEFORE file, normalised); fractionals.txt and
+#: strip_hex.txt are inferno's own (it cuts fractional counts, which difffolded.pl keeps;
+#: profkit has no hex stripping)
+_DIFF_FOLDED_CASES = {"default.txt": ("before.txt", False), "normalize.txt": ("before.txt", True)}
+
+
+def diff_folded_row(path: Path) -> str:
+    """profkit's difffolded.pl text (format_diff_folded) of inferno's before/after inputs
+    against inferno's expected output, line for line (sorted: both write in hash order)."""
+    from profkit.parse.folded import diff_folded, format_diff_folded
+
+    case = _DIFF_FOLDED_CASES.get(path.name)
+    if case is None:
+        return "not compared (inferno's own behaviour, not difffolded.pl's)"
+    data = path.parent.parent
+    ours = sorted(format_diff_folded(diff_folded(data / case[0], data / "after.txt",
+                                                 normalise=case[1])).splitlines())
+    theirs = sorted(path.read_text().splitlines())
+    return (f"{len(theirs)} lines (difffolded.pl{' -n' if case[1] else ''}); profkit: "
+            + ("the same" if ours == theirs else
+               f"DIFFERENT ({len(set(ours) ^ set(theirs))} lines differ)"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         i = a.inferno_tests
         groups += (("inferno perf script", sorted(i.glob("data/collapse-perf/*.txt")),
                     lambda p: perf_row(p, suite)),
-                   ("inferno folded", sorted(i.glob("data/flamegraph/*/*.txt")), folded_row))
-        roots += [i, i]
+                   ("inferno folded", sorted(i.glob("data/flamegraph/*/*.txt")), folded_row),
+                   ("inferno diff-folded", sorted(i.glob("data/diff-folded/results/*.txt")),
+                    diff_folded_row))
+        roots += [i, i, i]
     if a.speedscope_samples is not None:
         sp = a.speedscope_samples
         groups += (("speedscope callgrind", sorted(sp.glob("callgrind/*.log")), callgrind_row),

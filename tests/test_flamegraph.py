@@ -268,6 +268,44 @@ def test_cli_flamegraph(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "give STACKS" in r.output and "--diff A B" in r.output
 
 
+def test_cli_draws_a_differential_folded_file(tmp_path: Path) -> None:
+    """A difffolded.pl file drawn alone is the differential of its two profiles (what
+    flamegraph.pl makes of it), frame for frame the --diff of the two files."""
+    from profkit.cli.flamegraph import flamegraph_cmd
+    from profkit.parse.folded import diff_folded, format_diff_folded, write_folded
+
+    a = read_folded(PERF / "expected_pg18-query2.folded")
+    b = dict(a)
+    top = max(b, key=b.get)
+    b[top] *= 3
+    d = diff_folded(a, b, normalise=False)
+    (tmp_path / "ab.folded").write_text(format_diff_folded(d))
+    write_folded(a, tmp_path / "a.folded")
+    write_folded(b, tmp_path / "b.folded")
+    one, two = tmp_path / "one.svg", tmp_path / "two.svg"
+    r = CliRunner().invoke(flamegraph_cmd, [str(tmp_path / "ab.folded"), "-o", str(one)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(flamegraph_cmd, ["--diff", str(tmp_path / "a.folded"),
+                                            str(tmp_path / "b.folded"), "-o", str(two)])
+    assert r.exit_code == 0, r.output
+    strip = lambda fr: [{k: v for k, v in f.items() if k != "id"} for f in fr]  # noqa: E731
+    frames = strip(_frames(one.read_text()))
+    assert frames == strip(_frames(two.read_text()))
+    assert 'data-diff="1"' in one.read_text() and "BEFORE AFTER per stack" in one.read_text()
+    # the widths are AFTER's: the tripled stack's leaf is red
+    leaf = top.split(";")[-1]
+    assert any(f["name"] == leaf and f["fill"] == "rgb(255,0,0)" for f in frames), leaf
+    # on stdin too
+    r = CliRunner().invoke(flamegraph_cmd, ["-", "-o", str(tmp_path / "in.svg")],
+                           input=(tmp_path / "ab.folded").read_text())
+    assert r.exit_code == 0, r.output
+    assert strip(_frames((tmp_path / "in.svg").read_text())) == frames
+    # several files with --merge: a differential one is refused, and says how to draw it
+    r = CliRunner().invoke(flamegraph_cmd, ["--merge", str(tmp_path / "ab.folded"),
+                                            str(tmp_path / "a.folded")])
+    assert r.exit_code != 0 and "differential folded file" in r.output
+
+
 # ---------------------------------------------------------------- headless Chromium
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -22,7 +22,9 @@ from profkit.parse.folded import (
     functions_table,
     instrumentation_share,
     is_instrumentation,
+    read_diff_folded,
     read_folded,
+    read_folded_or_diff,
     write_folded,
 )
 from profkit.parse.perf_script import VdsoSymbols, fold_perf_script, parse_perf_script
@@ -347,8 +349,47 @@ def test_read_folded_sums_duplicates_and_rejects_garbage(tmp_path: Path) -> None
     # flamegraph.pl's count pattern (\d+(?:\.\d*)?) takes "6." (inferno's zero-fractionals)
     assert read_folded(io.StringIO("a;b 6.\na;b 1.50\n")) == {"a;b": 7.5}
     # difffolded.pl's two counts per line are two profiles, not a frame named "b 31"
-    with pytest.raises(ParseError, match=r"line 2: two counts .*differential.*--diff"):
+    with pytest.raises(ParseError, match=r"line 2: two counts \(31 and 56\): .*differential"
+                                          r".*read_diff_folded.*--diff"):
         read_folded(io.StringIO("a;b 4\na;b 31 56\n"))
+
+
+def test_read_diff_folded_reads_difffolded_output(tmp_path: Path) -> None:
+    """difffolded.pl's ``stack BEFORE AFTER``, as flamegraph.pl reads it: the two
+    profiles back, a one-count line in both, repeated stacks summed."""
+    a = {"main;scan;next": 30.0, "main;scan": 10.0, "main;sort": 4.0}
+    b = {"main;scan;next": 60.0, "main;agg": 20.0}
+    f = tmp_path / "diff.folded"
+    f.write_text("# difffolded.pl -n a b\n" + format_diff_folded(diff_folded(a, b)))
+    before, after = read_diff_folded(f)
+    assert read_folded_or_diff(f) == (after, before)
+    # a file is differential as soon as one line has two counts, its first or not
+    assert read_folded_or_diff(io.StringIO("a;b 4\na;b 31 56\n")) == ({"a;b": 60.0},
+                                                                      {"a;b": 35.0})
+    assert read_folded_or_diff(io.StringIO("a;b 4\na;c 5\n")) == ({"a;b": 4.0, "a;c": 5.0},
+                                                                  None)
+    # -n: A scaled to B's total (80 / 44) and cut to a whole number, as difffolded.pl -n
+    # writes it (int()); a stack on one side only is 0 on the other
+    assert after == {"main;agg": 20.0, "main;scan": 0.0, "main;scan;next": 60.0,
+                     "main;sort": 0.0}
+    assert before == {"main;agg": 0.0, "main;scan": 18.0, "main;scan;next": 54.0,
+                      "main;sort": 7.0}
+    f.write_text(format_diff_folded(diff_folded(a, b), exact=True))
+    assert read_diff_folded(f)[0] == pytest.approx(
+        {"main;agg": 0.0, "main;scan": 10 * 80 / 44, "main;scan;next": 30 * 80 / 44,
+         "main;sort": 4 * 80 / 44}, abs=1e-6)
+    # unscaled fractional counts as Perl prints them (%.15g)
+    d = diff_folded({"x": 14.2343983248722834234}, {"x": 13.0}, normalise=False)
+    assert format_diff_folded(d) == "x 14.2343983248723 13\n"
+    before, after = read_diff_folded(io.StringIO("x;y 3 5\nx;z 7\n\nx;y 1 1\n"))
+    assert before == {"x;y": 4.0, "x;z": 7.0} and after == {"x;y": 6.0, "x;z": 7.0}
+    for bad, msg in (("x;y 3 nan\n", "expected a number"), ("x 1 2 3\n", None)):
+        if msg:
+            with pytest.raises(ParseError, match=f"line 1: {msg}"):
+                read_diff_folded(io.StringIO(bad))
+    # "x 1 2 3": the stack is "x 1" with counts 2 and 3 (flamegraph.pl's pattern too)
+    assert read_diff_folded(io.StringIO("x 1 2 3\n")) == ({"x 1": 2.0}, {"x 1": 3.0})
+    assert read_diff_folded(io.StringIO("")) == ({}, {})
 
 
 def test_read_folded_last_line_without_newline(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Reads files from any machine: nothing here needs PostgreSQL. The drawing is
 :mod:`profkit.render.flamegraph`'s; the input is read by
-:func:`profkit.experiments.stacks.read_stacks`.
+:func:`profkit.experiments.stacks.read_stacks` (``read_stacks_or_diff`` for one input,
+which may be a differential folded file).
 """
 from __future__ import annotations
 
@@ -74,9 +75,10 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
                    width: float, minwidth: float, diff_basis: str, vdso: str | None,
                    align: bool, resamples: int, seed: int) -> None:
     """Render folded stacks or `perf script` text (STACKS; `-` reads stdin) as an
-    interactive SVG; --diff A B: B against A (two folders of repeated recordings: with
-    bootstrap intervals; two files: share-based); --merge A B C: several runs in one
-    graph."""
+    interactive SVG (a differential folded file, difffolded.pl's `stack BEFORE AFTER`, as
+    a differential, as flamegraph.pl draws it); --diff A B: B against A (two folders of
+    repeated recordings: with bootstrap intervals; two files: share-based); --merge A B
+    C: several runs in one graph."""
     from profkit.experiments.flamediff import aligned, draw_folders
     from profkit.render.flamegraph import (
         RenderError,
@@ -156,9 +158,13 @@ def flamegraph_cmd(stacks: tuple[str, ...], diff: tuple[str, str] | None, merge:
         provenance.setdefault("normalised", "each run scaled to the mean total")
         count_name = "samples (normalised)"
     else:
-        counts, against = _load(stacks[0], kw), None
+        counts, against = _load_one(stacks[0], kw)
         name = _stem(stacks[0])
         provenance.setdefault("input", "stdin" if stacks[0] == "-" else Path(stacks[0]).name)
+        if against is not None:
+            # difffolded.pl's output, as flamegraph.pl draws it: widths from AFTER
+            provenance.setdefault("differential file", "BEFORE AFTER per stack (widths: "
+                                  "AFTER)")
     if icicle:
         name += "-icicle"
     provenance.setdefault("samples", f"{round(sum(counts.values())):,}")
@@ -178,8 +184,17 @@ def _stem(path: str) -> str:
 
 def _load(path: str, perf_kwargs: dict[str, Any]) -> dict[str, float]:
     """Folded stacks or perf script text (sniffed), from a path or stdin (``-``)."""
-    from profkit.experiments.stacks import read_stacks
+    return _load_one(path, perf_kwargs, diff=False)[0]
+
+
+def _load_one(path: str, perf_kwargs: dict[str, Any], *, diff: bool = True
+              ) -> tuple[dict[str, float], dict[str, float] | None]:
+    """One input: (stacks, None), or with *diff* (after, before) of a differential
+    folded file (without: such a file is refused, saying how to draw it)."""
+    from profkit.experiments.stacks import read_stacks, read_stacks_or_diff
 
     if path != "-" and not Path(path).is_file():
         raise _Failed(f"{path}: no such file")
-    return read_stacks(path, perf_kwargs)
+    if diff:
+        return read_stacks_or_diff(path, perf_kwargs)
+    return read_stacks(path, perf_kwargs), None

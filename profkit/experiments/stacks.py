@@ -1,15 +1,19 @@
-"""Stacks read from files for a drawing: folded stacks or ``perf script`` text (sniffed),
-from a path or standard input, in profkit's reading of perf script (one per sample, vDSO
-frames named). What ``profkit flamegraph`` reads; the parsers are :mod:`profkit.parse`'s.
+"""Stacks read from files for a drawing: folded stacks, a differential folded file or
+``perf script`` text (sniffed), from a path or standard input, in profkit's reading of
+perf script (one per sample, vDSO frames named). What ``profkit flamegraph`` reads; the
+parsers are :mod:`profkit.parse`'s.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
-from profkit.parse import load_stacks
+from profkit.parse import detect_stack_format, load_stacks
+from profkit.parse.folded import read_folded_or_diff
 from profkit.parse.perf_script import VdsoSymbols
 
 
@@ -26,9 +30,28 @@ def perf_reading(vdso: str | None = None) -> dict[str, Any]:
 def read_stacks(path: str, reading: dict[str, Any]) -> dict[str, float]:
     """Folded stacks or perf script text (sniffed) from *path*, or stdin for ``-`` (spooled
     to a temporary file first, so it is sniffed like a file)."""
+    with _spooled(path) as name:
+        return load_stacks(name, **reading)
+
+
+def read_stacks_or_diff(path: str, reading: dict[str, Any]
+                        ) -> tuple[dict[str, float], dict[str, float] | None]:
+    """As :func:`read_stacks`, and a differential folded file too (difffolded.pl's
+    ``stack BEFORE AFTER``, which flamegraph.pl draws as a differential): ``(stacks, None)``
+    for one profile, ``(after, before)`` for a differential file."""
+    with _spooled(path) as name:
+        if detect_stack_format(name) == "folded":
+            return read_folded_or_diff(name)
+        return load_stacks(name, **reading), None
+
+
+@contextlib.contextmanager
+def _spooled(path: str) -> Iterator[str]:
+    """*path*, or for ``-`` a temporary file holding standard input (removed after)."""
     if path != "-":
-        return load_stacks(path, **reading)
+        yield path
+        return
     with tempfile.NamedTemporaryFile(prefix="profkit-stdin-", suffix=".txt") as tmp:
         shutil.copyfileobj(sys.stdin.buffer, tmp, 1 << 20)
         tmp.flush()
-        return load_stacks(tmp.name, **reading)
+        yield tmp.name

@@ -24,7 +24,9 @@ from profkit.parse.folded import (
     functions_table,
     instrumentation_share,
     is_instrumentation,
+    read_diff_folded,
     read_folded,
+    read_folded_or_diff,
     stacks_table,
     write_folded,
 )
@@ -37,7 +39,9 @@ __all__ = [
     "instrumentation_share",
     "is_instrumentation",
     "load_stacks",
+    "read_diff_folded",
     "read_folded",
+    "read_folded_or_diff",
     "stacks_table",
     "write_folded",
 ]

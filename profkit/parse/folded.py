@@ -179,16 +179,70 @@ def read_folded(source: Source, *, strict: bool = False) -> dict[str, float]:
     (non-UTF-8 names stay distinct and write back unchanged). Errors
     (:class:`ParseError`, naming the file and line): a line without a trailing count, a
     count that is not a plain number, two counts (a differential file: flamegraph.pl reads
-    a line's two trailing numbers as BEFORE AFTER) and a line over 1 MB.
+    a line's two trailing numbers as BEFORE AFTER; :func:`read_diff_folded` reads it) and
+    a line over 1 MB.
 
     A last line without its newline is read, as flamegraph.pl and inferno read it: a file
     written by ``"\\n".join(lines)``, or saved by an editor, often ends so. *strict*
     refuses it as a file cut inside its last count; profkit passes it for the files its
     collectors wrote, which always end with a newline.
     """
+    out: dict[str, float] = {}
+    for name, lineno, key, before, count in _records(source, strict=strict):
+        if before is not None:
+            raise ParseError(
+                f"{name}, line {lineno}: two counts ({_fmt_count(before)} and "
+                f"{_fmt_count(count)}): this is a differential folded file (difffolded.pl's "
+                "BEFORE AFTER), not one profile; read it with read_diff_folded, draw it with "
+                "profkit flamegraph FILE, or give the two profiles (profkit flamegraph --diff "
+                "BEFORE AFTER)")
+        out[key] = out.get(key, 0.0) + count
+    return out
+
+
+def read_diff_folded(source: Source, *, strict: bool = False
+                     ) -> tuple[dict[str, float], dict[str, float]]:
+    """Read a differential folded file (``a;b;c 12 15``: FlameGraph's difffolded.pl
+    output, BEFORE AFTER per stack) into its two profiles ``(before, after)``.
+
+    As flamegraph.pl reads such a file, a line with one count is the same in both (it adds
+    width and no difference); a stack that is absent on one side has count 0 there (as
+    difffolded.pl writes it).  Everything else as :func:`read_folded`.
+    """
+    before, after, _two = _read_sides(source, strict)
+    return before, after
+
+
+def read_folded_or_diff(source: Source, *, strict: bool = False
+                        ) -> tuple[dict[str, float], dict[str, float] | None]:
+    """One pass over a folded file that may be differential: ``(stacks, None)`` when no
+    line has two counts (:func:`read_folded`'s result), else ``(after, before)`` (as
+    :func:`read_diff_folded`; flamegraph.pl draws such a file as a differential, widths
+    from AFTER)."""
+    before, after, two = _read_sides(source, strict)
+    return after, (before if two else None)
+
+
+def _read_sides(source: Source, strict: bool
+                ) -> tuple[dict[str, float], dict[str, float], bool]:
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    two = False
+    for _name, _lineno, key, first, count in _records(source, strict=strict):
+        if first is None:
+            first = count
+        else:
+            two = True
+        before[key] = before.get(key, 0.0) + first
+        after[key] = after.get(key, 0.0) + count
+    return before, after, two
+
+
+def _records(source: Source, *, strict: bool
+             ) -> Iterator[tuple[str, int, str, float | None, float]]:
+    """(file name, line number, stack, BEFORE count or None, count) per stack line."""
     name = source_name(source, "folded stacks")
     lines, to_close = open_lines(source)
-    out: dict[str, float] = {}
     lineno = 0
     try:
         for raw in lines:
@@ -210,26 +264,25 @@ def read_folded(source: Source, *, strict: bool = False) -> dict[str, float]:
             if not sep or not stack.strip():
                 raise ParseError(f"{name}, line {lineno}: expected 'frame;frame;leaf COUNT', "
                                  f"got {_show(line)}")
-            if not _is_count(count_s):
-                raise ParseError(f"{name}, line {lineno}: expected a number after the last "
-                                 f"space, got {_show(count_s)} (is the file truncated?)")
-            count = float(count_s)
-            if not math.isfinite(count):
-                raise ParseError(f"{name}, line {lineno}: count {_show(count_s)} is not a "
-                                 "finite number")
-            before, sep2, first = stack.rstrip().rpartition(b" ")
-            if sep2 and before.strip() and _is_count(first):
-                raise ParseError(
-                    f"{name}, line {lineno}: two counts ({_show(first)} and {_show(count_s)}): "
-                    "this is a differential folded file (difffolded.pl's BEFORE AFTER), not "
-                    "one profile; give the two profiles instead (profkit flamegraph --diff "
-                    "BEFORE AFTER)")
-            key = stack.rstrip().decode("utf-8", "surrogateescape")
-            out[key] = out.get(key, 0.0) + count
+            count = _count(count_s, name, lineno)
+            first: float | None = None
+            rest, sep2, first_s = stack.rstrip().rpartition(b" ")
+            if sep2 and rest.strip() and _is_count(first_s):
+                first, stack = _count(first_s, name, lineno), rest
+            yield name, lineno, stack.rstrip().decode("utf-8", "surrogateescape"), first, count
     finally:
         if to_close is not None:
             to_close.close()
-    return out
+
+
+def _count(b: bytes, name: str, lineno: int) -> float:
+    if not _is_count(b):
+        raise ParseError(f"{name}, line {lineno}: expected a number after the last "
+                         f"space, got {_show(b)} (is the file truncated?)")
+    count = float(b)
+    if not math.isfinite(count):
+        raise ParseError(f"{name}, line {lineno}: count {_show(b)} is not a finite number")
+    return count
 
 
 def _show(b: bytes) -> str:
@@ -243,7 +296,9 @@ def _fmt_count(c: float) -> str:
     if c.is_integer():
         # Perl prints its doubles %.15g: 1.84467440737096e+19, never 18446744073709551616
         return str(int(c)) if abs(c) < 1e15 else f"{c:.15g}"
-    return repr(c)
+    # and 14.2343983248723, not 14.234398324872284 (difffolded.pl's sum of a fractional
+    # count)
+    return f"{c:.15g}"
 
 
 def _sort_key(stack: str) -> bytes:
@@ -314,11 +369,25 @@ def diff_folded(a: Mapping[str, float] | pd.DataFrame | str | os.PathLike[str],
     return df
 
 
-def format_diff_folded(diff: pd.DataFrame) -> str:
-    """difffolded.pl's text: ``stack count_a count_b`` with A already normalised."""
-    return "".join(f"{s} {_fmt_count(round(a, 6))} {_fmt_count(b)}\n"
-                   for s, a, b in zip(diff["stack"], diff["a_norm"], diff["count_b"],
-                                      strict=True))
+def format_diff_folded(diff: pd.DataFrame, *, exact: bool = False) -> str:
+    """difffolded.pl's text, ``stack A B`` per line (sorted by stack; difffolded.pl's order
+    is its hash's).  A normalised to B's total (:func:`diff_folded`'s default, ``-n``) is
+    cut to a whole number as difffolded.pl -n cuts it (``int(A × total_B / total_A)``);
+    *exact* keeps it to 6 decimals instead (flamegraph.pl reads either).  Counts that were
+    not scaled are written as read."""
+    ta, tb = float(diff["count_a"].sum()), float(diff["count_b"].sum())
+    scaled = bool((diff["a_norm"] != diff["count_a"]).any()) and ta > 0
+    out = []
+    for s, a, a_norm, b in zip(diff["stack"], diff["count_a"], diff["a_norm"],
+                               diff["count_b"], strict=True):
+        if not scaled:
+            shown = a
+        elif exact:
+            shown = round(a_norm, 6)
+        else:  # Perl's int() of the same product and quotient
+            shown = float(math.trunc(a * tb / ta))
+        out.append(f"{s} {_fmt_count(shown)} {_fmt_count(b)}\n")
+    return "".join(out)
 
 
 # --------------------------------------------------------------------------- tables
