@@ -209,8 +209,8 @@ def read_diff_folded(source: Source, *, strict: bool = False
     width and no difference); a stack that is absent on one side has count 0 there (as
     difffolded.pl writes it).  Everything else as :func:`read_folded`.
     """
-    before, after, _two = _read_sides(source, strict)
-    return before, after
+    before, after, two = _read_sides(source, strict)
+    return (before if two else dict(after)), after
 
 
 def read_folded_or_diff(source: Source, *, strict: bool = False
@@ -225,17 +225,18 @@ def read_folded_or_diff(source: Source, *, strict: bool = False
 
 def _read_sides(source: Source, strict: bool
                 ) -> tuple[dict[str, float], dict[str, float], bool]:
-    before: dict[str, float] = {}
+    """(before, after, whether any line had two counts).  BEFORE is kept apart only
+    from the first two-count line on (until then it is AFTER): a plain file costs one
+    dictionary, as read_folded."""
     after: dict[str, float] = {}
-    two = False
+    before: dict[str, float] | None = None
     for _name, _lineno, key, first, count in _records(source, strict=strict):
-        if first is None:
-            first = count
-        else:
-            two = True
-        before[key] = before.get(key, 0.0) + first
+        if first is not None and before is None:
+            before = dict(after)
+        if before is not None:
+            before[key] = before.get(key, 0.0) + (count if first is None else first)
         after[key] = after.get(key, 0.0) + count
-    return before, after, two
+    return (after if before is None else before), after, before is not None
 
 
 def _records(source: Source, *, strict: bool
