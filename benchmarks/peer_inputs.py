@@ -25,9 +25,9 @@ With --inferno-tests (the ``tests`` folder of https://github.com/jonhoo/inferno,
 port of FlameGraph): its ``perf script`` inputs (``data/collapse-perf/*.txt``) folded
 against stackcollapse-perf.pl, its diff-folded expected outputs
 (``data/diff-folded/results``) against profkit's ``format_diff_folded`` of the same
-inputs, and its folded inputs (``data/flamegraph/*/*.txt``; a differential one read
-with ``read_diff_folded``, widths from AFTER as flamegraph.pl draws it) read
-with profkit's ``read_folded_or_diff`` against a reading by flamegraph.pl's own line pattern
+inputs, and its folded inputs (``data/flamegraph/*/*.txt``; of a differential one, its
+AFTER profile, whose widths flamegraph.pl draws) read with profkit's
+``read_folded_or_diff`` against a reading by flamegraph.pl's own line pattern
 (``(.*)\s+?(\d+(?:\.\d*)?)``, a second such number making the line differential; lines
 starting with ``#`` are comments, as profkit and inferno take them, where flamegraph.pl
 would draw austin's ``# duration: 23873`` as a frame): stacks and total count.

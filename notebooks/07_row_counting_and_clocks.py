@@ -216,8 +216,8 @@ for b, r in clocks.iterrows():
     assert r.ci_low_pct <= r.overhead_pct <= r.ci_high_pct, b
     # timing every row is never free: the instruction counts say so exactly; the times of
     # 5 repetitions on this VM may not resolve it (a fresh-clone make test once measured
-    # pg19tsc at <= 0 % here; its rerun passed, as did 22 earlier fresh-clone logs kept
-    # on this machine), but their interval must not say it costs less than nothing
+    # pg19tsc at <= 0 % here; its rerun passed), but their interval must not say it
+    # costs less than nothing
     assert r.instr_overhead_pct > 0, (b, r.instr_overhead_pct)
     assert r.ci_high_pct > 0, (b, r.ci_low_pct, r.ci_high_pct)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -149,7 +150,7 @@ def slowdown_table(runs: pd.DataFrame) -> pd.DataFrame:
                 g, method, cpu_by_order if method in IN_PROCESS else by_order))
             # the guard's ratio from the paired slowdown, as its interval (guard_verdict),
             # so the point lies inside it; from the medians when there are no pairs
-            paired = _ns_per_hit(pd.Series(row), basis, row["basis_slowdown_x"])
+            paired = _ns_per_hit(SimpleNamespace(**row), basis, row["basis_slowdown_x"])
             measured = row["ns_per_hit_cpu"] if basis == "cpu" else row["ns_per_hit"]
             row["guard_ratio"] = _ratio(paired if math.isfinite(paired) else measured,
                                         row["guard_ns_per_hit"])
@@ -276,16 +277,11 @@ def guard_verdict(table: pd.DataFrame, tolerance: float = 3.0,
         lo, hi = (ns / r.guard_ns_per_hit for ns in _ns_per_hit_interval(r, r.guard_basis))
         lows.append(lo)
         highs.append(hi)
-        few = stats.few_reps_text(r.ci_method)
         if not (r.hits and r.hits >= min_hits) or not math.isfinite(r.guard_ratio):
             verdicts.append("too few hits")
-        elif few:
-            verdicts.append(few)
-        elif not (math.isfinite(lo) and math.isfinite(hi)):
-            verdicts.append(_guard_word(r.guard_ratio, r.guard_ratio, tolerance)
-                            + " (no interval)")
         else:
-            verdicts.append(_guard_word(lo, hi, tolerance))
+            verdicts.append(_ratio_verdict(r.guard_ratio, lo, hi, r.ci_method, tolerance,
+                                           "guard"))
     t["guard_ratio_low"] = lows
     t["guard_ratio_high"] = highs
     t["verdict"] = verdicts
@@ -295,8 +291,8 @@ def guard_verdict(table: pd.DataFrame, tolerance: float = 3.0,
 
 
 def _ns_per_hit(r: Any, basis: str, x: float) -> float:
-    """A paired slowdown *x* of slowdown row *r* (a row tuple or Series: read by
-    attribute) as ns per hit on *basis* ("cpu" or "wall"): (x − 1) × the unobserved
+    """A paired slowdown *x* of slowdown row *r* (read by attribute: a row tuple, a
+    Series or a namespace) as ns per hit on *basis* ("cpu" or "wall"): (x − 1) × the unobserved
     median × 1e6 / hits; NaN when the row's paired slowdown is on the other basis or the
     row has no hits."""
     if r.basis != basis or not (r.hits and r.hits > 0 and math.isfinite(x)):
@@ -310,7 +306,22 @@ def _ns_per_hit_interval(r: Any, basis: str) -> tuple[float, float]:
     return _ns_per_hit(r, basis, r.ci_low_x), _ns_per_hit(r, basis, r.ci_high_x)
 
 
-def _guard_word(low: float, high: float, tolerance: float, noun: str = "guard") -> str:
+def _ratio_verdict(point: float, low: float, high: float, method: str, tolerance: float,
+                   noun: str) -> str:
+    """A measured ÷ assumed ratio judged by :func:`_guard_word`: from its interval
+    [*low*, *high*]; "too few (n = N)" for an interval from too few pairs; from the point,
+    marked "(no interval)", without one; "" without a point."""
+    few = stats.few_reps_text(method)
+    if few:
+        return few
+    if not math.isfinite(point):
+        return ""
+    if math.isfinite(low) and math.isfinite(high):
+        return _guard_word(low, high, tolerance, noun)
+    return _guard_word(point, point, tolerance, noun) + " (no interval)"
+
+
+def _guard_word(low: float, high: float, tolerance: float, noun: str) -> str:
     if low > tolerance:
         return f"{noun} too low"
     if high < 1.0 / tolerance:
@@ -401,19 +412,9 @@ def hit_costs(table: pd.DataFrame, defaults: Mapping[str, float],
     out["ratio"] = out["ns_per_hit_paired"].fillna(measured) / out["default_ns"]
     out["ratio_low"] = out["ns_low"] / out["default_ns"]
     out["ratio_high"] = out["ns_high"] / out["default_ns"]
-    verdicts = []
-    for r in out.itertuples(index=False):
-        few = stats.few_reps_text(r.ci_method)
-        if few:
-            verdicts.append(few)
-        elif not math.isfinite(r.ratio):
-            verdicts.append("")
-        elif math.isfinite(r.ratio_low) and math.isfinite(r.ratio_high):
-            verdicts.append(_guard_word(r.ratio_low, r.ratio_high, tolerance, "default"))
-        else:
-            verdicts.append(_guard_word(r.ratio, r.ratio, tolerance, "default")
-                            + " (no interval)")
-    out["verdict"] = verdicts
+    out["verdict"] = [_ratio_verdict(r.ratio, r.ratio_low, r.ratio_high, r.ci_method,
+                                     tolerance, "default")
+                      for r in out.itertuples(index=False)]
     return out[list(HIT_COST_COLUMNS)]
 
 
