@@ -500,6 +500,37 @@ def test_corrected_ratio_has_an_interval_and_says_what_it_shows():
     assert R.correction_shown(pd.DataFrame([one]))["micro_ratio_95ci"].iloc[0] == ""
 
 
+def test_corrected_ratio_interval_rests_on_the_points_executions():
+    """Executions the vCPU rule left out: the point (each mode's median over the executions
+    it kept, the row cost from the repetitions holding both OFF and plain) and its interval
+    come from the same executions.  Here four repetitions lost TIMING ON; their plain
+    executions ran 10 ms faster: all eight plains make the point's plain median 45 ms, and
+    an interval from the four complete repetitions alone (plain 50 ms) would sit far from
+    it (corrected / plain 1.40 there, 1.56 at the point)."""
+    rows = []
+    for rep in range(1, 9):
+        base = 50.0 if rep <= 4 else 40.0
+        for mode, ms in (("plain", base + rep / 100), ("analyze_notiming", base + 5.0),
+                         ("analyze_timing", 85.0 + rep / 100)):
+            rows.append({"run_id": "t", "build": "vanilla", "workload": "b", "query": mode,
+                         "mode": mode, "rep": rep, "order": len(rows), "client_ms": ms,
+                         "server_ms": ms,
+                         "cpu_ms": math.nan if rep > 4 and mode == "analyze_timing" else ms})
+    facts = pd.DataFrame([{"workload": "b", "scale": 0.5, "clock_reads": 1_000_000,
+                           "instr_calls": 500_000, "ns_per_read_micro": 10.0}])
+    r = A.correction_summary(pd.DataFrame(rows), facts, metric="cpu_ms").iloc[0]
+    assert r["left_out"] == 4 and r["plain_ms"] == pytest.approx(45.045)
+    # corrected = 85.025 - 10 ms of clock reads - the median OFF - plain gap of all eight
+    # repetitions (4.955 ms)
+    assert r["corrected_micro_ms"] == pytest.approx(70.07)
+    assert r["corrected_micro_ratio"] == pytest.approx(70.07 / 45.045)
+    # TIMING ON rests on four repetitions: that is what the interval counts, too few
+    assert r["ci_reps"] == 4 and "too few" in r["ci_method"]
+    assert r["corrected_micro_ci_low"] <= r["corrected_micro_ratio"] <= r[
+        "corrected_micro_ci_high"], r
+    assert r["corrected_micro_ci_low"] < 1.45 and r["corrected_micro_ci_high"] > 1.6, r
+
+
 def test_node_correction_from_recorded_plans():
     plan = json.loads((PLANS / "join_sum_0.02.json").read_text())
     slower = json.loads(json.dumps(plan))

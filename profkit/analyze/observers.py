@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -493,26 +494,31 @@ def corrected_ratio_interval(timings: pd.DataFrame, metric: str, *, workload: st
                              ) -> tuple[float, float, int, str]:
     """(low, high, repetitions, method) of ``corrected_micro_ratio``: a percentile bootstrap
     that resamples whole repetitions (plain, TIMING OFF and ON of one repetition together,
-    as they ran) among those that hold all three, and recomputes in each resample what
-    :func:`correction_summary` computes (the modes' medians, the row cost from the paired
-    OFF − plain gaps, corrected / plain).  No interval below two such repetitions; below
-    :data:`CORRECTION_MIN_REPS` the method is marked too few."""
+    as they ran) and recomputes in each resample what :func:`correction_summary` computes
+    from the same executions: each mode's median over the executions it has, the row cost
+    from the paired OFF - plain gaps of the repetitions that hold both, corrected / plain.
+    A repetition that lost an execution (the vCPU rule) stays in with what it kept, as it
+    does in the point, so the point is this statistic of the sample itself and not of a
+    subset.  *repetitions*: the fewest any of the three parts rests on (ON's, plain's, the
+    pairs'); no interval below two, below :data:`CORRECTION_MIN_REPS` marked too few."""
     wide = correction.per_repetition(timings, metric, CORRECTION_MODES)
     if not set(CORRECTION_MODES) <= set(wide.columns) or instr_calls <= 0:
         return math.nan, math.nan, 0, "none"
-    wide = wide[list(CORRECTION_MODES)].dropna()
-    n = len(wide)
+    wide = wide[list(CORRECTION_MODES)].dropna(how="all")
+    plain, off, on = (wide[m].to_numpy(dtype="float64") for m in CORRECTION_MODES)
+    gap = off - plain  # NaN where a repetition lacks either
+    n = int(min(np.isfinite(plain).sum(), np.isfinite(gap).sum(), np.isfinite(on).sum()))
     if n < 2:
         return math.nan, math.nan, n, "none"
-    plain, off, on = (wide[m].to_numpy(dtype="float64") for m in CORRECTION_MODES)
     rng = stats.cell_rng(_CORRECTION_SEED, workload)
-    idx = rng.integers(0, n, size=(n_resamples, n))
-    p, o, t = plain[idx], off[idx], on[idx]
-    row_cost = np.maximum(0.0, np.median(o - p, axis=1)) * 1e6 / instr_calls
-    corrected = np.median(t, axis=1) - (clock_reads * ns_per_read
-                                         + instr_calls * row_cost) / 1e6
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = corrected / np.median(p, axis=1)
+    idx = rng.integers(0, len(wide), size=(n_resamples, len(wide)))
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        # a resample that drew no execution of a mode has no ratio (NaN, left out below)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        row_cost = np.maximum(0.0, np.nanmedian(gap[idx], axis=1)) * 1e6 / instr_calls
+        corrected = np.nanmedian(on[idx], axis=1) - (clock_reads * ns_per_read
+                                                    + instr_calls * row_cost) / 1e6
+        ratio = corrected / np.nanmedian(plain[idx], axis=1)
     alpha = (1.0 - confidence) / 2
     lo, hi = (float(x) for x in np.nanquantile(ratio, [alpha, 1 - alpha]))
     return lo, hi, n, stats.too_few_reps("percentile", n, CORRECTION_MIN_REPS)
