@@ -230,6 +230,35 @@ def test_too_few_repetitions_are_said_not_judged():
     assert bench_report.differs_text(stats.compare_chain(t8, n_resamples=999).iloc[0]) == "yes"
 
 
+def test_differs_says_why_no_when_the_interval_excludes_zero():
+    """A cold make demo printed step2 → step3 -3.80 [-7.43, -0.46] beside "no": the
+    interval excludes 0, the rank test on the per-repetition overheads (p = 0.053) does
+    not agree, and a bare "no" read as a contradiction.  The cell names the test."""
+    base = dict(a="step2", b="step3", mode="analyze_notiming", metric="cpu_kept_ms", n_a=9,
+                n_b=8, median_a_ms=160.0, median_b_ms=152.0, time_ratio=0.95, time_u=50.0,
+                time_p_value=0.1, overhead_a_pct=6.6, overhead_b_pct=2.8,
+                overhead_diff_pct=-3.8, diff_ci_low_pct=-7.43, diff_ci_high_pct=-0.46,
+                overhead_p_value=0.053, paired=True, ci_method="hierarchical")
+    row = pd.Series(stats.BuildComparison(**base).as_dict())
+    assert not row["overhead_differs"]
+    assert bench_report.differs_text(row) == "no (rank test p = 0.053)"
+    # the test agrees: yes; the interval holds 0: a bare no, whatever the test says
+    agree = pd.Series(stats.BuildComparison(**{**base, "overhead_p_value": 0.01}).as_dict())
+    assert bench_report.differs_text(agree) == "yes"
+    wide = pd.Series(stats.BuildComparison(**{**base, "diff_ci_high_pct": 1.2}).as_dict())
+    assert bench_report.differs_text(wide) == "no"
+    # too few repetitions still wins over both
+    few = pd.Series(stats.BuildComparison(**{
+        **base, "ci_method": stats.too_few_reps("hierarchical", 3)}).as_dict())
+    assert bench_report.differs_text(few) == "too few (n = 3)"
+    md = bench_report.render_markdown(stats.summarize(make_timings(
+        {"step2": {"analyze_notiming": 30.0}}, reps=8), n_resamples=199), PROV,
+        comparisons=pd.DataFrame([row]))
+    line = next(ln for ln in md.splitlines() if ln.startswith("| step2 → step3"))
+    assert "| no (rank test p = 0.053) |" in line, line
+    assert "where the interval alone would say yes and the test does not" in md
+
+
 def test_intervals_from_too_few_repetitions_are_not_printed():
     """Three repetitions: an interval of the seed table, the against-vanilla table, the
     every-build table, the step table and the chart would cover far less than 95 % (see

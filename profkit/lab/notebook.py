@@ -344,6 +344,8 @@ class Comparison:
             verdict = ("lower" if r["overhead_diff_pct"] < 0 else "higher") if differs else \
                 "no difference beyond noise"
             text = differs_text(r)
+            if text.startswith("no ("):  # the interval excludes 0, the rank test does not
+                verdict += text[2:]
             if text.startswith("too few"):
                 colour, verdict = "#555", text.replace("too few", "too few repetitions to tell")
             rows.append(

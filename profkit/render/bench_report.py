@@ -458,7 +458,10 @@ def render_markdown(
         out += ["## Does each step change the overhead?", "",
                 ("Difference of overhead (b − a, percentage points) with its bootstrap 95 % CI; "
                 "Mann–Whitney U p-values on the mode's per-repetition times and on the "
-                "per-repetition overheads. \"too few\": fewer than "
+                "per-repetition overheads. \"differs?\": yes when the interval excludes 0 "
+                "and the rank test on the overheads agrees (p below 0.05); where the "
+                "interval alone would say yes and the test does not, no, with its p. "
+                "\"too few\": fewer than "
                 f"{MIN_VERDICT_REPS} repetitions behind the interval, which then covers far "
                 "less than 95 %: no verdict."), ""]
         header3 = ["a → b", "mode", "overhead a %", "overhead b %", "b − a [95% CI]",
@@ -944,9 +947,19 @@ def _too_few_reps(r: Any) -> bool:
 def differs_text(r: Any) -> str:
     """The "differs?" cell of a :func:`profkit.analyze.stats.compare_chain` row: yes, no,
     or "too few (n = N)" when its interval came from fewer repetitions than a verdict
-    needs (:data:`profkit.analyze.stats.MIN_VERDICT_REPS`)."""
-    return few_reps_text(getattr(r, "ci_method", None)) or (
-        "yes" if r.overhead_differs else "no")
+    needs (:data:`profkit.analyze.stats.MIN_VERDICT_REPS`).  An interval that excludes 0
+    beside a "no" would read as a contradiction: the rank test on the per-repetition
+    overheads disagreed there, and the cell says so ("no (rank test p = 0.053)")."""
+    few = few_reps_text(getattr(r, "ci_method", None))
+    if few:
+        return few
+    if r.overhead_differs:
+        return "yes"
+    lo, hi = r.diff_ci_low_pct, r.diff_ci_high_pct
+    p = getattr(r, "overhead_p_value", math.nan)
+    if _isnum(lo) and _isnum(hi) and (lo > 0 or hi < 0) and _isnum(p):
+        return f"no (rank test p = {p:.2g})"
+    return "no"
 
 
 def comparisons_table(comps: pd.DataFrame) -> Table:
