@@ -259,6 +259,31 @@ def test_differs_says_why_no_when_the_interval_excludes_zero():
     assert "where the interval alone would say yes and the test does not" in md
 
 
+def test_a_mode_faster_than_plain_beyond_noise_is_called_out():
+    """A warm make test read vanilla's plain query at twice its usual CPU time in every
+    repetition of one run (TIMING FALSE -44.8 % [-46.1, -43.4] against it): the tables
+    printed negative costs as measured.  The notes now say the plain executions are
+    suspect, for such a build only."""
+    t = make_timings({"vanilla": {"analyze_notiming": -45.0, "analyze_timing": -7.0},
+                      "step3": {"analyze_notiming": 3.0, "analyze_timing": 60.0}})
+    s = stats.summarize(t, n_resamples=999)
+    notes = bench_report.engine_notes(s, {})
+    odd = [ln for ln in notes if "faster than the plain query" in ln]
+    assert len(odd) == 2 and all(ln.startswith("vanilla: analyze_") for ln in odd), notes
+    assert odd[0].startswith("vanilla: analyze_notiming ran 45.") and "measure it again" in odd[0]
+    # the interval decides, not the point: a small or uncertain negative is noise
+    assert stats.plain_suspect("b", "analyze_notiming", -6.0, -9.0, -4.9) is None
+    assert stats.plain_suspect("b", "analyze_notiming", -3.0, -12.0, 4.0) is None
+    assert stats.plain_suspect("b", "plain", -50.0, -60.0, -40.0) is None
+    assert stats.plain_suspect("b", "analyze_timing", -6.5, float("nan"), -2.0) is None
+    assert stats.plain_suspect("b", "analyze_timing", -8.0, -10.0, -5.1) == (
+        "b: analyze_timing ran 8.0 % faster than the plain query [95 % interval -10.0, "
+        "-5.1 %]. EXPLAIN ANALYZE runs the same plan and more, and saves only sending the "
+        "result rows: unless the query returns many rows, b's plain executions did work "
+        "that was not the query's (another process on its CPU, a probe on that binary, "
+        "another plan), and its overheads rest on them; measure it again")
+
+
 def test_intervals_from_too_few_repetitions_are_not_printed():
     """Three repetitions: an interval of the seed table, the against-vanilla table, the
     every-build table, the step table and the chart would cover far less than 95 % (see

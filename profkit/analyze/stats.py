@@ -219,6 +219,36 @@ def too_few_reps(method: str, n: int, minimum: int = MIN_VERDICT_REPS) -> str:
     return f"{method} ({n} repetitions: too few, interval too narrow)"
 
 
+#: How far below the plain query (percent) a mode's whole overhead interval must lie before
+#: the plain executions are called suspect (:func:`plain_suspect`).
+PLAIN_SUSPECT_PCT = 5.0
+
+
+def plain_suspect(label: str, mode: str, overhead_pct: object, low: object, high: object,
+                  limit_pct: float = PLAIN_SUSPECT_PCT) -> str | None:
+    """A sentence when *mode* (an EXPLAIN ANALYZE mode of build or arm *label*) ran faster
+    than its own plain query beyond noise: its whole overhead interval [*low*, *high*]
+    lies below -*limit_pct* %.  EXPLAIN ANALYZE runs the same plan and counts rows (and
+    reads clocks) on top of it; all it saves is sending the result rows.  Unless the
+    query returns many rows, the plain executions then did work that was not the
+    query's, and every overhead of that build rests on them: the reader is told instead
+    of reading a negative cost.  None when the interval does not say so (or is
+    missing)."""
+    try:
+        ov, lo, hi = float(overhead_pct), float(low), float(high)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if mode == BASELINE_MODE or not all(math.isfinite(x) for x in (ov, lo, hi)) \
+            or hi >= -limit_pct:
+        return None
+    return (f"{label}: {mode} ran {-ov:.1f} % faster than the plain query [95 % interval "
+            f"{lo:+.1f}, {hi:+.1f} %]. EXPLAIN ANALYZE runs the same plan and more, and "
+            "saves only sending the result rows: unless the query returns many rows, "
+            f"{label}'s plain executions did work that was not the query's (another "
+            "process on its CPU, a probe on that binary, another plan), and its overheads "
+            "rest on them; measure it again")
+
+
 def too_few_count(method: object) -> int | None:
     """The repetitions :func:`too_few_reps` marked in a ``ci_method`` (None: not marked)."""
     m = _TOO_FEW_REPS.search(str(method or ""))

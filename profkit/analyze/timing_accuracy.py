@@ -56,7 +56,7 @@ import pandas as pd
 from profkit import tables
 from profkit.analyze.correction import _descendants
 from profkit.analyze.predict import MULTIEXEC_TYPES
-from profkit.analyze.stats import summarize
+from profkit.analyze.stats import plain_suspect, summarize
 from profkit.parse.explain import flatten_plan
 from profkit.errors import ProfkitError
 
@@ -453,6 +453,22 @@ def cost_table(timings: pd.DataFrame, baseline: str, *, metric: str = "cpu_ms",
         base = df[df["arm"] == baseline].set_index("workload")["overhead_timing_pct"]
         df["timing_saved_pp"] = df["workload"].map(base) - df["overhead_timing_pct"]
     return df
+
+
+def plain_suspects(cost: pd.DataFrame) -> list[str]:
+    """:func:`profkit.analyze.stats.plain_suspect`'s sentence for each workload and arm of
+    a :func:`cost_table` whose TIMING FALSE or TRUE ran faster than its plain query beyond
+    noise (its whole interval below -5 %)."""
+    out = []
+    for r in cost.to_dict("records"):
+        for mode, short in ((NOTIMING_MODE, "notiming"), (TIMING_MODE, "timing")):
+            odd = plain_suspect(f"{r['workload']} / {r['arm']}", mode,
+                                r.get(f"overhead_{short}_pct"),
+                                r.get(f"overhead_{short}_ci_low"),
+                                r.get(f"overhead_{short}_ci_high"))
+            if odd:
+                out.append(odd)
+    return out
 
 
 def cost_vs_plain_of(timings: pd.DataFrame, plain_of: Mapping[str, str], *,

@@ -23,6 +23,8 @@ def _print(res: Any) -> None:
         click.echo(f"- {r.workload} / {r.arm}: {r.verdict} — {r.text}")
     if res.vcpu_note:
         click.echo(res.vcpu_note)
+    for odd in res.suspects:
+        click.echo(f"SUSPECT: {odd}")
     if not res.mismatches.empty:
         click.echo(f"\n{len(res.mismatches)} row/loop MISMATCHES against the baseline: "
                    f"{res.run_dir / 'mismatches.csv'}")

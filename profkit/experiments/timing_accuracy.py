@@ -343,6 +343,10 @@ class TimingAccuracyResult:
     report_md: Path
     #: the slow-vCPU rule's account of the run ("" without calibration)
     vcpu_note: str = ""
+    #: arms whose EXPLAIN ANALYZE ran faster than their plain query beyond noise
+    #: (:func:`profkit.analyze.timing_accuracy.plain_suspects`): their overheads rest on
+    #: suspect plain executions
+    suspects: tuple[str, ...] = ()
 
     def _repr_html_(self) -> str:
         return (f"<b>timing accuracy</b> {self.run_dir}<br>"
@@ -799,6 +803,9 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
         "load average (start → end)": f"{prov.get('loadavg_start')} → {prov.get('loadavg_end')}",
         "vCPU": vcpu_note or "no vCPU calibration (calibrate=False, or a run from before it)",
     }
+    suspects = tuple(ta.plain_suspects(cost))
+    if suspects:
+        facts["SUSPECT PLAIN EXECUTIONS"] = " ".join(suspects)
     md = render_md.timing_accuracy_report(title="Timing accuracy of the clock-source variants",
                             facts=facts, verdict_df=verd, cost=cost, truth=truth,
                             accuracy=acc, mismatches=mism, grid=grid, baseline=baseline,
@@ -818,4 +825,5 @@ def analyze_run(run_dir: str | os.PathLike[str], *, baseline: str | None = None,
                       "verdicts", "summary", "bias")},
                       "nodes": "nodes.parquet", "report": "report.md"})
     return TimingAccuracyResult(out, rd.provenance, all_timings, all_nodes, mism, acc, cost,
-                                cost_wall, truth, verd, summ, grid, report, vcpu_note)
+                                cost_wall, truth, verd, summ, grid, report, vcpu_note,
+                                suspects)

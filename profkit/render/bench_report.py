@@ -38,6 +38,7 @@ from profkit.analyze.stats import (
     reference_comparisons,
     simultaneous_level,
     few_reps_text,
+    plain_suspect,
     too_few_count,
 )
 from profkit.errors import ProfkitError
@@ -1040,7 +1041,9 @@ def few_reps_note(summary: pd.DataFrame) -> str:
 def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
                  aa: Any | None = None) -> list[str]:
     """One line each, for the console and the report: different plans, executions
-    rejected to the last one, the A/A reading, the backends behind the intervals."""
+    rejected to the last one, a mode faster than its plain query beyond noise
+    (:func:`profkit.analyze.stats.plain_suspect`), the A/A reading, the backends behind
+    the intervals."""
     lines: list[str] = []
     if provenance.get("plan_differs"):
         lines.append("PLANS DIFFER between builds (--allow-plan-differences): their times "
@@ -1050,6 +1053,12 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
             note = str(getattr(r, "note", "") or "")
             if note and note != "nan" and "plans differ" not in note:
                 lines.append(f"{r.build} {r.mode}: {note}")
+    if {"overhead_pct", "ci_low_pct", "ci_high_pct"} <= set(summary.columns):
+        for r in summary.itertuples():
+            odd = plain_suspect(str(r.build), str(r.mode), r.overhead_pct, r.ci_low_pct,
+                                r.ci_high_pct)
+            if odd:
+                lines.append(odd)
     extra = extra_reps_note(provenance)
     if extra:
         lines.append(extra)
