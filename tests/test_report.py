@@ -87,6 +87,28 @@ def test_seed_table_rows(summary: pd.DataFrame):
     assert pd.isna(v.seed_q3_overhead_pct)  # the seed text gives no Query-3 figure
 
 
+def test_seed_table_n_shows_each_querys_executions():
+    """The seed table's n was plain's executions alone: a cold make demo printed vanilla's
+    n = 9 beside Query-3's interval from 6 executions.  Where the three differ it shows
+    them all."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 300.0},
+                      "step3": {"analyze_notiming": 3.0, "analyze_timing": 290.0}})
+    t = t.drop(index=t.index[(t.build == "vanilla") & (t["mode"] == "analyze_notiming")
+                             & (t.rep == 1)])
+    t = t.drop(index=t.index[(t.build == "vanilla") & (t["mode"] == "analyze_timing")
+                             & t.rep.isin([2, 3])])
+    s = stats.summarize(t, pair="common", n_resamples=999)
+    st = bench_report.seed_table(s).set_index("build")
+    assert (st.loc["vanilla", "n"], st.loc["vanilla", "n_q2"], st.loc["vanilla", "n_q3"]) == (
+        8, 7, 6)
+    assert bench_report.n_text(st.loc["vanilla"].rename(None)) == "8 / 7 / 6"
+    row = next(r for r in bench_report.seed_table(s).itertuples() if r.build == "step3")
+    assert bench_report.n_text(row) == "8"
+    md = bench_report.render_markdown(s, PROV)
+    assert "| vanilla (Original) | 8 / 7 / 6 |" in md and "| step3 (Step 3) | 8 |" in md
+    assert "n: the executions kept (plain / Query-2 / Query-3 where they differ" in md
+
+
 def test_markdown_has_table_seed_figures_and_provenance(summary, timings):
     md = bench_report.render_markdown(summary, PROV, comparisons=stats.compare_chain(
         timings, n_resamples=999), chart="overhead.png")

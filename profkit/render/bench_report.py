@@ -120,7 +120,10 @@ def seed_table(summary: pd.DataFrame, seed: ModuleType = _seed) -> pd.DataFrame:
     seed_q2_overhead_pct, q3_overhead_pct, q3_ci_low, q3_ci_high, seed_q3_overhead_pct,
     q2_instr_overhead_pct, q3_instr_overhead_pct, plain_instr, q2_ci_method, q3_ci_method
     (how each interval was drawn; "too few" when fewer repetitions than a verdict needs
-    stand behind it, see :func:`profkit.analyze.stats.too_few_reps`).
+    stand behind it, see :func:`profkit.analyze.stats.too_few_reps`), n_q2, n_q3.
+    ``n`` is the plain query's executions kept, ``n_q2``/``n_q3`` Query-2's and
+    Query-3's: the vCPU rule leaves different ones out (:func:`n_text` shows all three
+    where they differ).
     """
     s = _check(summary)
     rows = []
@@ -145,8 +148,18 @@ def seed_table(summary: pd.DataFrame, seed: ModuleType = _seed) -> pd.DataFrame:
             "plain_instr": g(plain, "instr"),
             "q2_ci_method": q2.get("ci_method") if q2 is not None else None,
             "q3_ci_method": q3.get("ci_method") if q3 is not None else None,
+            "n_q2": int(q2["n"]) if q2 is not None else 0,
+            "n_q3": int(q3["n"]) if q3 is not None else 0,
         })
     return pd.DataFrame(rows)
+
+
+def n_text(r: Any) -> str:
+    """A seed-table row's executions: "10" when plain, Query-2 and Query-3 kept as many,
+    else "9 / 7 / 6" (plain / Query-2 / Query-3), so that an overhead's interval is not
+    read as resting on more repetitions than its mode kept."""
+    ns = (int(r.n), int(getattr(r, "n_q2", r.n)), int(getattr(r, "n_q3", r.n)))
+    return str(ns[0]) if len(set(ns)) == 1 else " / ".join(map(str, ns))
 
 
 def reference_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -408,7 +421,9 @@ def render_markdown(
          "counted by callgrind (repeatable to ~0.0001 %; it understates TIMING on, whose "
          "clock reads are system calls under valgrind). The seed's figures are means of 10 "
          "runs on another machine (PostgreSQL 19dev): compare the ordering and rough size, "
-         "not the digits."),
+         "not the digits. n: the executions kept (plain / Query-2 / Query-3 where they "
+         "differ; an overhead pairs its mode with plain on the repetitions that kept "
+         "both)."),
         "",
     ]
     header = ["build", "n", "plain median ms", "Query-2 overhead % [95% CI]", "seed Query-2 %",
@@ -416,7 +431,7 @@ def render_markdown(
     rows = []
     for r in st.itertuples():
         rows.append([
-            f"{r.build}" + (f" ({r.seed_name})" if r.seed_name else ""), str(r.n),
+            f"{r.build}" + (f" ({r.seed_name})" if r.seed_name else ""), n_text(r),
             _fmt_ms(r.plain_median_ms),
             _fmt_pct(r.q2_overhead_pct, (r.q2_ci_low, r.q2_ci_high), method=r.q2_ci_method),
             _fmt_pct(r.seed_q2_overhead_pct),
@@ -496,7 +511,7 @@ def render_console(summary: pd.DataFrame, seed: ModuleType = _seed,
         return t
     for r in seed_table(s, seed).itertuples():
         t.add_row(
-            r.build, str(r.n), _fmt_ms(r.plain_median_ms),
+            r.build, n_text(r), _fmt_ms(r.plain_median_ms),
             _fmt_pct(r.q2_overhead_pct, (r.q2_ci_low, r.q2_ci_high), method=r.q2_ci_method),
             _fmt_pct(r.seed_q2_overhead_pct),
             _fmt_pct(r.q3_overhead_pct, (r.q3_ci_low, r.q3_ci_high), method=r.q3_ci_method),
