@@ -232,8 +232,11 @@ def plain_suspect(label: str, mode: str, overhead_pct: object, low: object, high
     reads clocks) on top of it; all it saves is sending the result rows.  Unless the
     query returns many rows, the plain executions then did work that was not the
     query's, and every overhead of that build rests on them: the reader is told instead
-    of reading a negative cost.  None when the interval does not say so (or is
-    missing)."""
+    of reading a negative cost.  Seen twice here: one backend's plain executions all
+    ~1.7x slow in a bench run, all ~2x in a timing-accuracy run, their EXPLAIN ones not.
+    The interval decides, not the medians: a build whose Query-2 costs next to nothing
+    (step5: -0.16 % in instructions) can have its plain median above its Query-2 median
+    by noise alone.  None when the interval does not say so (or is missing)."""
     try:
         ov, lo, hi = float(overhead_pct), float(low), float(high)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -1294,25 +1297,6 @@ def paired_estimates(a: np.ndarray, b: np.ndarray, backend: np.ndarray, *,
     return out
 
 
-def impossible_orders(summary: pd.DataFrame) -> list[tuple[str, float, float]]:
-    """Builds whose plain Query-1 took longer than their EXPLAIN (ANALYZE, TIMING FALSE),
-    as (build, plain median ms, Query-2 median ms), from :func:`summarize_metric`'s rows.
-
-    EXPLAIN runs the same plan and more, so such a plain figure was disturbed (seen here:
-    one backend's plain executions all ~1.7x slow while its EXPLAIN ones were not) and
-    every overhead of that build against it is wrong."""
-    med = summary.set_index(["build", "mode"])["median_ms"]
-    q2 = "analyze_notiming"
-    found = []
-    for b in dict.fromkeys(summary["build"]):
-        if (b, "plain") not in med.index or (b, q2) not in med.index:
-            continue
-        plain, explain = float(med[(b, "plain")]), float(med[(b, q2)])
-        if math.isfinite(plain) and math.isfinite(explain) and plain > explain:
-            found.append((str(b), plain, explain))
-    return found
-
-
 #: The per-execution disturbance columns the bench report shows beside the vCPU's speed.
 DISTURBANCE_COLUMNS: tuple[str, ...] = ("speed_factor", "invol_cs", "vol_cs", "migrations",
                                         "minflt", "majflt", "steal_cpu_ms", "runq_ms")
@@ -1334,8 +1318,6 @@ class BenchExtras:
     vcpu_table: pd.DataFrame | None
     #: Query-2 overhead CI half-width per build, percentage points (build, half_width_pp)
     q2_half_width: pd.DataFrame | None
-    #: builds whose plain Query-1 took longer than their Query-2 (impossible_orders)
-    impossible: list[tuple[str, float, float]]
     #: the plain query of every build against the first build (None: fewer than two)
     plain_base: str | None
     plain_vs_base: pd.DataFrame | None
@@ -1348,7 +1330,8 @@ def bench_extras(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: str,
                  center: str = "median") -> BenchExtras:
     """Everything the bench report says after its main table: every time measure's
     overheads, the vCPU's speed and what disturbed the backends, the Query-2 CI widths,
-    impossible orders, the plain query across builds, and the instruction overheads."""
+    the plain query across builds, and the instruction overheads (a mode faster than its
+    plain query is in the notes: :func:`plain_suspect`)."""
     by_metric: dict[str, pd.DataFrame] = {}
     for m in METRICS:
         try:
@@ -1387,7 +1370,6 @@ def bench_extras(timings: pd.DataFrame, instr: pd.DataFrame | None, metric: str,
                                   ).astype("float64").to_numpy()})
     plain_base, plain_vs_base = _plain_across_builds(timings, instr, metric)
     return BenchExtras(metric, by_metric, summary, vcpu, vcpu_table, q2_half_width,
-                       impossible_orders(summary) if summary is not None else [],
                        plain_base, plain_vs_base, _instruction_overheads(instr), instr)
 
 

@@ -800,7 +800,6 @@ def extra_sections(x: BenchExtras) -> str:
             rows.append([key[0], key[1], *cells])
     out.append(md_table(header, rows, ["l", "l"] + ["r"] * (2 * len(METRICS))))
     out += vcpu_section(x)
-    out += impossible_orders(x.impossible)
     out += _plain_across_builds(x)
     instr, it = x.instr, x.instructions
     if instr is not None and it is not None:
@@ -872,18 +871,6 @@ def vcpu_section(x: BenchExtras) -> list[str]:
                    f"±{worst:.3f}): on this machine in this run the times cannot judge a 1 % "
                    "difference; the claim rests on the instruction counts (callgrind).")
     return out
-
-
-def impossible_orders(found: Sequence[tuple[str, float, float]]) -> list[str]:
-    """The warning for :func:`profkit.analyze.stats.impossible_orders`' builds (plain
-    Query-1 slower than its EXPLAIN (ANALYZE, TIMING FALSE)); none when there are none."""
-    if not found:
-        return []
-    return ["", "**Impossible order — rerun these builds:** " + "; ".join(
-        f"`{b}` plain Query-1 {p:.2f} ms > its EXPLAIN (ANALYZE, TIMING FALSE) {q:.2f} ms"
-        for b, p, q in found) + ". EXPLAIN does the plain query's work and more, so those "
-        "plain executions were disturbed and the build's overheads against its own plain "
-        "query are wrong (the columns against vanilla's plain Query-1 are not affected by it)."]
 
 
 def _plain_across_builds(x: BenchExtras) -> list[str]:
