@@ -666,6 +666,9 @@ def test_real_run_same_rows_and_files(variant_run):
     t = res.timings
     assert (t["cpu_ms"] > 0).all() and (t["server_ms"] > 0).all()
     assert set(t["build"]) >= {"vanilla", *cached}
+    # what disturbed each execution's backend, as bench records it: counts, never negative
+    for c in ("minflt", "majflt", "vol_cs", "invol_cs", "migrations"):
+        assert t[c].notna().all() and (t[c] >= 0).all(), (c, t[c].describe())
     for f in ("report.md", "nodes.parquet", "timings.csv", "plans.jsonl", "provenance.json"):
         assert (res.run_dir / f).exists()
     prov = json.loads((res.run_dir / "provenance.json").read_text())
@@ -673,6 +676,9 @@ def test_real_run_same_rows_and_files(variant_run):
     assert {a["label"] for a in prov["arms"]} == set(t["build"])
     # the measured backends ran at nice -20 (as root) so the numbers are not scheduling noise
     assert prov["backend_nice"] == (-20 if os.geteuid() == 0 else None)
+    # ... and pinned: every execution's counters were read from a backend on that CPU
+    if prov.get("pin_cpu") is not None:
+        assert (t["last_cpu"] == prov["pin_cpu"]).all(), t["last_cpu"].value_counts()
     # TIMING TRUE costs more than the plain query on vanilla (CPU time)
     c = res.cost.set_index("arm")
     # no arm's plain executions read slower than its EXPLAIN ANALYZE beyond noise (one

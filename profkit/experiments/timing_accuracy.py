@@ -75,6 +75,10 @@ TIMINGS_COLUMNS: tuple[str, ...] = (
     *tables.SCHEMAS["timings"], "cpu_ms", "wait_ms", "explain_ms", "planning_ms", "preset",
     "settings", "slot", "backend_pid", "t_start", "backend", "calib_before_ms",
     "calib_after_ms",
+    # what disturbed the backend over the execution (page faults, context switches,
+    # migrations, steal; collect.vcpu), as profkit bench records it: a plain query slower
+    # than its EXPLAIN (stats.plain_suspect) can then be told from a memory effect
+    *vcpu.DELTA_COLUMNS,
 )
 
 #: Modest scales, so that one run of all arms takes minutes on 2 cores.
@@ -276,7 +280,7 @@ class _Accuracy:
         res: dict[str, Any] = {"client_ms": m.client_ms, "t_start": m.t_start,
                                "server_ms": m.server_ms, "cpu_ms": m.cpu_ms,
                                "wait_ms": m.runq_ms, "calib_before_ms": m.calib_before_ms,
-                               "calib_after_ms": m.calib_after_ms,
+                               "calib_after_ms": m.calib_after_ms, "counters": m.counters,
                                "explain_ms": math.nan, "planning_ms": math.nan, "plan": None}
         if mode == "plain":
             exp = wl.expected_rows(self.scales[workload])
@@ -316,7 +320,8 @@ class _Accuracy:
                "preset": t.arm.preset, "settings": t.arm.settings_text,
                "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"],
                "backend": t.block, "calib_before_ms": r["calib_before_ms"],
-               "calib_after_ms": r["calib_after_ms"]}
+               "calib_after_ms": r["calib_after_ms"],
+               **{c: (r.get("counters") or {}).get(c, math.nan) for c in vcpu.DELTA_COLUMNS}}
         self.timings.write(row)
         if r["plan"] is not None:
             self.plans.json_line({"workload": workload, "arm": t.label,
