@@ -753,8 +753,12 @@ def test_the_session_starts_loads_and_stops_the_cluster_of_a_build(tmp_path):
     assert len(t2) == 3 * (2 + extra["extra_reps"]) and set(t2["build"]) == {"vanilla"}
     assert list(t2.columns) == ["run_id", "build", "workload", "query", "mode", "rep",
                                 "order", "client_ms", "server_ms", "cpu_ms", "runq_ms",
-                                "calib_before_ms", "calib_after_ms", "scale"]
+                                "calib_before_ms", "calib_after_ms", "scale",
+                                *vcpu.DELTA_COLUMNS]
     assert t2[["calib_before_ms", "calib_after_ms"]].notna().all(axis=None)
+    # what disturbed the backend, per execution: counts, never negative
+    counts = t2[["minflt", "majflt", "vol_cs", "invol_cs", "migrations"]]
+    assert counts.notna().all(axis=None) and (counts >= 0).all(axis=None), counts.describe()
     for r in (obs.run_dir, cor.run_dir):
         assert json.loads((r / "provenance.json").read_text())["status"] == "complete"
     assert set(children_named("postgres")) <= before

@@ -45,7 +45,10 @@ if TYPE_CHECKING:
 TIMINGS_CSV = "timings.csv"
 TIMINGS_COLUMNS: tuple[str, ...] = ("run_id", "build", "workload", "query", "mode", "rep",
                                     "order", "client_ms", "server_ms", "cpu_ms", "runq_ms",
-                                    "calib_before_ms", "calib_after_ms", "scale")
+                                    "calib_before_ms", "calib_after_ms", "scale",
+                                    # what disturbed the backend (collect.vcpu), as bench
+                                    # and timing-accuracy record it
+                                    *vcpu.DELTA_COLUMNS)
 DEFAULT_CORRECTION_WORKLOADS: dict[str, float] = {"nested_loop": 0.05, "join_sum": 0.5,
                                                   "count_star": 0.1}
 
@@ -190,7 +193,8 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
                "rep": rep, "order": order, "client_ms": box.client_ms, "server_ms": s,
                "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms,
                "calib_before_ms": box.calib_before_ms, "calib_after_ms": box.calib_after_ms,
-               "scale": wls[name]}
+               "scale": wls[name],
+               **{k: box.counters.get(k, math.nan) for k in vcpu.DELTA_COLUMNS}}
         rows.append(row)
         assert writer is not None
         writer.write(row)
