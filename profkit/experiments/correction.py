@@ -193,8 +193,7 @@ def _correct(rd: RunDir, target: Cluster | Build, wls: Mapping[str, float], *, r
                "rep": rep, "order": order, "client_ms": box.client_ms, "server_ms": s,
                "cpu_ms": box.cpu_ms, "runq_ms": box.runq_ms,
                "calib_before_ms": box.calib_before_ms, "calib_after_ms": box.calib_after_ms,
-               "scale": wls[name],
-               **{k: box.counters.get(k, math.nan) for k in vcpu.DELTA_COLUMNS}}
+               "scale": wls[name], **box.counters}
         rows.append(row)
         assert writer is not None
         writer.write(row)

@@ -320,8 +320,7 @@ class _Accuracy:
                "preset": t.arm.preset, "settings": t.arm.settings_text,
                "slot": slot, "backend_pid": t.backend_pid, "t_start": r["t_start"],
                "backend": t.block, "calib_before_ms": r["calib_before_ms"],
-               "calib_after_ms": r["calib_after_ms"],
-               **{c: (r.get("counters") or {}).get(c, math.nan) for c in vcpu.DELTA_COLUMNS}}
+               "calib_after_ms": r["calib_after_ms"], **r["counters"]}
         self.timings.write(row)
         if r["plan"] is not None:
             self.plans.json_line({"workload": workload, "arm": t.label,

@@ -1055,12 +1055,11 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
             note = str(getattr(r, "note", "") or "")
             if note and note != "nan" and "plans differ" not in note:
                 lines.append(f"{r.build} {r.mode}: {note}")
-    if {"overhead_pct", "ci_low_pct", "ci_high_pct"} <= set(summary.columns):
-        for r in summary.itertuples():
-            odd = plain_suspect(str(r.build), str(r.mode), r.overhead_pct, r.ci_low_pct,
-                                r.ci_high_pct)
-            if odd:
-                lines.append(odd)
+    for r in summary.itertuples():
+        odd = plain_suspect(str(r.build), str(r.mode), r.overhead_pct, r.ci_low_pct,
+                            r.ci_high_pct)
+        if odd:
+            lines.append(odd)
     extra = extra_reps_note(provenance)
     if extra:
         lines.append(extra)
