@@ -810,8 +810,14 @@ def verdicts(accuracy: pd.DataFrame, truth: pd.DataFrame, cost: pd.DataFrame, ba
                              f"{w['node_type']}: {w['arm_median_ms']:.3f} ms)")
             sc = judged[judged["scattered"] & judged["long"]]
             if not sc.empty and scatter.empty:
-                w = sc.loc[sc["scatter_p90_pct"].idxmax()]
-                parts.append(f"single runs scatter by ±{w['scatter_p90_pct']:.0f}% (p90) "
+                # the spread in % of the arm's median; in ms where there is no % (a
+                # median of 0 or none: a fresh-clone make test crashed here on idxmax)
+                pct = sc["scatter_p90_pct"]
+                w = sc.loc[pct.idxmax() if pct.notna().any()
+                           else sc["scatter_p90_ms"].fillna(0.0).idxmax()]
+                size = (f"{w['scatter_p90_pct']:.0f}%" if math.isfinite(w["scatter_p90_pct"])
+                        else f"{w['scatter_p90_ms']:.3f} ms")
+                parts.append(f"single runs scatter by ±{size} (p90) "
                              f"around their median on {len(sc)} long node time(s) ("
                              f"node {int(w['node_id'])} {w['node_type']})")
         if not math.isnan(noise):
