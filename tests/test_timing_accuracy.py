@@ -408,6 +408,25 @@ def test_verdict_wrong_for_a_quantised_clock():
     assert r["nodes_scatter"] + r["nodes_outside"] >= 1
 
 
+def test_verdict_names_the_spread_in_ms_where_every_median_reads_0():
+    # a clock whose tick is longer than the query: 6 of 7 runs read 0 on every node,
+    # one reads a tick's worth.  Every long node is "outside" (its quartiles are 0) and
+    # scatters beyond the band, but its spread has no percentage (a median of 0): the
+    # verdict names the widest by ms (a fresh-clone make test crashed here on idxmax)
+    def ticked(rep):
+        return _jitter(rep) if rep == 7 else {k: 0.0 for k in
+                                              ("agg", "join", "scan", "hash_", "inner")}
+
+    v = _verdict({"vanilla": _jitter, "ticked": ticked},
+                 {"vanilla": (8, 10, 16), "ticked": (8, 10, 11)})
+    r = v.loc["ticked"]
+    # 5 inclusive times and 4 own times of >= 1 ms in vanilla, each read 0 in most runs
+    assert r["verdict"] == "wrong" and r["nodes_scatter"] == 0 and r["nodes_outside"] == 9
+    # Aggregate: |run - 0| over [0 x 6, 10.0] -> p90 = 0.4 x 10 ms
+    assert ("single runs scatter by ±4.000 ms (p90) around their median on 9 long node "
+            "time(s) (node 0 Aggregate)") in r["text"]
+
+
 def test_verdict_wrong_when_children_outgrow_their_parent():
     # a sampled estimate whose leaf is inflated (its timed calls carry the clock reads)
     # while the parent's single timed call is exact: the join's own time goes negative
