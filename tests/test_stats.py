@@ -605,3 +605,38 @@ def test_compare_builds_resamples_backends_when_the_run_has_them():
     t["backend"] = t["rep"] // 10 + 1  # two backends: flagged, never called different
     two = stats.compare_builds(t, "vanilla", "step1", n_resamples=999)
     assert "too few" in two.ci_method and not two.overhead_differs
+
+
+def test_plain_across_builds_tests_backends_not_executions():
+    """Two builds of the same code: step4's executions all read 8 % above vanilla's
+    because three of vanilla's four backends ran fast and step4's did not.  On the 12 + 12
+    executions a rank test calls that a difference at 5 %; on the 4 + 4 backends (the
+    units that are independent) it does not.  The report says which it used."""
+    rows, order = [], 0
+    for build, per_backend in (("vanilla", (99.5, 100.0, 100.5, 118.0)),
+                               ("step4", (107.5, 108.0, 108.5, 109.0))):
+        for k, ms in enumerate(per_backend, 1):
+            for j in range(3):
+                v = ms + 0.1 * j
+                rows.append({"run_id": "r1", "build": build, "workload": "nested_loop",
+                             "query": "plain", "mode": "plain", "rep": (k - 1) * 3 + j,
+                             "order": order, "client_ms": v + 0.5, "server_ms": v,
+                             "backend": k})
+                order += 1
+    t = pd.DataFrame(rows)
+    x = stats.bench_extras(t, None, "server_ms")
+    assert x.plain_base == "vanilla"
+    r = x.plain_vs_base.set_index("build").loc["step4"]
+    per_execution = stats.compare_builds(t, "vanilla", "step4", "plain", "server_ms")
+    assert per_execution.time_p_value < 0.05
+    # 4 vs 4 medians, vanilla's 118.1 above step4's four, its other three below: U = 4,
+    # exact two-sided p = 2 x 12/70
+    assert r["p_unit"] == "4/4 backends"
+    assert r["p_value"] == pytest.approx(24 / 70)
+    md = bench_report.extra_sections(x)
+    assert "| step4 | 108.35 | +7.97 | 0.343 | 4/4 backends | – |" in md
+    # one backend per build: the executions are the units, as before
+    one = t.assign(backend=1)
+    r1 = stats.bench_extras(one, None, "server_ms").plain_vs_base.set_index("build").loc["step4"]
+    assert r1["p_unit"] == "12/12 executions"
+    assert r1["p_value"] == pytest.approx(per_execution.time_p_value)
