@@ -86,15 +86,25 @@ def flamegraph_for(counts: dict[str, float], run: Any, path: Path, *, title: str
     return out
 
 
+#: Recordings per build of `make demo`'s differential.  With 3, the interval of a frame
+#: that one build has in every recording and the other in none sits on Student's t at 2
+#: degrees of freedom: of the 7 stack paths ending in an instrumentation function that
+#: step3 removes whole, 2-3 were coloured per run (7 of 22 in 3 runs); with 5, 21 of 21.
+#: A/A (vanilla against vanilla), the stack paths coloured: 0 of 126 with 3, 3 of 139
+#: with 5 (2.2 %); 12 s and 20 s per differential (benchmarks/demo_diff_recordings.py,
+#: benchmarks/results/demo_diff_recordings-20261206.txt).
+DEMO_RECORDINGS = 5
+
+
 def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
                      builds: Sequence[str] = ("vanilla", "step3"),
                      mode: str = "analyze_notiming", workload: str = "nested_loop",
-                     reps: int = 1, recordings: int = 3,
+                     reps: int = 1, recordings: int = DEMO_RECORDINGS,
                      progress: Callable[[str], None] | None = None) -> list[Path]:
     """`make demo`'s flamegraphs of *mode* on *builds[0]* (A) and *builds[1]* (B), from
     *recordings* interleaved perf recordings per build (*reps* executions each, each
     recording on its own cluster and backend:
-    :func:`profkit.experiments.flamediff.record_diff`).
+    :func:`profkit.experiments.flamediff.record_diff`; :data:`DEMO_RECORDINGS` says why 5).
 
     Returns the SVG paths: ``query2-vanilla.svg`` and ``query2-step3.svg`` (each build's
     recordings pooled), ``query2-vanilla-vs-step3.svg`` (the differential per execution:
