@@ -86,6 +86,15 @@ def test_reproduce_writes_the_demo_files(reproduced):
     svgs = sorted(p.name for p in (base / "flamegraphs").glob("*.svg"))
     assert {"query2-vanilla.svg", "query2-step3.svg", "query2-vanilla-vs-step3.svg"} <= set(svgs)
     assert "wall time: builds" in cp.stdout + cp.stderr
+    # the differential's point: the wrapper and InstrStopNode, gone in step3, are drawn
+    # as cheaper (their intervals exclude 0) from the demo's 5 + 5 recordings
+    (fd,) = (base / "profiles").glob("*-flamediff-vanilla-vs-step3")
+    recs = pd.read_csv(fd / "recordings.csv")
+    assert recs.groupby("arm").size().to_dict() == {"vanilla": 5, "step3": 5}
+    d = pd.read_csv(fd / "flamediff.csv")
+    fs = d[(d["key"] == "function") & (d["basis"] == "self")].set_index("frame")
+    for f in ("ExecProcNodeInstr", "InstrStopNode"):
+        assert fs.loc[f, "b_mean"] == 0 and fs.loc[f, "flag"] == -1, fs.loc[f].to_dict()
 
 
 def test_reproduce_counts_rows_against_vanilla_of_its_major(reproduced):

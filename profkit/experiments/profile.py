@@ -100,11 +100,13 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
                      builds: Sequence[str] = ("vanilla", "step3"),
                      mode: str = "analyze_notiming", workload: str = "nested_loop",
                      reps: int = 1, recordings: int = DEMO_RECORDINGS,
+                     profiles: str | Path | None = None,
                      progress: Callable[[str], None] | None = None) -> list[Path]:
     """`make demo`'s flamegraphs of *mode* on *builds[0]* (A) and *builds[1]* (B), from
     *recordings* interleaved perf recordings per build (*reps* executions each, each
     recording on its own cluster and backend:
-    :func:`profkit.experiments.flamediff.record_diff`; :data:`DEMO_RECORDINGS` says why 5).
+    :func:`profkit.experiments.flamediff.record_diff`; :data:`DEMO_RECORDINGS` says why 5);
+    the differential's run goes under *profiles* (default: the profiles folder).
 
     Returns the SVG paths: ``query2-vanilla.svg`` and ``query2-step3.svg`` (each build's
     recordings pooled), ``query2-vanilla-vs-step3.svg`` (the differential per execution:
@@ -122,7 +124,7 @@ def demo_flamegraphs(out_dir: str | Path | None = None, *, scale: float = 0.05,
     a_name, b_name = builds
     req = flamediff.check_request(a_name, b_name, workload=workload, scale=scale, mode=mode,
                                   recordings=recordings, executions=reps)
-    res = flamediff.record_diff(req, progress=say,
+    res = flamediff.record_diff(req, base=profiles, progress=say,
                       title=f"{a_name} → {b_name}: {workload} {qname} (differential, perf, "
                             f"{recordings} recordings each)")
     paths = []

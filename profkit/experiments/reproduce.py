@@ -98,7 +98,8 @@ def reproduce(builds: str, *, scale: float, reps: int, instr_scale: float,
         begin("flamegraphs")
         t0 = time.monotonic()
         # Query-2 on vanilla, on step3, and the vanilla→step3 differential, in flamegraphs/
-        svgs = demo_flamegraphs(progress=say)
+        # the differential's run (its recordings) goes with the benchmark's, under *out*
+        svgs = demo_flamegraphs(profiles=out, progress=say)
         seconds["flamegraphs"] = time.monotonic() - t0
     seconds["total"] = time.monotonic() - t_all
     return Reproduction(res, files, svgs, seconds)
