@@ -306,6 +306,38 @@ def test_a_mode_faster_than_plain_beyond_noise_is_called_out():
         "another plan), and its overheads rest on them; measure it again")
 
 
+def test_a_negative_time_cost_beside_more_instructions_is_explained():
+    """A warm make demo printed step4's Query-2 at -5.31 % [-11.10, -2.10] against its
+    plain query beside +2.27 % in instructions, without a word.  The notes now say the
+    time alone reads a saving the instructions do not show; not where the instructions
+    fall too, not where the interval reaches 0, and the suspect rule keeps its own text."""
+    assert stats.time_below_instructions("step4", "analyze_notiming", -5.31, -11.10, -2.10,
+                                         2.27) == (
+        "step4: analyze_notiming reads -5.31 % [-11.10, -2.10] against the plain query by "
+        "time while it runs +2.27 % more instructions: not a saving; the difference is the "
+        "binary's code layout (its plain and EXPLAIN paths run different code) or its "
+        "backends (--layouts K resamples layouts)")
+    assert stats.time_below_instructions("s", "analyze_notiming", -3.0, -6.0, 0.5, 2.0) is None
+    assert stats.time_below_instructions("s", "analyze_notiming", -3.0, -6.0, -1.0, -0.2) is None
+    assert stats.time_below_instructions("s", "analyze_notiming", -3.0, -6.0, -1.0,
+                                         float("nan")) is None
+    assert stats.time_below_instructions("s", "plain", -3.0, -6.0, -1.0, 0.0) is None
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 300.0},
+                      "step4": {"analyze_notiming": -4.0, "analyze_timing": 250.0},
+                      "step9": {"analyze_notiming": -40.0, "analyze_timing": 250.0}})
+    s = stats.summarize(t, n_resamples=999)
+    instr = {("vanilla", "analyze_notiming"): 26.17, ("step4", "analyze_notiming"): 2.27,
+             ("step9", "analyze_notiming"): 2.27}
+    s["instr_overhead_pct"] = [instr.get((b, m), 40.0) for b, m in zip(s["build"], s["mode"],
+                                                                        strict=True)]
+    notes = bench_report.engine_notes(s, {})
+    odd = [ln for ln in notes if "more instructions" in ln]
+    assert len(odd) == 1 and odd[0].startswith(
+        "step4: analyze_notiming reads -3.48 % [-4.15, -2.09] against the plain query"), notes
+    # step9 is far below: the suspect rule's sentence, not this one
+    assert any(ln.startswith("step9: analyze_notiming ran 39.3 % faster") for ln in notes), notes
+
+
 def test_intervals_from_too_few_repetitions_are_not_printed():
     """Three repetitions: an interval of the seed table, the against-vanilla table, the
     every-build table, the step table and the chart would cover far less than 95 % (see

@@ -252,6 +252,31 @@ def plain_suspect(label: str, mode: str, overhead_pct: object, low: object, high
             "rest on them; measure it again")
 
 
+def time_below_instructions(label: str, mode: str, overhead_pct: object, low: object,
+                            high: object, instr_overhead_pct: object,
+                            limit_pct: float = PLAIN_SUSPECT_PCT) -> str | None:
+    """A sentence when *mode*'s time overhead interval lies wholly below 0 (but not so far
+    that :func:`plain_suspect` speaks) while the same mode runs at least as many
+    instructions as the plain query (*instr_overhead_pct* ≥ 0): a negative cost read
+    from the time alone.  A warm ``make demo`` here printed step4's Query-2 at −5.31 %
+    [−11.10, −2.10] beside +2.27 % in instructions.  One binary's plain and EXPLAIN
+    paths run different code, which sits differently in the binary's layout, and its
+    backends differ: the time difference is that, not a saving (docs/benchmark.md: the
+    same code's CPU time moved by several percent between layouts).  None otherwise."""
+    try:
+        ov, lo, hi, ins = (float(x) for x in (overhead_pct, low, high,  # type: ignore[arg-type]
+                                               instr_overhead_pct))
+    except (TypeError, ValueError):
+        return None
+    if mode == BASELINE_MODE or not all(math.isfinite(x) for x in (ov, lo, hi, ins)) \
+            or hi >= 0 or hi < -limit_pct or ins < 0:
+        return None
+    return (f"{label}: {mode} reads {ov:+.2f} % [{lo:+.2f}, {hi:+.2f}] against the plain "
+            f"query by time while it runs {ins:+.2f} % more instructions: not a saving; the "
+            "difference is the binary's code layout (its plain and EXPLAIN paths run "
+            "different code) or its backends (--layouts K resamples layouts)")
+
+
 def too_few_count(method: object) -> int | None:
     """The repetitions :func:`too_few_reps` marked in a ``ci_method`` (None: not marked)."""
     m = _TOO_FEW_REPS.search(str(method or ""))

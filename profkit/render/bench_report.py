@@ -39,6 +39,7 @@ from profkit.analyze.stats import (
     simultaneous_level,
     few_reps_text,
     plain_suspect,
+    time_below_instructions,
     too_few_count,
 )
 from profkit.errors import ProfkitError
@@ -1049,8 +1050,9 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
                  aa: Any | None = None) -> list[str]:
     """One line each, for the console and the report: different plans, executions
     rejected to the last one, a mode faster than its plain query beyond noise
-    (:func:`profkit.analyze.stats.plain_suspect`), the A/A reading, the backends behind
-    the intervals."""
+    (:func:`profkit.analyze.stats.plain_suspect`) or below it by time while not by
+    instructions (:func:`profkit.analyze.stats.time_below_instructions`), the A/A
+    reading, the backends behind the intervals."""
     lines: list[str] = []
     if provenance.get("plan_differs"):
         lines.append("PLANS DIFFER between builds (--allow-plan-differences): their times "
@@ -1065,6 +1067,11 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
                             r.ci_high_pct)
         if odd:
             lines.append(odd)
+        elif "instr_overhead_pct" in summary.columns:
+            odd = time_below_instructions(str(r.build), str(r.mode), r.overhead_pct,
+                                          r.ci_low_pct, r.ci_high_pct, r.instr_overhead_pct)
+            if odd:
+                lines.append(odd)
     extra = extra_reps_note(provenance)
     if extra:
         lines.append(extra)
