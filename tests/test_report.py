@@ -314,9 +314,9 @@ def test_a_negative_time_cost_beside_more_instructions_is_explained():
     assert stats.time_below_instructions("step4", "analyze_notiming", -5.31, -11.10, -2.10,
                                          2.27) == (
         "step4: analyze_notiming reads -5.31 % [-11.10, -2.10] against the plain query by "
-        "time while it runs +2.27 % more instructions: not a saving; the difference is the "
-        "binary's code layout (its plain and EXPLAIN paths run different code) or its "
-        "backends (--layouts K resamples layouts)")
+        "time while it runs +2.27 % more instructions: a saving the instructions do not "
+        "show; the binary's code layout (its plain and EXPLAIN paths run different code) or "
+        "its backends can read so (--layouts K resamples layouts)")
     assert stats.time_below_instructions("s", "analyze_notiming", -3.0, -6.0, 0.5, 2.0) is None
     assert stats.time_below_instructions("s", "analyze_notiming", -3.0, -6.0, -1.0, -0.2) is None
     assert stats.time_below_instructions("s", "analyze_notiming", -3.0, -6.0, -1.0,

@@ -259,10 +259,11 @@ def time_below_instructions(label: str, mode: str, overhead_pct: object, low: ob
     that :func:`plain_suspect` speaks) while the same mode runs at least as many
     instructions as the plain query (*instr_overhead_pct* ≥ 0): a negative cost read
     from the time alone.  A warm ``make demo`` here printed step4's Query-2 at −5.31 %
-    [−11.10, −2.10] beside +2.27 % in instructions.  One binary's plain and EXPLAIN
-    paths run different code, which sits differently in the binary's layout, and its
-    backends differ: the time difference is that, not a saving (docs/benchmark.md: the
-    same code's CPU time moved by several percent between layouts).  None otherwise."""
+    [−11.10, −2.10] beside +2.27 % in instructions, without a word.  What can read so:
+    one binary's plain and EXPLAIN paths run different code, placed differently in its
+    layout, and its backends differ (docs/benchmark.md: the same code's CPU time moved by
+    several percent between layouts); the sentence names them and does not say which it
+    was.  None otherwise."""
     try:
         ov, lo, hi, ins = (float(x) for x in (overhead_pct, low, high,  # type: ignore[arg-type]
                                                instr_overhead_pct))
@@ -272,9 +273,10 @@ def time_below_instructions(label: str, mode: str, overhead_pct: object, low: ob
             or hi >= 0 or hi < -limit_pct or ins < 0:
         return None
     return (f"{label}: {mode} reads {ov:+.2f} % [{lo:+.2f}, {hi:+.2f}] against the plain "
-            f"query by time while it runs {ins:+.2f} % more instructions: not a saving; the "
-            "difference is the binary's code layout (its plain and EXPLAIN paths run "
-            "different code) or its backends (--layouts K resamples layouts)")
+            f"query by time while it runs {ins:+.2f} % more instructions: a saving the "
+            "instructions do not show; the binary's code layout (its plain and EXPLAIN paths "
+            "run different code) or its backends can read so (--layouts K resamples "
+            "layouts)")
 
 
 def too_few_count(method: object) -> int | None:

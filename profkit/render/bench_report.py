@@ -883,10 +883,10 @@ def _plain_across_builds(x: BenchExtras) -> list[str]:
            (f"Median `{metric}` of Query-1 relative to {base}'s and its instruction "
             "count: what a patch costs a query that is not being explained. p: Mann–Whitney "
             "U on the units that are independent, each backend's median where the builds "
-            "ran on several backends (the executions of one backend share its process, "
-            "whose memory placement moves a query's time between backends of one binary), "
-            "else the executions. A time difference at the same instruction count is "
-            "code layout or process noise until an A/A pair (`--aa`) shows less."), ""]
+            "ran on several backends (the executions of one backend move together: "
+            "backends of one binary differ by several percent here), else the executions. "
+            "A time difference at the same instruction count is no result until it exceeds "
+            "what an A/A pair (`--aa`) shows."), ""]
     rows = [[r.build, f"{r.median_ms:.2f}", f"{r.time_pct:+.2f}",
              "–" if math.isnan(r.p_value) else f"{r.p_value:.3g}", str(r.p_unit),
              "–" if math.isnan(r.instr_pct) else f"{r.instr_pct:+.2f}"]
