@@ -1415,13 +1415,13 @@ def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
     ``p_value``: Mann–Whitney U on the units that are independent.  Where both builds ran
     on ≥ 2 backends, those are the backends (each one's median): the executions of one
     backend share its process, and what the process brings moves them together (vanilla's
-    four backends in a warm ``make demo`` here: medians 17 % apart; 60 small A/A runs: a
-    median spread of 18 %, at most 118 %; ``benchmarks/plain_backends.py``,
+    four backends in a warm ``make demo`` here: medians 17 % apart; small A/A runs: a
+    median spread of 18-32 %, at most 118 %; ``benchmarks/plain_backends.py``,
     ``benchmarks/results/plain_backends-20261206.txt``).  A test on the executions counts
     one backend's luck as many observations: in that demo step4's plain query read
     +7.45 %, p = 0.045 on its executions against vanilla's, at the same instruction count;
-    p = 0.34 on the 4 against 4 backends.  On the A/A runs the execution test called vanilla
-    different from itself in 3 of 60, the backend test in none; the price is power: 4
+    p = 0.34 on the 4 against 4 backends.  On 120 A/A runs the execution test called
+    vanilla different from itself 7 times, the backend test twice; the price is power: 4
     against 4 backends reach p < 0.05 only when every backend of one build lies beyond
     every backend of the other.  ``p_unit`` says which units ("4/4 backends", "10/9
     executions")."""
