@@ -1,18 +1,14 @@
-"""How well does the report's hierarchical interval cover with few backends, and what would
-a small-sample widening do?
+"""How well does the report's hierarchical interval cover with few backends?
 
 A/A runs on this VM (``benchmarks/results/aa_false_positive-20261206.txt``) found the
-4-backend design's 95 % interval excluding 0 in 11 of 110 runs.  This simulates the
-same question on a two-level model (each backend's effect ~ N(0, between), each
-repetition's ~ N(0, within) around it; the true median is known): the coverage of
-:func:`profkit.analyze.stats.hierarchical_bootstrap` at K backends, and of the same
-interval widened about its point estimate by sqrt(K / (K − 1)) (the bootstrap's
-variance of a mean over K resampled clusters is (K − 1) / K of the unbiased one), by
-t(K − 1) / z as well (Student's quantile at the backends' degrees of freedom), and by
-:func:`small_k_factor` (the between part of the variance corrected by K / (K − 1),
-Student's quantile at Satterthwaite's degrees of freedom from the interval's own
-between-backend share: K − 1 when the backends hold all the variance, N − K when they
-hold none).
+4-backend design's bare 95 % percentile interval excluding 0 in 11 of 110 runs.  This
+simulates the question on a two-level model (each backend's effect ~ N(0, between), each
+repetition's ~ N(0, 1) around it; the true median is known) with
+:func:`profkit.analyze.stats.hierarchical_bootstrap`: the coverage of its bare percentile
+interval (``widen=False``, what the report printed before 2026-12-06), of that interval
+widened by sqrt(K / (K − 1)) alone and by t(K − 1) / z as well (about the point), and of
+the report's interval (``widen=True``: :func:`profkit.analyze.stats.small_sample_factor`,
+Satterthwaite's degrees of freedom from the interval's between share).
 
 Usage::
 
@@ -30,19 +26,13 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
-from profkit.analyze.stats import hierarchical_bootstrap, wilson_interval  # noqa: E402
+from profkit.analyze.stats import (  # noqa: E402
+    hierarchical_bootstrap,
+    small_sample_factor,
+    wilson_interval,
+)
 
 TRUE = 100.0
-
-
-def small_k_factor(k: int, n: int, share_pct: float, confidence: float = 0.95) -> float:
-    """Widening of a hierarchical percentile interval from *k* backends and *n*
-    repetitions whose variance is *share_pct* % between backends."""
-    s = min(max(share_pct / 100.0, 0.0), 1.0) if np.isfinite(share_pct) else 1.0
-    var = s * k / (k - 1) + (1 - s)
-    df = 1.0 / (s * s / (k - 1) + ((1 - s) ** 2 / (n - k) if n > k else 0.0))
-    q = 1 - (1 - confidence) / 2
-    return float(np.sqrt(var) * sps.t.ppf(q, df) / sps.norm.ppf(q))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     print(f"{args.experiments} experiments per cell; {args.reps} repetitions split over K "
           "backends; within-backend sd 1; median; 1,000 resamples")
-    print("between sd | K | coverage: percentile [Wilson 95 %] | × sqrt(K/(K-1)) | "
-          "× t(K-1)/z too | Satterthwaite | median widening: t(K-1) | Satterthwaite")
+    print("between sd | K | coverage: bare percentile [Wilson 95 %] | × sqrt(K/(K-1)) | "
+          "× t(K-1)/z too | the report's [Wilson 95 %] | median widening: t(K-1) | "
+          "the report's")
     for between in (float(x) for x in args.between.split(",")):
         for k in (int(x) for x in args.ks.split(",")):
             sizes = [len(a) for a in np.array_split(np.arange(args.reps), k)]
@@ -68,21 +59,27 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.experiments):
                 eff = rng.normal(0, between, k)
                 groups = [TRUE + eff[i] + rng.normal(0, 1.0, n) for i, n in enumerate(sizes)]
-                ci, share = hierarchical_bootstrap(groups, np.median, rng=rng,
-                                                   n_resamples=1000)
+                seed = int(rng.integers(2**32))
+                ci, share = hierarchical_bootstrap(groups, np.median,
+                                                   rng=np.random.default_rng(seed),
+                                                   n_resamples=1000, widen=False)
+                rep, _ = hierarchical_bootstrap(groups, np.median,
+                                                rng=np.random.default_rng(seed),
+                                                n_resamples=1000)
                 point = float(np.median(np.concatenate(groups)))
-                f3 = small_k_factor(k, args.reps, share)
-                sat.append(f3)
-                for j, f in enumerate((1.0, f1, f2, f3)):
+                sat.append(small_sample_factor(k, args.reps, share))
+                for j, f in enumerate((1.0, f1, f2)):
                     lo = point - (point - ci.low) * f
                     hi = point + (ci.high - point) * f
                     hits[j] += lo <= TRUE <= hi
+                hits[3] += rep.low <= TRUE <= rep.high
                 widths.append(f2)
             cov = hits / args.experiments
             lo, hi = wilson_interval(int(hits[0]), args.experiments)
+            lo3, hi3 = wilson_interval(int(hits[3]), args.experiments)
             print(f"{between:g} | {k} | {cov[0]:.3f} [{lo:.3f}, {hi:.3f}] | {cov[1]:.3f} | "
-                  f"{cov[2]:.3f} | {cov[3]:.3f} | {np.median(widths):.2f} | "
-                  f"{np.median(sat):.2f}")
+                  f"{cov[2]:.3f} | {cov[3]:.3f} [{lo3:.3f}, {hi3:.3f}] | "
+                  f"{np.median(widths):.2f} | {np.median(sat):.2f}")
     return 0
 
 

@@ -456,7 +456,8 @@ def test_vanilla_against_its_own_plain_is_its_overhead_row():
                 assert v.vs_ref_ci_low_pct <= v.ci_low_pct and v.vs_ref_ci_high_pct >= v.ci_high_pct
             else:
                 assert (v.vs_ref_ci_low_pct, v.vs_ref_ci_high_pct) == (v.ci_low_pct, v.ci_high_pct)
-    assert r.loc[("vanilla", "analyze_notiming"), "ci_high_pct"] == pytest.approx(70.70, abs=0.01)
+    # 70.70 before the small-sample widening of few-backend intervals (small_sample_factor)
+    assert r.loc[("vanilla", "analyze_notiming"), "ci_high_pct"] == pytest.approx(84.02, abs=0.01)
 
 
 @pytest.mark.parametrize("name", ["demo-20261202", "demo-cold-20261202"])
@@ -478,11 +479,16 @@ def test_committed_demos_have_no_false_cost(name):
     for _, r in equal.iterrows():
         assert r.vs_ref_ci_low_pct <= 0 <= r.vs_ref_ci_high_pct, (r.build, r["mode"])
     if name == "demo-cold-20261202":
+        # the run printed [1.24, 74.04]; the small-sample widening of 4-backend intervals
+        # (stats.small_sample_factor) alone, at 95 % per interval, now takes 0 in
         p = per95.set_index(["build", "mode"]).loc[("step5", "analyze_notiming")]
-        assert p.vs_ref_ci_low_pct == pytest.approx(1.24, abs=0.05)  # what the run printed
-    # TIMING on still reads as the large cost it is, at the simultaneous level
+        assert p.vs_ref_ci_low_pct == pytest.approx(-3.15, abs=0.05)
+        assert p.vs_ref_ci_high_pct == pytest.approx(129.39, abs=0.05)
+    # TIMING on still reads as the large cost it is (+186 to +249 %), at the simultaneous
+    # level and from 2-3 kept repetitions per backend: its intervals start above +70 %
+    # (above +100 % before the small-sample widening)
     for _, r in out[out["mode"] == "analyze_timing"].iterrows():
-        assert r.vs_ref_ci_low_pct > 100, r.build
+        assert r.vs_ref_ci_low_pct > 70, r.build
 
 
 def test_simultaneous_level():
@@ -640,3 +646,45 @@ def test_plain_across_builds_tests_backends_not_executions():
     r1 = stats.bench_extras(one, None, "server_ms").plain_vs_base.set_index("build").loc["step4"]
     assert r1["p_unit"] == "12/12 executions"
     assert r1["p_value"] == pytest.approx(per_execution.time_p_value)
+
+
+def test_small_sample_factor_values():
+    """sqrt(s·k/(k−1) + 1 − s) · t(df) / z, df by Satterthwaite from the between share s."""
+    from scipy import stats as sps
+
+    z = sps.norm.ppf(0.975)
+    # all the variance between 4 backends: the bootstrap's 3/4 made up, Student's t at 3
+    assert stats.small_sample_factor(4, 12, 100.0) == pytest.approx(
+        math.sqrt(4 / 3) * sps.t.ppf(0.975, 3) / z)
+    assert stats.small_sample_factor(4, 12, 100.0) == pytest.approx(1.875, abs=1e-3)
+    # none between: Student's t at n − k = 8, no variance correction
+    assert stats.small_sample_factor(4, 12, 0.0) == pytest.approx(sps.t.ppf(0.975, 8) / z)
+    # half: df = 1 / (0.25/3 + 0.25/8)
+    assert stats.small_sample_factor(4, 12, 50.0) == pytest.approx(
+        math.sqrt(0.5 * 4 / 3 + 0.5) * sps.t.ppf(0.975, 1 / (0.25 / 3 + 0.25 / 8)) / z)
+    # no share known: the wider reading; fewer than 2 backends: nothing to widen
+    assert stats.small_sample_factor(4, 12, float("nan")) == stats.small_sample_factor(4, 12, 100)
+    assert stats.small_sample_factor(1, 12, 80.0) == 1.0
+    # more backends, less widening
+    assert stats.small_sample_factor(8, 24, 80.0) < stats.small_sample_factor(4, 24, 80.0)
+
+
+def test_few_backends_interval_holds_its_level_where_the_bare_one_did_not():
+    """4 backends of 3 repetitions, a between-backend spread equal to the within (most of
+    a median's variance then lies between backends, as on this VM): the bare percentile
+    interval covered 0.892 of 400 (the A/A runs here: 11 of 110 excluded 0), the report's
+    widened one 0.963 (benchmarks/hier_small_k.py for more cases)."""
+    rng = np.random.default_rng(5)
+    n_exp, bare, wide = 400, 0, 0
+    for _ in range(n_exp):
+        data = _two_level(rng, 4, 3, between=2.0)
+        seed = int(rng.integers(2**32))
+        b, _ = stats.hierarchical_bootstrap(data, np.median, rng=np.random.default_rng(seed),
+                                            n_resamples=1000, widen=False)
+        w, _ = stats.hierarchical_bootstrap(data, np.median, rng=np.random.default_rng(seed),
+                                            n_resamples=1000)
+        assert w.low <= b.low and w.high >= b.high  # the same resamples, widened
+        bare += b.low <= 10.0 <= b.high
+        wide += w.low <= 10.0 <= w.high
+    print(f"coverage with 4 backends: bare {bare / n_exp:.3f}, widened {wide / n_exp:.3f}")
+    assert bare / n_exp <= 0.91 and 0.93 <= wide / n_exp <= 0.99, (bare, wide)
