@@ -606,7 +606,8 @@ def split_reps(reps: int, backends: int) -> list[range]:
 
 
 #: Fewer backends than this make a hierarchical interval too narrow (simulated coverage
-#: of a 95 % interval: 0.70 with 2 backends, 0.86 with 3, 0.90-0.94 with 4-5; see
+#: of the bare 95 % percentile interval: 0.70 with 2 backends, 0.86 with 3, 0.90-0.94
+#: with 4-5; widened for few backends, 0.91-0.98 with 3 and 0.945-0.98 with 4-8; see
 #: :mod:`profkit.analyze.stats`).
 MIN_BACKENDS = 4
 
