@@ -52,14 +52,12 @@ def read_run(run: Path, metric: str | None) -> list[dict]:
     if x.plain_vs_base is None:
         return []
     frame, col = stats.metric_frame(t, m)
-    plain = frame[frame["mode"] == "plain"]
     rows = []
     for r in x.plain_vs_base.itertuples():
         c = stats.compare_builds(frame, x.plain_base, r.build, "plain", col)
         spread = {}
         for b in (x.plain_base, r.build):
-            med = (plain[plain["build"] == b].groupby(["run_id", "backend"])[col].median()
-                   if "backend" in plain.columns else pd.Series(dtype=float)).dropna()
+            med = stats.backend_medians(frame, col, b)
             spread[b] = (med.max() / med.min() - 1) * 100 if len(med) >= 2 else float("nan")
         rows.append({"run": run.name, "metric": m, "a": x.plain_base, "b": r.build,
                      "time_pct": r.time_pct, "p_executions": c.time_p_value,

@@ -315,11 +315,22 @@ def small_sample_factor(k: int, n: int, share_pct: float, confidence: float = 0.
     return float(math.sqrt(var) * sps.t.ppf(q, df) / sps.norm.ppf(q))
 
 
-def _widen(dist: np.ndarray, lo: float, hi: float, factor: float) -> tuple[float, float]:
-    """[*lo*, *hi*] widened by *factor* about the median of the resampled statistics
-    *dist* (each side keeps its own length: the skew of the percentile interval stays)."""
+def _between_share(hier: np.ndarray, within: np.ndarray) -> float:
+    """100 × (1 − var(*within*) / var(*hier*)), floored at 0: the share of the resampled
+    statistic's variance that lies between backends (*within*: resamples with every
+    backend held fixed)."""
+    vt, vw = float(np.nanvar(hier)), float(np.nanvar(within))
+    return max(0.0, 1.0 - vw / vt) * 100.0 if vt > 0 else 0.0
+
+
+def _widen(dist: np.ndarray, lo: float, hi: float, k: int, n: int, share_pct: float,
+           confidence: float) -> tuple[float, float]:
+    """[*lo*, *hi*] widened by :func:`small_sample_factor` about the median of the
+    resampled statistics *dist* (each side keeps its own length: the skew of the
+    percentile interval stays)."""
+    f = small_sample_factor(k, n, share_pct, confidence)
     c = float(np.nanmedian(dist))
-    return c - (c - lo) * factor, c + (hi - c) * factor
+    return c - (c - lo) * f, c + (hi - c) * f
 
 
 def hierarchical_bootstrap(
@@ -364,12 +375,9 @@ def hierarchical_bootstrap(
     within = draw(np.broadcast_to(np.arange(k), (n_resamples, k)).copy())
     alpha = (1 - confidence) / 2
     lo, hi = (float(x) for x in np.nanquantile(hier, [alpha, 1 - alpha]))
-    vt, vw = float(np.nanvar(hier)), float(np.nanvar(within))
-    share = max(0.0, 1.0 - vw / vt) * 100.0 if vt > 0 else 0.0
-    # few backends: the percentile interval is too narrow (small_sample_factor)
-    if widen:
-        lo, hi = _widen(hier, lo, hi,
-                        small_sample_factor(k, int(sizes.sum()), share, confidence))
+    share = _between_share(hier, within)
+    if widen:  # few backends: the percentile interval is too narrow (small_sample_factor)
+        lo, hi = _widen(hier, lo, hi, k, int(sizes.sum()), share, confidence)
     method = "hierarchical" if k >= MIN_HIER_BACKENDS else \
         f"hierarchical ({k} backends: too few, interval too narrow)"
     return BootstrapCI(lo, hi, method, True), share
@@ -721,10 +729,8 @@ def compare_builds(
                 wa, wb = _resample_pairs(ra, rb, ids, rng, min(n_resamples, 4000),
                                          fixed=True)
                 within = nan_fn(wb, axis=-1) - nan_fn(wa, axis=-1)
-                vt, vw = float(np.nanvar(boot)), float(np.nanvar(within))
-                sh = max(0.0, 1.0 - vw / vt) * 100.0 if vt > 0 else 0.0
-                lo_, hi_ = _widen(boot, lo_, hi_,
-                                  small_sample_factor(k, len(ra), sh, confidence))
+                lo_, hi_ = _widen(boot, lo_, hi_, k, len(ra), _between_share(boot, within),
+                                  confidence)
                 ci = BootstrapCI(lo_, hi_, "hierarchical" if k >= MIN_HIER_BACKENDS else
                                  f"hierarchical ({k} backends: too few, interval too narrow)",
                                  True)
@@ -1507,16 +1513,23 @@ def _plain_across_builds(timings: pd.DataFrame, instr: pd.DataFrame | None, metr
                                              "p_unit", "instr_pct"])
 
 
+def backend_medians(frame: pd.DataFrame, col: str, build: str,
+                    mode: str = BASELINE_MODE) -> pd.Series:
+    """*build*'s median *col* per backend (``run_id``, ``backend``) in *mode*; empty
+    when the frame has no ``backend`` column."""
+    if "backend" not in frame.columns:
+        return pd.Series(dtype="float64")
+    d = frame[(frame["build"] == build) & (frame["mode"] == mode)]
+    return d.groupby(["run_id", "backend"])[col].median().dropna()
+
+
 def _plain_rank_test(frame: pd.DataFrame, col: str, a: str, b: str) -> tuple[float, str]:
     """Mann–Whitney U of build *b*'s plain times against *a*'s on their backends' medians
-    (a backend: ``run_id`` and ``backend``); NaN where either build has fewer than 2
-    backends with a time (then the executions are the units)."""
-    if "backend" not in frame.columns:
-        return math.nan, ""
+    (:func:`backend_medians`); NaN where either build has fewer than 2 backends with a
+    time (then the executions are the units)."""
     med = []
     for name in (a, b):
-        d = frame[(frame["build"] == name) & (frame["mode"] == BASELINE_MODE)]
-        m = d.groupby(["run_id", "backend"])[col].median().dropna()
+        m = backend_medians(frame, col, name)
         if len(m) < 2:
             return math.nan, ""
         med.append(m.to_numpy(dtype="float64"))

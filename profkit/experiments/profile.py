@@ -91,7 +91,7 @@ def flamegraph_for(counts: dict[str, float], run: Any, path: Path, *, title: str
 #: degrees of freedom: of the 7 stack paths ending in an instrumentation function that
 #: step3 removes whole, 2-3 were coloured per run (7 of 22 in 3 runs); with 5, 21 of 21.
 #: A/A (vanilla against vanilla), the stack paths coloured: 0 of 126 with 3, 3 of 139
-#: with 5 (2.2 %); 12 s and 20 s per differential (benchmarks/demo_diff_recordings.py,
+#: with 5 (2.2 %); 12-13 s and 20-22 s per differential (benchmarks/demo_diff_recordings.py,
 #: benchmarks/results/demo_diff_recordings-20261206.txt).
 DEMO_RECORDINGS = 5
 

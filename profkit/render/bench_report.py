@@ -1063,15 +1063,13 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
             if note and note != "nan" and "plans differ" not in note:
                 lines.append(f"{r.build} {r.mode}: {note}")
     for r in summary.itertuples():
-        odd = plain_suspect(str(r.build), str(r.mode), r.overhead_pct, r.ci_low_pct,
-                            r.ci_high_pct)
-        if odd:
-            lines.append(odd)
-        elif "instr_overhead_pct" in summary.columns:
-            odd = time_below_instructions(str(r.build), str(r.mode), r.overhead_pct,
-                                          r.ci_low_pct, r.ci_high_pct, r.instr_overhead_pct)
-            if odd:
-                lines.append(odd)
+        # at most one of the two speaks (time_below_instructions stops where the other starts)
+        lines += [x for x in (
+            plain_suspect(str(r.build), str(r.mode), r.overhead_pct, r.ci_low_pct,
+                          r.ci_high_pct),
+            time_below_instructions(str(r.build), str(r.mode), r.overhead_pct, r.ci_low_pct,
+                                    r.ci_high_pct, getattr(r, "instr_overhead_pct", None)))
+            if x]
     extra = extra_reps_note(provenance)
     if extra:
         lines.append(extra)
