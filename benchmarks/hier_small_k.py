@@ -13,6 +13,10 @@ Satterthwaite's degrees of freedom from the interval's between share).
 Usage::
 
     .venv/bin/python benchmarks/hier_small_k.py [--experiments 400] [--reps 12]
+    .venv/bin/python benchmarks/hier_small_k.py --reps 10 --ks 4,5,10 --level 0.9971
+
+With *--ks* up to *--reps* it also compares designs of one size: the same repetitions on
+more backends, fewer each (the last column: the report's interval's median width).
 """
 from __future__ import annotations
 
@@ -42,32 +46,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--between", default="0.5,2.0", help="between-backend sd(s), within sd 1")
     ap.add_argument("--ks", default="3,4,5,6,8")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--level", type=float, default=0.95,
+                    help="the intervals' level (the demo's 17 simultaneous intervals: 0.9971)")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
+    level = args.level
+    # as stats.summarize draws them: 4000 resamples, or ~20 in each tail of a high level
+    resamples = max(1000 if level == 0.95 else 4000, int(40 / (1 - level)))
     print(f"{args.experiments} experiments per cell; {args.reps} repetitions split over K "
-          "backends; within-backend sd 1; median; 1,000 resamples")
+          f"backends; within-backend sd 1; median; {resamples:,} resamples; level {level:g}")
     print("between sd | K | coverage: bare percentile [Wilson 95 %] | × sqrt(K/(K-1)) | "
           "× t(K-1)/z too | the report's [Wilson 95 %] | median widening: t(K-1) | "
-          "the report's")
+          "the report's | the report's median width (within sd = 1)")
     for between in (float(x) for x in args.between.split(",")):
         for k in (int(x) for x in args.ks.split(",")):
             sizes = [len(a) for a in np.array_split(np.arange(args.reps), k)]
             hits = np.zeros(4, dtype=int)
             widths, sat = [], []
             f1 = np.sqrt(k / (k - 1))
-            f2 = f1 * sps.t.ppf(0.975, k - 1) / sps.norm.ppf(0.975)
+            q = 1 - (1 - level) / 2
+            f2 = f1 * sps.t.ppf(q, k - 1) / sps.norm.ppf(q)
+            full = []
             for _ in range(args.experiments):
                 eff = rng.normal(0, between, k)
                 groups = [TRUE + eff[i] + rng.normal(0, 1.0, n) for i, n in enumerate(sizes)]
                 seed = int(rng.integers(2**32))
                 ci, share = hierarchical_bootstrap(groups, np.median,
                                                    rng=np.random.default_rng(seed),
-                                                   n_resamples=1000, widen=False)
+                                                   confidence=level,
+                                                   n_resamples=resamples, widen=False)
                 rep, _ = hierarchical_bootstrap(groups, np.median,
                                                 rng=np.random.default_rng(seed),
-                                                n_resamples=1000)
+                                                confidence=level, n_resamples=resamples)
                 point = float(np.median(np.concatenate(groups)))
-                sat.append(small_sample_factor(k, args.reps, share))
+                sat.append(small_sample_factor(k, args.reps, share, level))
+                full.append(rep.high - rep.low)
                 for j, f in enumerate((1.0, f1, f2)):
                     lo = point - (point - ci.low) * f
                     hi = point + (ci.high - point) * f
@@ -79,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             lo3, hi3 = wilson_interval(int(hits[3]), args.experiments)
             print(f"{between:g} | {k} | {cov[0]:.3f} [{lo:.3f}, {hi:.3f}] | {cov[1]:.3f} | "
                   f"{cov[2]:.3f} | {cov[3]:.3f} [{lo3:.3f}, {hi3:.3f}] | "
-                  f"{np.median(widths):.2f} | {np.median(sat):.2f}")
+                  f"{np.median(widths):.2f} | {np.median(sat):.2f} | {np.median(full):.2f}")
     return 0
 
 

@@ -655,7 +655,7 @@ def test_plan_differences_mark_every_row(tmp_path):
 def test_aa_and_backends_options_are_checked():
     req = bench.check_request("vanilla,step1", "nested_loop", 0.01, 10, aa=True)
     assert [r.label for r in req.refs] == ["vanilla", "step1", bench.AA_LABEL]
-    assert req.refs[-1].preset == "vanilla" and req.backends == 4
+    assert req.refs[-1].preset == "vanilla" and req.backends == 10  # one per repetition
     assert bench.check_request("vanilla", "nested_loop", 0.01, 3).backends == 1
     with pytest.raises(BenchError, match="--aa repeats the vanilla build"):
         bench.check_request("step1", "nested_loop", 0.01, 10, aa=True)

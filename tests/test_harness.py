@@ -143,7 +143,7 @@ def test_reps_split_into_backend_blocks():
     assert [list(r) for r in harness.split_reps(3, 1)] == [[1, 2, 3]]
     assert len(harness.split_reps(2, 5)) == 2  # never an empty block
     assert [harness.auto_backends(n) for n in (1, 3, 7, 8, 10, 25, 40, 200)] == \
-        [1, 1, 1, 4, 4, 5, 8, 8]
+        [1, 1, 1, 8, 10, 12, 12, 12]
 
 
 def test_one_arm_parser_for_every_experiment():

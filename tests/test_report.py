@@ -399,3 +399,24 @@ def test_intervals_from_too_few_repetitions_are_not_printed():
     assert any(abs(seg[1][1] - seg[0][1]) > 0.1 for seg in bars.lines[2][0].get_segments())
     notes8 = pd.read_csv(io.StringIO(bench_report.summary_csv(s8)), keep_default_na=False)["note"]
     assert (notes8 == "").all(), notes8
+
+
+def test_one_repetition_per_backend_is_said_so_not_a_share():
+    """With one repetition per backend (the default from 8 repetitions on) every
+    interval's variance is between backends by construction: the notes say what the
+    units are instead of printing a 100 % share as if it were measured."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0}}, reps=10)
+    t["backend"] = t["rep"] + 1  # backend k ran repetition k
+    s = stats.summarize(t, n_resamples=999)
+    assert set(s["backends"]) == {10}
+    assert (s.loc[s["mode"] != "plain", "between_share_pct"] == 100).all()
+    notes = bench_report.engine_notes(s, {"backends": 10, "reps": 10})
+    assert ("10 backends per build (fresh clusters), one repetition each: every interval "
+            "resamples backends, so process-to-process variance is all in it") in notes
+    assert not [n for n in notes if "between-backend variance is" in n], notes
+    # two repetitions per backend: the share is measured and printed
+    t["backend"] = t["rep"] // 2 + 1
+    s = stats.summarize(t, n_resamples=999)
+    notes = bench_report.engine_notes(s, {"backends": 5, "reps": 10})
+    assert [n for n in notes if n.startswith("5 backends per build (fresh clusters): "
+                                             "between-backend variance is")], notes

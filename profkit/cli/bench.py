@@ -144,7 +144,8 @@ def _backends(text: str) -> int | str:
 @click.option("--backends", default="auto", show_default=True, metavar="auto|K",
               help="Independent backends per build, each on a fresh cluster; the repetitions "
                    "are split between them and the intervals resample backends, then "
-                   "repetitions (auto: 1 below 8 repetitions, else 4-8).")
+                   "repetitions (auto: 1 below 8 repetitions, else one per repetition, at "
+                   "most 12).")
 @click.option("--layouts", type=int, default=0, show_default=True, metavar="L",
               help="Run every build in L code layouts (the same code linked in other "
                    "function orders, built as BUILD@layout1..L), one backend each: the "

@@ -77,7 +77,8 @@ def _int(text: str) -> int:
               help="Only (re)analyse an existing run directory.")
 @click.option("--backends", default="auto", show_default=True, metavar="auto|K",
               help="Independent backends per arm, each on a fresh cluster; the repetitions "
-                   "are split between them (auto: 1 below 8 repetitions, else 4-8).")
+                   "are split between them (auto: 1 below 8 repetitions, else one per "
+                   "repetition, at most 12).")
 @click.option("--no-calibration", is_flag=True,
               help="Skip the vCPU calibration before and after every execution (and so the "
                    "rule that leaves out the executions a slow vCPU disturbed).")

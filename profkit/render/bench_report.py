@@ -1086,7 +1086,14 @@ def engine_notes(summary: pd.DataFrame, provenance: Mapping[str, Any],
                      "below includes layout effects")
     if isinstance(k, int) and k > 1 and "between_share_pct" in summary.columns:
         sh = pd.to_numeric(summary["between_share_pct"], errors="coerce").dropna()
-        if len(sh):
+        reps = provenance.get("reps")
+        if isinstance(reps, int) and 0 < reps <= k:
+            # one repetition per backend: the backends are the units, so the share is
+            # 100 % by construction (the last backend's extra repetitions aside)
+            lines.append(f"{k} backends per build (fresh clusters), one repetition each: "
+                         "every interval resamples backends, so process-to-process "
+                         "variance is all in it")
+        elif len(sh):
             lines.append(f"{k} backends per build (fresh clusters): between-backend variance "
                          f"is {sh.median():.0f} % (median; {sh.min():.0f}-{sh.max():.0f} %) "
                          "of the overhead intervals' variance")
