@@ -420,3 +420,25 @@ def test_one_repetition_per_backend_is_said_so_not_a_share():
     notes = bench_report.engine_notes(s, {"backends": 5, "reps": 10})
     assert [n for n in notes if n.startswith("5 backends per build (fresh clusters): "
                                              "between-backend variance is")], notes
+
+
+def test_an_estimate_from_too_few_pairs_for_an_interval_says_too_few():
+    """A make demo run (one repetition per backend) kept 6 of step1's TIMING TRUE
+    executions and 5 of its plain ones, only 2 of them in the same repetitions: the seed
+    table printed 240.40 with no interval and no word.  It now says too few (n = 2)."""
+    t = make_timings({"vanilla": {"analyze_notiming": 30.0, "analyze_timing": 200.0}},
+                     reps=10)
+    t["backend"] = t["rep"] + 1
+    t.loc[(t["mode"] == "analyze_timing") & (t["rep"] >= 2), "server_ms"] = float("nan")
+    s = stats.summarize(t, n_resamples=999, pair="common").set_index("mode")
+    timing = s.loc["analyze_timing"]
+    assert timing["overhead_pct"] == pytest.approx(200.0, abs=5)
+    assert np.isnan(timing["ci_low_pct"]) and np.isnan(timing["ci_high_pct"])
+    assert stats.too_few_count(timing["ci_method"]) == 2, timing["ci_method"]
+    assert stats.few_reps_text(timing["ci_method"]) == "too few (n = 2)"
+    # the rows with enough pairs keep their interval, unmarked
+    assert stats.too_few_count(s.loc["analyze_notiming", "ci_method"]) is None
+    assert s.loc["plain", "ci_method"] == "none"
+    md = bench_report.render_markdown(s.reset_index(), {})
+    line = next(ln for ln in md.splitlines() if ln.startswith("| vanilla (Original) |"))
+    assert f"| {timing['overhead_pct']:.2f}, too few (n = 2) |" in line, line

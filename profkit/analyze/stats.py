@@ -217,10 +217,14 @@ _TOO_FEW_REPS = re.compile(r"\((\d+) repetitions: too few")
 
 def too_few_reps(method: str, n: int, minimum: int = MIN_VERDICT_REPS) -> str:
     """*method* marked "too few" when its interval came from *n* < *minimum* (default
-    :data:`MIN_VERDICT_REPS`) repetitions (nothing is marked twice; ``"none"``, no
-    interval, is left alone)."""
-    if n >= minimum or method == "none" or "too few" in method:
+    :data:`MIN_VERDICT_REPS`) repetitions (nothing is marked twice).  ``"none"`` (no
+    interval: fewer values than a bootstrap needs) is marked too when 0 < *n* < *minimum*,
+    so a table shows "too few (n = N)" beside the estimate, not a bare number; with no
+    value at all it is left alone."""
+    if n >= minimum or "too few" in method or (method == "none" and n < 1):
         return method
+    if method == "none":
+        return f"none ({n} repetitions: too few for an interval)"
     return f"{method} ({n} repetitions: too few, interval too narrow)"
 
 
