@@ -654,11 +654,11 @@ def auto_backends(reps: int) -> int:
       and 1 of the 25 intervals excluded 0.
     - Simulated, the report's interval covered 0.945–0.98 for every design.  With one
       repetition per backend its width was 0.46–0.66 of 4 backends' (95 %, 12
-      repetitions), and about 0.5 of it at the 99.71 % of ``make demo``'s 17 intervals.
+      repetitions), and 0.40–0.51 of it at the 99.71 % of ``make demo``'s 17 intervals.
 
-    The price: each backend adds a cluster start and one warm-up execution per cell, and
-    ``make demo``'s benchmark went from about 100 s to about 160 s.  The measured
-    repetitions stay *reps*.  Sources: ``benchmarks/aa_false_positive.py``,
+    The price: each backend adds a cluster start and one warm-up execution per cell.
+    ``make demo``'s benchmark and instruction counts took 164 s on 10 backends against
+    115 s on 4 (one run each).  The measured repetitions stay *reps*.  Sources: ``benchmarks/aa_false_positive.py``,
     ``benchmarks/hier_small_k.py`` and ``benchmarks/results/backends_per_rep-20261207.txt``."""
     if reps < 2 * MIN_BACKENDS:
         return 1
