@@ -658,8 +658,9 @@ def auto_backends(reps: int) -> int:
 
     The price: each backend adds a cluster start and one warm-up execution per cell.
     ``make demo``'s benchmark and instruction counts took 164 s on 10 backends against
-    115 s on 4 (one run each).  The measured repetitions stay *reps*.  Sources: ``benchmarks/aa_false_positive.py``,
-    ``benchmarks/hier_small_k.py`` and ``benchmarks/results/backends_per_rep-20261207.txt``."""
+    115 s on 4 (one run each).  The measured repetitions stay *reps*.  Sources:
+    ``benchmarks/aa_false_positive.py``, ``benchmarks/hier_small_k.py`` and
+    ``benchmarks/results/backends_per_rep-20261207.txt``."""
     if reps < 2 * MIN_BACKENDS:
         return 1
     return min(int(reps), MAX_AUTO_BACKENDS)
