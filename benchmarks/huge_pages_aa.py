@@ -58,12 +58,9 @@ def intervals(run_dir: Path) -> list[dict]:
     rows = []
     for hp, (a, b) in PAIRS.items():
         for mode in MODES:
-            base = frame[(frame["build"] == a) & (frame["mode"] == "plain")]
-            cur = frame[(frame["build"] == b) & (frame["mode"] == mode)]
-            label = "vs_ref" if mode == "plain" else mode
-            pair = pd.concat([base.assign(build=b), cur.assign(build=b, mode=label)])
-            r = stats.summarize(pair, col, pair="common" if metric == "cpu_kept_ms" else "auto")
-            r = r[r["mode"] == label].iloc[0]
+            # as the report's against-vanilla columns draw it (stats.attach_reference)
+            r = stats.against_plain_of(frame, col, a, b, mode,
+                                       pair="common" if metric == "cpu_kept_ms" else "auto")
             rows.append({"run": run_dir.name, "workload": t["workload"].iloc[0], "hp": hp,
                          "mode": mode, "pct": r["overhead_pct"], "low": r["ci_low_pct"],
                          "high": r["ci_high_pct"], "share": r["between_share_pct"],

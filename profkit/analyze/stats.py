@@ -995,26 +995,39 @@ def attach_reference(summary: pd.DataFrame, timings: pd.DataFrame,
         if ref == b and mode == BASELINE_MODE:
             out.at[i, "vs_ref_pct"] = 0.0
             continue
-        base = frame[(frame["build"] == ref) & (frame["mode"] == BASELINE_MODE)]
-        cur = frame[(frame["build"] == b) & (frame["mode"] == mode)]
-        if base.empty or cur.empty:
+        r = against_plain_of(frame, col, ref, b, mode, confidence=level, **kwargs)
+        if r is None:
             continue
-        # Labelled as the build's own cell (its name and mode: the bootstrap's stream), so
-        # vanilla's Query-2 against its own plain query draws the resamples of its overhead
-        # row (the same interval when not simultaneous; a wider one of the same draws when).
-        label = "vs_ref" if mode == BASELINE_MODE else mode
-        pair = pd.concat([base.assign(build=b), cur.assign(build=b, mode=label)])
-        try:
-            r = summarize(pair, col, confidence=level, **kwargs)  # type: ignore[arg-type]
-        except ComparisonError:
-            continue
-        r = r[r["mode"] == label].iloc[0]
         out.at[i, "vs_ref_pct"] = r["overhead_pct"]
         out.at[i, "vs_ref_ci_low_pct"] = r["ci_low_pct"]
         out.at[i, "vs_ref_ci_high_pct"] = r["ci_high_pct"]
         out.at[i, "vs_ref_between_share_pct"] = r["between_share_pct"]
         out.at[i, "vs_ref_ci_method"] = r["ci_method"]
     return out
+
+
+def against_plain_of(frame: pd.DataFrame, col: str, ref: str, build: str, mode: str,
+                     **kwargs: Any) -> pd.Series | None:
+    """*build*'s *mode* against build *ref*'s plain Query-1, as :func:`summarize` draws
+    an overhead (paired by repetition, hierarchical over backends): its summary row
+    (``overhead_pct``, the interval, ``between_share_pct``, ``ci_method``); None when
+    either sample is empty or cannot be compared.  *kwargs* go to :func:`summarize`
+    (confidence, pair, ...).  The against-vanilla columns (:func:`attach_reference`)
+    and A/A checks between two arms read it."""
+    base = frame[(frame["build"] == ref) & (frame["mode"] == BASELINE_MODE)]
+    cur = frame[(frame["build"] == build) & (frame["mode"] == mode)]
+    if base.empty or cur.empty:
+        return None
+    # Labelled as the build's own cell (its name and mode: the bootstrap's stream), so
+    # vanilla's Query-2 against its own plain query draws the resamples of its overhead
+    # row (the same interval when not simultaneous; a wider one of the same draws when).
+    label = "vs_ref" if mode == BASELINE_MODE else mode
+    pair = pd.concat([base.assign(build=build), cur.assign(build=build, mode=label)])
+    try:
+        r = summarize(pair, col, **kwargs)  # type: ignore[arg-type]
+    except ComparisonError:
+        return None
+    return r[r["mode"] == label].iloc[0]
 
 
 # --------------------------------------------------------------------------- metrics
