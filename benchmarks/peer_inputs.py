@@ -26,11 +26,13 @@ port of FlameGraph): its ``perf script`` inputs (``data/collapse-perf/*.txt``) f
 against stackcollapse-perf.pl, its diff-folded expected outputs
 (``data/diff-folded/results``) against profkit's ``format_diff_folded`` of the same
 inputs, and its folded inputs (``data/flamegraph/*/*.txt``; of a differential one, its
-AFTER profile, whose widths flamegraph.pl draws) read with profkit's
-``read_folded_or_diff`` against a reading by flamegraph.pl's own line pattern
+AFTER profile, whose widths flamegraph.pl draws) read as ``profkit flamegraph FILE``
+reads them (sniffed; lines that are not ``stack COUNT`` left out and counted, as
+flamegraph.pl and inferno do) against a reading by flamegraph.pl's own line pattern
 (``(.*)\s+?(\d+(?:\.\d*)?)``, a second such number making the line differential; lines
 starting with ``#`` are comments, as profkit and inferno take them, where flamegraph.pl
-would draw austin's ``# duration: 23873`` as a frame): stacks and total count.
+would draw austin's ``# duration: 23873`` as a frame): stacks, total count and the lines
+left out.
 
 With --speedscope-samples (the ``sample/profiles`` folder of
 https://github.com/jlfwong/speedscope): its callgrind files (``callgrind/*.log``) as above,
@@ -192,7 +194,7 @@ _FLAMEGRAPH_PL_LINE = re.compile(rb"^(.*)\s+?(\d+(?:\.\d*)?)$")
 
 
 def folded_row(path: Path) -> str:
-    from profkit.parse.folded import read_folded_or_diff
+    from profkit.experiments.stacks import perf_reading, read_stacks_or_diff
 
     theirs: dict[bytes, float] = {}
     bad = differential = 0
@@ -212,13 +214,20 @@ def folded_row(path: Path) -> str:
     what = (f"flamegraph.pl's pattern: {len(theirs)} stacks, total {sum(theirs.values()):g}"
             + (f", {bad} lines it ignores" if bad else "")
             + (f", {differential} differential lines" if differential else ""))
-    # what profkit flamegraph FILE draws: a differential file's AFTER, against BEFORE
-    mine = _ours(lambda p: read_folded_or_diff(p)[0], path)
+    # what profkit flamegraph FILE draws: the format sniffed, a differential file's AFTER
+    # (against BEFORE), the lines that are not 'stack COUNT' left out and counted
+    invalid: list[tuple[int, str]] = []
+    mine = _ours(lambda p: read_stacks_or_diff(str(p), perf_reading(), invalid)[0], path)
     if isinstance(mine, str):
         return f"{mine} ({what})"
-    same = (len(mine) == len(theirs) and abs(sum(mine.values()) - sum(theirs.values())) < 1e-6)
-    return (f"{len(mine)} stacks, total {sum(mine.values()):g}; {what}: "
-            f"{'the same' if same else 'DIFFERENT'}")
+    if not any(v > 0 for v in mine.values()) and not theirs:
+        # flamegraph.pl: "ERROR: No stack counts found", exit 2; profkit: exit 1
+        return f"0 stacks: nothing to draw; {what}: nothing to draw either (the same)"
+    same = (len(mine) == len(theirs) and abs(sum(mine.values()) - sum(theirs.values())) < 1e-6
+            and len(invalid) == bad)
+    return (f"{len(mine)} stacks, total {sum(mine.values()):g}"
+            + (f", {len(invalid)} lines left out" if invalid else "")
+            + f"; {what}: {'the same' if same else 'DIFFERENT'}")
 
 
 #: inferno's diff-folded expected outputs: (BEFORE file, normalised); fractionals.txt and

@@ -174,6 +174,19 @@ def test_undefined_compressed_name_is_an_error():
         cgp.parse_callgrind(text)
 
 
+def test_relative_positions_read_and_relative_costs_refused():
+    """Positions may be '*', '+N', '-N' (valgrind's subposition compression); a cost may
+    not: a file with one (speedscope's sample has '* *') is refused, naming the line,
+    where callgrind_annotate and gprof2dot misread it."""
+    head = "# callgrind format\nevents: Ir\nfl=a.c\nfn=main\n16 20\ncfn=f\ncalls=3 20\n"
+    prof = cgp.parse_callgrind(head + "* 400\n+4 7\n-2 3\nfn=f\n* 400\n")
+    assert prof.totals == 430  # the call line's 400 is inclusive: f's own 400 counts once
+    assert prof.functions.set_index("function")["self"].to_dict() == {"main": 30, "f": 400}
+    for cost in ("*", "+3", "-300"):
+        with pytest.raises(ParseError, match=rf"line 9: event cost '\{cost[0]}\d*' is relative"):
+            cgp.parse_callgrind(head + f"* 400\n* {cost}\n")
+
+
 def test_zero_totals_profile_is_empty_table():
     # what --toggle-collect writes when the toggle function never ran
     text = ("# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\npart: 5\n"

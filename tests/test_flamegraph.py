@@ -644,6 +644,43 @@ def test_cli_stdin_merge_icicle_and_bad_width(tmp_path: Path) -> None:
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
 
 
+def test_cli_leaves_out_stray_lines_and_refuses_an_empty_input(tmp_path: Path) -> None:
+    """As flamegraph.pl and inferno: a line that is not 'stack COUNT' is left out of the
+    graph and counted in one warning; an input with no stack counts draws nothing and fails
+    (flamegraph.pl: "No stack counts found", exit 2), where profkit once drew an empty
+    graph of 0 samples and exited 0."""
+    from profkit.cli.flamegraph import flamegraph_cmd
+
+    f = tmp_path / "stray.folded"
+    f.write_text("p;main;scan 31\np;main 6\nA NOTE PASTED IN\np;main;sort 1\n"
+                 "p;x 12V.43\np;main;scan 19\n\np;main 274\n")
+    out = tmp_path / "stray.svg"
+    r = CliRunner().invoke(flamegraph_cmd, [str(f), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (f"profkit: {f}: ignored 2 lines that are not 'frame;frame COUNT' (line 3 "
+            "'A NOTE PASTED IN', line 5 'p;x 12V.43'); the graph leaves them out") in r.stderr
+    assert _frames(out.read_text())[0]["samples"] == 31 + 6 + 1 + 19 + 274
+    # the same file in --merge and --diff, and on stdin
+    r = CliRunner().invoke(flamegraph_cmd, ["-", "-o", str(tmp_path / "in.svg")],
+                           input=f.read_bytes())
+    assert r.exit_code == 0 and "profkit: stdin: ignored 2 lines" in r.stderr, r.output
+    q2 = PERF / "expected_pg18-query2.folded"
+    r = CliRunner().invoke(flamegraph_cmd, ["--diff", str(q2), str(f),
+                                            "-o", str(tmp_path / "d.svg")])
+    assert r.exit_code == 0 and r.stderr.count("ignored 2 lines") == 1, r.output
+    assert _frames((tmp_path / "d.svg").read_text())[0]["samples"] == 331
+    for empty in ("", "\n# nothing here\n", "NOT A STACK\nNOR THIS\n", "a;b 0\n"):
+        (tmp_path / "e.folded").write_text(empty)
+        r = CliRunner().invoke(flamegraph_cmd, [str(tmp_path / "e.folded"),
+                                                "-o", str(tmp_path / "e.svg")])
+        assert r.exit_code == 1, (empty, r.output)
+        assert "no stack counts found" in r.stderr and "nothing to draw" in r.stderr
+        assert not (tmp_path / "e.svg").exists()
+        r = CliRunner().invoke(flamegraph_cmd, ["--merge", str(q2), str(tmp_path / "e.folded"),
+                                                "-o", str(tmp_path / "e.svg")])
+        assert r.exit_code == 1 and "no stack counts found" in r.stderr, (empty, r.output)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.dictionaries(st.lists(st.sampled_from(["a", "b", "ab", "a-b", "c"]), min_size=1,
                                 max_size=5).map(";".join),

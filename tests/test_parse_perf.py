@@ -406,6 +406,34 @@ def test_read_folded_last_line_without_newline(tmp_path: Path) -> None:
         read_folded(f, strict=True)
 
 
+def test_lines_without_a_count_are_refused_or_collected(tmp_path: Path) -> None:
+    """A folded file with a stray line (a note pasted in, a cut fractional count): refused
+    by default, naming the line; with *invalid* the line is collected and the rest read,
+    which is what flamegraph.pl's pattern makes of it (those lines left out)."""
+    f = tmp_path / "stray.folded"
+    f.write_bytes(b"p;main;scan 31\np;main 6\nA NOTE PASTED IN\np;main;sort 1\n"
+                  b"p;x 12V.43\np;main;scan 19\np;y 1e999\np;z\n")
+    with pytest.raises(ParseError, match=rf"folded stacks {f}, line 3: expected a number "
+                                         r"after the last space, got 'IN'"):
+        read_folded(f)
+    invalid: list[tuple[int, str]] = []
+    assert read_folded(f, invalid=invalid) == {"p;main;scan": 50.0, "p;main": 6.0,
+                                               "p;main;sort": 1.0}
+    assert invalid == [(3, "A NOTE PASTED IN"), (5, "p;x 12V.43"), (7, "p;y 1e999"),
+                       (8, "p;z")]
+    # sniffed as folded although not every line is (the stray ones are few)
+    assert detect_stack_format(f) == "folded"
+    assert load_stacks(f, invalid=[]) == read_folded(f, invalid=[])
+    # a differential file's stray line too
+    invalid = []
+    assert read_folded_or_diff(io.StringIO("a;b 1 2\noops\na;c 3 4\n"), invalid=invalid) == (
+        {"a;b": 2.0, "a;c": 4.0}, {"a;b": 1.0, "a;c": 3.0})
+    assert invalid == [(2, "oops")]
+    # a line over 1 MB is still refused: not a folded file
+    with pytest.raises(ParseError, match="at most 1 MB"):
+        read_folded(io.BytesIO(b"a " * (1 << 20) + b"1\n"), invalid=[])
+
+
 def test_read_folded_keeps_non_utf8_names_apart(tmp_path: Path) -> None:
     f = tmp_path / "latin1.folded"
     f.write_bytes(b"p;caf\xe9 1\np;caf\xe8 2\n")

@@ -16,6 +16,7 @@ import click
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
+from profkit.errors import ParseError
 from profkit.paths import flamegraphs_dir
 
 
@@ -195,6 +196,21 @@ def _load_one(path: str, perf_kwargs: dict[str, Any], *, diff: bool = True
 
     if path != "-" and not Path(path).is_file():
         raise _Failed(f"{path}: no such file")
+    invalid: list[tuple[int, str]] = []
     if diff:
-        return read_stacks_or_diff(path, perf_kwargs)
-    return read_stacks(path, perf_kwargs), None
+        counts, before = read_stacks_or_diff(path, perf_kwargs, invalid)
+    else:
+        counts, before = read_stacks(path, perf_kwargs, invalid), None
+    where = "stdin" if path == "-" else path
+    if invalid:
+        # as flamegraph.pl and inferno do: the other lines are drawn, and it is said
+        shown = ", ".join(f"line {n} {text[:60]!r}" for n, text in invalid[:3])
+        more = f" and {len(invalid) - 3} more" if len(invalid) > 3 else ""
+        click.echo(f"profkit: {where}: ignored {len(invalid)} line"
+                   f"{'s' if len(invalid) != 1 else ''} that are not 'frame;frame COUNT' "
+                   f"({shown}{more}); the graph leaves them out", err=True)
+    if not any(v > 0 for v in counts.values()):
+        raise ParseError(f"{where}: no stack counts found (no line 'frame;frame COUNT' with "
+                         "a count above 0, no perf script sample with a stack): nothing to "
+                         "draw; is it the right file?")
+    return counts, before

@@ -27,21 +27,25 @@ def perf_reading(vdso: str | None = None) -> dict[str, Any]:
     return kw
 
 
-def read_stacks(path: str, reading: dict[str, Any]) -> dict[str, float]:
+def read_stacks(path: str, reading: dict[str, Any],
+                invalid: list[tuple[int, str]] | None = None) -> dict[str, float]:
     """Folded stacks or perf script text (sniffed) from *path*, or stdin for ``-`` (spooled
-    to a temporary file first, so it is sniffed like a file)."""
+    to a temporary file first, so it is sniffed like a file). *invalid*: a list that takes
+    a folded file's lines without a valid count, as flamegraph.pl leaves them out (else
+    they are refused)."""
     with _spooled(path) as name:
-        return load_stacks(name, **reading)
+        return load_stacks(name, invalid=invalid, **reading)
 
 
-def read_stacks_or_diff(path: str, reading: dict[str, Any]
+def read_stacks_or_diff(path: str, reading: dict[str, Any],
+                        invalid: list[tuple[int, str]] | None = None
                         ) -> tuple[dict[str, float], dict[str, float] | None]:
     """As :func:`read_stacks`, and a differential folded file too (difffolded.pl's
     ``stack BEFORE AFTER``, which flamegraph.pl draws as a differential): ``(stacks, None)``
     for one profile, ``(after, before)`` for a differential file."""
     with _spooled(path) as name:
         if detect_stack_format(name) == "folded":
-            return read_folded_or_diff(name)
+            return read_folded_or_diff(name, invalid=invalid)
         return load_stacks(name, **reading), None
 
 

@@ -79,18 +79,26 @@ def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf
                          "pass the text")
     if any(ln[:1] == b"\t" for ln in head):
         return "perf-script"
-    if all(_looks_folded(ln) for ln in head if not ln.startswith(b"#")):
+    # folded when most lines are: a stray line in a folded file (inferno's bad-lines.txt)
+    # is one flamegraph.pl leaves out, not a sign of perf script, whose sample lines end
+    # with the event's colon or a frame's (dso), never with a plain count
+    body = [ln for ln in head if not ln.startswith(b"#")]
+    if 2 * sum(_looks_folded(ln) for ln in body) >= len(body):
         return "folded"
     return "perf-script"  # e.g. samples printed without callchains
 
 
-def load_stacks(path: str | os.PathLike[str], **perf_kwargs: Any) -> dict[str, float]:
+def load_stacks(path: str | os.PathLike[str], *,
+                invalid: list[tuple[int, str]] | None = None,
+                **perf_kwargs: Any) -> dict[str, float]:
     """Folded stacks from a folded file or a ``perf script`` text (``.gz`` allowed).
 
-    *perf_kwargs* go to :func:`profkit.parse.perf_script.fold_perf_script` (``vdso=``...).
+    *invalid*: as :func:`read_folded`'s (a folded file's lines without a valid count are
+    collected there instead of refused). *perf_kwargs* go to
+    :func:`profkit.parse.perf_script.fold_perf_script` (``vdso=``...).
     """
     if detect_stack_format(path) == "folded":
-        return read_folded(path)
+        return read_folded(path, invalid=invalid)
     from profkit.parse.perf_script import fold_perf_script
 
     return fold_perf_script(path, **perf_kwargs).counts

@@ -218,7 +218,16 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
         # Trailing zero costs may be omitted (spec); missing event column = 0.
         vals = tokens[npos:]
         if ev_idx < len(vals):
-            return _int(vals[ev_idx], lineno)
+            tok = vals[ev_idx]
+            if tok == "*" or tok[:1] in "+-":
+                # speedscope's sample writes costs relative to the line before; valgrind
+                # compresses positions only (its format), and callgrind_annotate and
+                # gprof2dot misread such a file: refused, not guessed
+                raise ParseError(
+                    f"callgrind output line {lineno}: event cost {tok!r} is relative; in "
+                    "callgrind's format only positions may be '*', '+N' or '-N' (costs are "
+                    "plain numbers): was the file written by valgrind?")
+            return _int(tok, lineno)
         return 0
 
     for lineno, raw in lines:

@@ -165,7 +165,8 @@ def _is_count(b: bytes) -> bool:
     return i == n
 
 
-def read_folded(source: Source, *, strict: bool = False) -> dict[str, float]:
+def read_folded(source: Source, *, strict: bool = False,
+                invalid: list[tuple[int, str]] | None = None) -> dict[str, float]:
     """Read folded stacks (``a;b;c 12``) into ``{stack: count}``.
 
     Producer: ``stackcollapse-perf.pl``, ``perf script report stackcollapse``,
@@ -186,9 +187,14 @@ def read_folded(source: Source, *, strict: bool = False) -> dict[str, float]:
     written by ``"\\n".join(lines)``, or saved by an editor, often ends so. *strict*
     refuses it as a file cut inside its last count; profkit passes it for the files its
     collectors wrote, which always end with a newline.
+
+    *invalid*, a list, takes the lines that are not ``stack COUNT`` (no count after the
+    last space, or a count that is not a number) as ``(line number, text)`` instead of
+    refusing the file: flamegraph.pl and inferno leave such lines out and say how many
+    (``Ignored N lines with invalid format``); ``profkit flamegraph`` does the same.
     """
     out: dict[str, float] = {}
-    for name, lineno, key, before, count in _records(source, strict=strict):
+    for name, lineno, key, before, count in _records(source, strict=strict, invalid=invalid):
         if before is not None:
             raise ParseError(
                 f"{name}, line {lineno}: two counts ({_fmt_count(before)} and "
@@ -200,7 +206,8 @@ def read_folded(source: Source, *, strict: bool = False) -> dict[str, float]:
     return out
 
 
-def read_diff_folded(source: Source, *, strict: bool = False
+def read_diff_folded(source: Source, *, strict: bool = False,
+                     invalid: list[tuple[int, str]] | None = None
                      ) -> tuple[dict[str, float], dict[str, float]]:
     """Read a differential folded file (``a;b;c 12 15``: FlameGraph's difffolded.pl
     output, BEFORE AFTER per stack) into its two profiles ``(before, after)``.
@@ -209,28 +216,30 @@ def read_diff_folded(source: Source, *, strict: bool = False
     width and no difference); a stack that is absent on one side has count 0 there (as
     difffolded.pl writes it).  Everything else as :func:`read_folded`.
     """
-    before, after, two = _read_sides(source, strict)
+    before, after, two = _read_sides(source, strict, invalid)
     return (before if two else dict(after)), after
 
 
-def read_folded_or_diff(source: Source, *, strict: bool = False
+def read_folded_or_diff(source: Source, *, strict: bool = False,
+                        invalid: list[tuple[int, str]] | None = None
                         ) -> tuple[dict[str, float], dict[str, float] | None]:
     """One pass over a folded file that may be differential: ``(stacks, None)`` when no
     line has two counts (:func:`read_folded`'s result), else ``(after, before)`` (as
     :func:`read_diff_folded`; flamegraph.pl draws such a file as a differential, widths
     from AFTER)."""
-    before, after, two = _read_sides(source, strict)
+    before, after, two = _read_sides(source, strict, invalid)
     return after, (before if two else None)
 
 
-def _read_sides(source: Source, strict: bool
+def _read_sides(source: Source, strict: bool, invalid: list[tuple[int, str]] | None
                 ) -> tuple[dict[str, float], dict[str, float], bool]:
     """(before, after, whether any line had two counts).  BEFORE is kept apart only
     from the first two-count line on (until then it is AFTER): a plain file costs one
     dictionary, as read_folded."""
     after: dict[str, float] = {}
     before: dict[str, float] | None = None
-    for _name, _lineno, key, first, count in _records(source, strict=strict):
+    for _name, _lineno, key, first, count in _records(source, strict=strict,
+                                                      invalid=invalid):
         if first is not None and before is None:
             before = dict(after)
         if before is not None:
@@ -239,9 +248,10 @@ def _read_sides(source: Source, strict: bool
     return (after if before is None else before), after, before is not None
 
 
-def _records(source: Source, *, strict: bool
+def _records(source: Source, *, strict: bool, invalid: list[tuple[int, str]] | None = None
              ) -> Iterator[tuple[str, int, str, float | None, float]]:
-    """(file name, line number, stack, BEFORE count or None, count) per stack line."""
+    """(file name, line number, stack, BEFORE count or None, count) per stack line; a line
+    without a valid count goes to *invalid* when it is a list, else it is refused."""
     name = source_name(source, "folded stacks")
     lines, to_close = open_lines(source)
     lineno = 0
@@ -262,10 +272,16 @@ def _records(source: Source, *, strict: bool
                     f"inside its last line {_show(line)} (truncated? if the file is complete, "
                     "add a final newline)")
             stack, sep, count_s = line.rpartition(b" ")
-            if not sep or not stack.strip():
-                raise ParseError(f"{name}, line {lineno}: expected 'frame;frame;leaf COUNT', "
-                                 f"got {_show(line)}")
-            count = _count(count_s, name, lineno)
+            try:
+                if not sep or not stack.strip():
+                    raise ParseError(f"{name}, line {lineno}: expected 'frame;frame;leaf "
+                                     f"COUNT', got {_show(line)}")
+                count = _count(count_s, name, lineno)
+            except ParseError:
+                if invalid is None:
+                    raise
+                invalid.append((lineno, line.decode("utf-8", "backslashreplace")))
+                continue
             first: float | None = None
             rest, sep2, first_s = stack.rstrip().rpartition(b" ")
             if sep2 and rest.strip() and _is_count(first_s):
