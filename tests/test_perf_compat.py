@@ -502,6 +502,33 @@ def test_sideband_records_and_fields_fold_as_perl_does(tmp_path: Path) -> None:
             assert _ours(text, impl, pid=True, tid=True) == _perl(text, "--pid", "--tid"), args
 
 
+def test_perf_script_with_its_header_is_sniffed_as_perf_script(tmp_path: Path) -> None:
+    """`perf script --header` (and --header -I) starts with some 30 to 60 comment lines:
+    `profkit flamegraph` and `load_stacks` take it for perf script text and fold it as
+    without the header. (They once took it for folded stacks: the first ten lines they
+    sniffed were all comments; flamegraph then refused the file at its first sample.)"""
+    from click.testing import CliRunner
+
+    from profkit.cli.flamegraph import flamegraph_cmd
+    from profkit.parse import detect_stack_format, load_stacks
+
+    data = _perf_record(_compiled(tmp_path, "sideband", SIDEBAND_C))
+    plain = _perf_script(data)
+    want = fold_perf_script(io.BytesIO(plain), weight="samples").counts
+    assert sum(want.values()) > 50
+    for args in (("--header",), ("--header", "-I")):
+        text = _perf_script(data, *args)
+        assert text.startswith(b"# ========") and text.count(b"\n#") >= 25, text[:200]
+        f = tmp_path / "with-header.txt"
+        f.write_bytes(text)
+        assert detect_stack_format(f) == "perf-script", args
+        assert load_stacks(f, weight="samples") == want, args
+        out = tmp_path / "h.svg"
+        r = CliRunner().invoke(flamegraph_cmd, [str(f), "-o", str(out)])
+        assert r.exit_code == 0, (args, r.output)
+        assert f"samples: {round(sum(want.values())):,}" in out.read_text(), args
+
+
 # ---------------------------------------------------------------- --srcline
 
 SRCLINE_C = r"""

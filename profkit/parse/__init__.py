@@ -65,10 +65,12 @@ def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf
     # is one ParseError, not an OSError, EOFError or unbounded memory
     lines = open_text(p)
     try:
+        # ten lines that are neither blank nor comments: `perf script --header` starts
+        # with some 30 comment lines (more with many CPUs or build ids)
         for lineno, line in lines:
-            if line.strip():
+            if line.strip() and not line.startswith("#"):
                 head.append(line.encode("utf-8", "replace"))
-            if len(head) >= 10 or lineno >= 50:
+            if len(head) >= 10 or lineno >= 2000:
                 break
     finally:
         lines.close()
@@ -82,8 +84,7 @@ def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf
     # folded when most lines are: a stray line in a folded file (inferno's bad-lines.txt)
     # is one flamegraph.pl leaves out, not a sign of perf script, whose sample lines end
     # with the event's colon or a frame's (dso), never with a plain count
-    body = [ln for ln in head if not ln.startswith(b"#")]
-    if 2 * sum(_looks_folded(ln) for ln in body) >= len(body):
+    if 2 * sum(_looks_folded(ln) for ln in head) >= len(head):
         return "folded"
     return "perf-script"  # e.g. samples printed without callchains
 
