@@ -195,6 +195,7 @@ _FLAMEGRAPH_PL_LINE = re.compile(rb"^(.*)\s+?(\d+(?:\.\d*)?)$")
 
 def folded_row(path: Path) -> str:
     from profkit.experiments.stacks import perf_reading, read_stacks_or_diff
+    from profkit.parse.folded import InvalidLines
 
     theirs: dict[bytes, float] = {}
     bad = differential = 0
@@ -216,7 +217,7 @@ def folded_row(path: Path) -> str:
             + (f", {differential} differential lines" if differential else ""))
     # what profkit flamegraph FILE draws: the format sniffed, a differential file's AFTER
     # (against BEFORE), the lines that are not 'stack COUNT' left out and counted
-    invalid: list[tuple[int, str]] = []
+    invalid = InvalidLines()
     mine = _ours(lambda p: read_stacks_or_diff(str(p), perf_reading(), invalid)[0], path)
     if isinstance(mine, str):
         return f"{mine} ({what})"
@@ -224,9 +225,9 @@ def folded_row(path: Path) -> str:
         # flamegraph.pl: "ERROR: No stack counts found", exit 2; profkit: exit 1
         return f"0 stacks: nothing to draw; {what}: nothing to draw either (the same)"
     same = (len(mine) == len(theirs) and abs(sum(mine.values()) - sum(theirs.values())) < 1e-6
-            and len(invalid) == bad)
+            and invalid.total == bad)
     return (f"{len(mine)} stacks, total {sum(mine.values()):g}"
-            + (f", {len(invalid)} lines left out" if invalid else "")
+            + (f", {invalid.total} lines left out" if invalid.total else "")
             + f"; {what}: {'the same' if same else 'DIFFERENT'}")
 
 

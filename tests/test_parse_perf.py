@@ -15,6 +15,7 @@ from profkit.cli.parse import parse_group
 from profkit.errors import ParseError
 from profkit.parse import detect_stack_format, load_stacks
 from profkit.parse.folded import (
+    InvalidLines,
     INSTRUMENTATION_FUNCTIONS,
     diff_folded,
     format_diff_folded,
@@ -416,22 +417,28 @@ def test_lines_without_a_count_are_refused_or_collected(tmp_path: Path) -> None:
     with pytest.raises(ParseError, match=rf"folded stacks {f}, line 3: expected a number "
                                          r"after the last space, got 'IN'"):
         read_folded(f)
-    invalid: list[tuple[int, str]] = []
+    invalid = InvalidLines()
     assert read_folded(f, invalid=invalid) == {"p;main;scan": 50.0, "p;main": 6.0,
                                                "p;main;sort": 1.0}
     assert invalid == [(3, "A NOTE PASTED IN"), (5, "p;x 12V.43"), (7, "p;y 1e999"),
-                       (8, "p;z")]
+                       (8, "p;z")] and invalid.total == 4
     # sniffed as folded although not every line is (the stray ones are few)
     assert detect_stack_format(f) == "folded"
-    assert load_stacks(f, invalid=[]) == read_folded(f, invalid=[])
+    assert load_stacks(f, invalid=InvalidLines()) == read_folded(f, invalid=InvalidLines())
     # a differential file's stray line too
-    invalid = []
+    invalid = InvalidLines()
     assert read_folded_or_diff(io.StringIO("a;b 1 2\noops\na;c 3 4\n"), invalid=invalid) == (
         {"a;b": 2.0, "a;c": 4.0}, {"a;b": 1.0, "a;c": 3.0})
     assert invalid == [(2, "oops")]
+    # many: all counted, the first InvalidLines.KEEP kept, each cut at 200 characters
+    invalid = InvalidLines()
+    many = "".join(f"s;{i} {i}\n" + "x" * 300 + "\n" for i in range(1, 1001))
+    assert len(read_folded(io.StringIO(many), invalid=invalid)) == 1000
+    assert invalid.total == 1000 and len(invalid) == InvalidLines.KEEP
+    assert invalid[0] == (2, "x" * 200) and invalid[-1][0] == 2 * InvalidLines.KEEP
     # a line over 1 MB is still refused: not a folded file
     with pytest.raises(ParseError, match="at most 1 MB"):
-        read_folded(io.BytesIO(b"a " * (1 << 20) + b"1\n"), invalid=[])
+        read_folded(io.BytesIO(b"a " * (1 << 20) + b"1\n"), invalid=InvalidLines())
 
 
 def test_read_folded_keeps_non_utf8_names_apart(tmp_path: Path) -> None:

@@ -192,22 +192,22 @@ def _load_one(path: str, perf_kwargs: dict[str, Any], *, diff: bool = True
               ) -> tuple[dict[str, float], dict[str, float] | None]:
     """One input: (stacks, None), or with *diff* (after, before) of a differential
     folded file (without: such a file is refused, saying how to draw it)."""
-    from profkit.experiments.stacks import read_stacks, read_stacks_or_diff
+    from profkit.experiments.stacks import InvalidLines, read_stacks, read_stacks_or_diff
 
     if path != "-" and not Path(path).is_file():
         raise _Failed(f"{path}: no such file")
-    invalid: list[tuple[int, str]] = []
+    invalid = InvalidLines()
     if diff:
         counts, before = read_stacks_or_diff(path, perf_kwargs, invalid)
     else:
         counts, before = read_stacks(path, perf_kwargs, invalid), None
     where = "stdin" if path == "-" else path
-    if invalid:
+    if invalid.total:
         # as flamegraph.pl and inferno do: the other lines are drawn, and it is said
         shown = ", ".join(f"line {n} {text[:60]!r}" for n, text in invalid[:3])
-        more = f" and {len(invalid) - 3} more" if len(invalid) > 3 else ""
-        click.echo(f"profkit: {where}: ignored {len(invalid)} line"
-                   f"{'s' if len(invalid) != 1 else ''} that are not 'frame;frame COUNT' "
+        more = f" and {invalid.total - 3} more" if invalid.total > 3 else ""
+        click.echo(f"profkit: {where}: ignored {invalid.total} line"
+                   f"{'s' if invalid.total != 1 else ''} that are not 'frame;frame COUNT' "
                    f"({shown}{more}); the graph leaves them out", err=True)
     if not any(v > 0 for v in counts.values()):
         raise ParseError(f"{where}: no stack counts found (no line 'frame;frame COUNT' with "

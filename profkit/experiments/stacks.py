@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from profkit.parse import detect_stack_format, load_stacks
-from profkit.parse.folded import read_folded_or_diff
+from profkit.parse.folded import InvalidLines, read_folded_or_diff
 from profkit.parse.perf_script import VdsoSymbols
+
+__all__ = ["InvalidLines", "perf_reading", "read_stacks", "read_stacks_or_diff"]
 
 
 def perf_reading(vdso: str | None = None) -> dict[str, Any]:
@@ -28,17 +30,17 @@ def perf_reading(vdso: str | None = None) -> dict[str, Any]:
 
 
 def read_stacks(path: str, reading: dict[str, Any],
-                invalid: list[tuple[int, str]] | None = None) -> dict[str, float]:
+                invalid: InvalidLines | None = None) -> dict[str, float]:
     """Folded stacks or perf script text (sniffed) from *path*, or stdin for ``-`` (spooled
-    to a temporary file first, so it is sniffed like a file). *invalid*: a list that takes
-    a folded file's lines without a valid count, as flamegraph.pl leaves them out (else
+    to a temporary file first, so it is sniffed like a file). *invalid*: takes a folded
+    file's lines without a valid count, as flamegraph.pl leaves them out (else
     they are refused)."""
     with _spooled(path) as name:
         return load_stacks(name, invalid=invalid, **reading)
 
 
 def read_stacks_or_diff(path: str, reading: dict[str, Any],
-                        invalid: list[tuple[int, str]] | None = None
+                        invalid: InvalidLines | None = None
                         ) -> tuple[dict[str, float], dict[str, float] | None]:
     """As :func:`read_stacks`, and a differential folded file too (difffolded.pl's
     ``stack BEFORE AFTER``, which flamegraph.pl draws as a differential): ``(stacks, None)``

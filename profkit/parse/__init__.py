@@ -19,6 +19,7 @@ from profkit.errors import ParseError
 from profkit.parse._io import open_text
 from profkit.parse.folded import (
     INSTRUMENTATION_FUNCTIONS,
+    InvalidLines,
     _is_count,
     diff_folded,
     functions_table,
@@ -33,6 +34,7 @@ from profkit.parse.folded import (
 
 __all__ = [
     "INSTRUMENTATION_FUNCTIONS",
+    "InvalidLines",
     "detect_stack_format",
     "diff_folded",
     "functions_table",
@@ -90,7 +92,7 @@ def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf
 
 
 def load_stacks(path: str | os.PathLike[str], *,
-                invalid: list[tuple[int, str]] | None = None,
+                invalid: InvalidLines | None = None,
                 **perf_kwargs: Any) -> dict[str, float]:
     """Folded stacks from a folded file or a ``perf script`` text (``.gz`` allowed).
 

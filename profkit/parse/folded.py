@@ -165,8 +165,25 @@ def _is_count(b: bytes) -> bool:
     return i == n
 
 
+class InvalidLines(list):
+    """The lines a folded reading left out, as ``(line number, text)``: the first
+    :attr:`KEEP` of them (text cut at 200 characters), and :attr:`total`, how many there
+    were (a long file of garbage costs no more memory than a short one)."""
+
+    KEEP = 100
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def note(self, lineno: int, text: str) -> None:
+        self.total += 1
+        if len(self) < self.KEEP:
+            self.append((lineno, text[:200]))
+
+
 def read_folded(source: Source, *, strict: bool = False,
-                invalid: list[tuple[int, str]] | None = None) -> dict[str, float]:
+                invalid: InvalidLines | None = None) -> dict[str, float]:
     """Read folded stacks (``a;b;c 12``) into ``{stack: count}``.
 
     Producer: ``stackcollapse-perf.pl``, ``perf script report stackcollapse``,
@@ -188,9 +205,9 @@ def read_folded(source: Source, *, strict: bool = False,
     refuses it as a file cut inside its last count; profkit passes it for the files its
     collectors wrote, which always end with a newline.
 
-    *invalid*, a list, takes the lines that are not ``stack COUNT`` (no count after the
-    last space, or a count that is not a number) as ``(line number, text)`` instead of
-    refusing the file: flamegraph.pl and inferno leave such lines out and say how many
+    *invalid*, an :class:`InvalidLines`, takes the lines that are not ``stack COUNT`` (no
+    count after the last space, or a count that is not a number) instead of refusing the
+    file: flamegraph.pl and inferno leave such lines out and say how many
     (``Ignored N lines with invalid format``); ``profkit flamegraph`` does the same.
     """
     out: dict[str, float] = {}
@@ -207,7 +224,7 @@ def read_folded(source: Source, *, strict: bool = False,
 
 
 def read_diff_folded(source: Source, *, strict: bool = False,
-                     invalid: list[tuple[int, str]] | None = None
+                     invalid: InvalidLines | None = None
                      ) -> tuple[dict[str, float], dict[str, float]]:
     """Read a differential folded file (``a;b;c 12 15``: FlameGraph's difffolded.pl
     output, BEFORE AFTER per stack) into its two profiles ``(before, after)``.
@@ -221,7 +238,7 @@ def read_diff_folded(source: Source, *, strict: bool = False,
 
 
 def read_folded_or_diff(source: Source, *, strict: bool = False,
-                        invalid: list[tuple[int, str]] | None = None
+                        invalid: InvalidLines | None = None
                         ) -> tuple[dict[str, float], dict[str, float] | None]:
     """One pass over a folded file that may be differential: ``(stacks, None)`` when no
     line has two counts (:func:`read_folded`'s result), else ``(after, before)`` (as
@@ -231,7 +248,7 @@ def read_folded_or_diff(source: Source, *, strict: bool = False,
     return after, (before if two else None)
 
 
-def _read_sides(source: Source, strict: bool, invalid: list[tuple[int, str]] | None
+def _read_sides(source: Source, strict: bool, invalid: InvalidLines | None
                 ) -> tuple[dict[str, float], dict[str, float], bool]:
     """(before, after, whether any line had two counts).  BEFORE is kept apart only
     from the first two-count line on (until then it is AFTER): a plain file costs one
@@ -248,10 +265,10 @@ def _read_sides(source: Source, strict: bool, invalid: list[tuple[int, str]] | N
     return (after if before is None else before), after, before is not None
 
 
-def _records(source: Source, *, strict: bool, invalid: list[tuple[int, str]] | None = None
+def _records(source: Source, *, strict: bool, invalid: InvalidLines | None = None
              ) -> Iterator[tuple[str, int, str, float | None, float]]:
     """(file name, line number, stack, BEFORE count or None, count) per stack line; a line
-    without a valid count goes to *invalid* when it is a list, else it is refused."""
+    without a valid count goes to *invalid* when one is given, else it is refused."""
     name = source_name(source, "folded stacks")
     lines, to_close = open_lines(source)
     lineno = 0
@@ -280,7 +297,7 @@ def _records(source: Source, *, strict: bool, invalid: list[tuple[int, str]] | N
             except ParseError:
                 if invalid is None:
                     raise
-                invalid.append((lineno, line.decode("utf-8", "backslashreplace")))
+                invalid.note(lineno, line[:200].decode("utf-8", "backslashreplace"))
                 continue
             first: float | None = None
             rest, sep2, first_s = stack.rstrip().rpartition(b" ")
