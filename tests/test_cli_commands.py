@@ -438,10 +438,12 @@ def test_bench_json(tmp_path: Path) -> None:
     extra = json.loads((Path(doc["run_dir"]) / "provenance.json").read_text())[
         "extra_repetitions"]
     assert extra["min_kept"] == 1 and 0 <= extra["extra_reps"] <= 2, extra
-    assert modes["plain"]["overhead_pct"] == 0
     n = modes["plain"]["n"]
     assert n == kept.get(("vanilla", "plain"), 0) and n <= 2 + extra["extra_reps"], (n, extra)
     assert n >= 1 or (extra["short_after_extra"] and extra["extra_reps"] == 2), (n, extra)
+    # the plain query against itself: 0, or nothing when the vCPU rule kept none of it
+    # (a busy hour: a CI run beside other work once left n = 0 here)
+    assert modes["plain"]["overhead_pct"] == (0 if n >= 1 else None), (n, modes["plain"])
     assert Path(doc["run_dir"]).parent == tmp_path
     assert "reps must be an integer >= 1" in message(
         profkit("bench", "--reps", "0", "--out", str(tmp_path), code=1))
