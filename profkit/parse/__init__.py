@@ -60,7 +60,8 @@ def _looks_folded(line: bytes) -> bool:
 
 
 def detect_stack_format(path: str | os.PathLike[str]) -> Literal["folded", "perf-script"]:
-    """``"perf-script"`` or ``"folded"``, from the first non-blank lines of *path*."""
+    """``"perf-script"`` or ``"folded"``, from the first lines of *path* that are neither
+    blank nor ``#`` comments."""
     p = Path(path)
     head: list[bytes] = []
     # through the shared reader: a directory, a broken .gz or an endless line (/dev/zero)
