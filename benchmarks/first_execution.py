@@ -45,21 +45,30 @@ METRICS = ("cpu_ms", "client_ms")
 def run(args: argparse.Namespace) -> Path:
     out = Path(args.out or tempfile.mkdtemp(prefix="first-execution-"))
     warmups: list[dict] = []
-    original = bench._Bench.warm
+    warm, execute = bench._Bench.warm, bench._Bench.execute
+    warming: list[bool] = [False]
 
-    def recorded(self, t, mode):  # the warm-up, its execution kept
-        m = self.execute(t, mode)
-        warmups.append({"build": t.label, "mode": mode, "backend_pid": t.backend_pid,
-                        "block": t.block, **{k: m[k] for k in METRICS}})
-        self.progress.advance(f"warm-up {t.label} {mode}")
+    def warm_noted(self, t, mode):  # profkit's warm-up, as it is
+        warming[0] = True
+        try:
+            warm(self, t, mode)
+        finally:
+            warming[0] = False
 
-    bench._Bench.warm = recorded
+    def execute_kept(self, t, mode):  # each execution; a warm-up's is kept
+        m = execute(self, t, mode)
+        if warming[0]:
+            warmups.append({"build": t.label, "mode": mode, "backend_pid": t.backend_pid,
+                            "block": t.block, **{k: m[k] for k in METRICS}})
+        return m
+
+    bench._Bench.warm, bench._Bench.execute = warm_noted, execute_kept
     try:
         res = bench.run_bench(args.builds, args.workload, args.scale, args.reps,
                               instructions="none", order_seed=args.seed, root=out,
                               progress=True)
     finally:
-        bench._Bench.warm = original
+        bench._Bench.warm, bench._Bench.execute = warm, execute
     pd.DataFrame(warmups).to_csv(out / "warmups.csv", index=False)
     res.timings.to_csv(out / "timings.csv", index=False)
     print(f"# run {res.run_id}: {len(res.timings)} measured executions, {len(warmups)} "

@@ -18,6 +18,14 @@ time: the median share of each series over the processes, its range, the runs fa
 than 5 pp from that median, the spread sampling alone would give (±2 binomial standard
 deviations at the run's sample count), and the same-execution difference stack − marker
 (median and largest). Take it with the machine otherwise idle.
+
+    .venv/bin/python benchmarks/nodetime_spread.py --same-exec [CSV]
+
+reads a run's CSV (default ``results/nodetime_spread.csv``) and prints, per node with
+≥ 5 % of the time, what notebook 08's same-execution bound rests on: the mean difference
+stack − marker over the processes, its standard deviation, the part binomial sampling
+explains at the runs' sample counts, the excess beyond it (process to process), and the
+bound ``OFFSET + Z·sd`` the notebook draws at 500 and 1,000 samples per sampler.
 """
 from __future__ import annotations
 
@@ -107,13 +115,55 @@ def farthest(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def same_exec_calibration(df: pd.DataFrame, offset_pp: float, run_pp: float, z: float
+                          ) -> pd.DataFrame:
+    """Per node with ≥ MIN_SHARE by the marker: the same-execution difference stack −
+    marker (pp) over the processes — mean, sd, the sd binomial sampling gives, the excess
+    sd beyond it — and notebook 08's bound at 500 and 1,000 samples per sampler (its
+    shares at the node's median)."""
+    same = "node_marker stacks (same executions)"
+    out = []
+    for (wl, nid), g in df.groupby(["workload", "node_id"], sort=False):
+        m = g[g["series"] == "node_marker marker"].set_index("process")
+        st = g[g["series"] == same].set_index("process")
+        pm = m["share"]
+        ps = st["share"].reindex(pm.index)
+        if pm.median() < MIN_SHARE:
+            continue
+        d = (ps - pm) * 100
+        sampling = 100 * (pm * (1 - pm) / m["executor_samples"]
+                          + ps * (1 - ps) / st["executor_samples"].reindex(pm.index)) ** 0.5
+        excess = max(float(d.var(ddof=1) - (sampling ** 2).mean()), 0.0) ** 0.5
+        row = {"workload": wl, "node": f"{nid} {g['node_type'].iloc[0]}",
+               "mean diff": float(d.mean()), "sd": float(d.std(ddof=1)),
+               "sampling sd": float(sampling.mean()), "excess sd": excess,
+               "samples": float(m["executor_samples"].median())}
+        p_m, p_s = float(pm.median()), float(ps.median())
+        for n in (500, 1000):
+            sd = 100 * (p_m * (1 - p_m) / n + p_s * (1 - p_s) / n + (run_pp / 100) ** 2) ** 0.5
+            row[f"bound at {n}"] = offset_pp + z * sd
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=20)
     ap.add_argument("--workloads", default=",".join(SEED_SCALES))
     ap.add_argument("--min-samples", type=int, default=500)
     ap.add_argument("--out", default=str(RESULTS / "nodetime_spread"))
+    ap.add_argument("--same-exec", nargs="?", const=str(RESULTS / "nodetime_spread.csv"),
+                    default=None, metavar="CSV",
+                    help="print what notebook 08's same-execution bound rests on, from CSV")
     a = ap.parse_args(argv)
+    if a.same_exec:
+        offset_pp, run_pp, z = 2.6, 1.5, 3.5  # notebook 08's OFFSET_PP, RUN_PP, Z
+        print(f"# {a.same_exec}: stack - marker on the same executions, pp; bound = "
+              f"{offset_pp} + {z} sd (binomial at N samples per sampler and {run_pp} pp "
+              "process to process)")
+        print(same_exec_calibration(pd.read_csv(a.same_exec), offset_pp, run_pp, z)
+              .to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        return 0
     load0 = os.getloadavg()[0]
     t0 = time.monotonic()
     started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")

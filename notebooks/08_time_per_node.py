@@ -213,7 +213,8 @@ for t, name in ((df, "vanilla stacks"), (md, "marker"), (same.df, "same executio
     assert share > 0.9, (name, share)
 # ... and on the same executions the stack method gives each node the marker's share
 # within what the two samplers resolve. benchmarks/results/nodetime_spread.csv (20
-# processes per seed workload, ~2,950 samples per sampler): the two methods differ on a
+# processes per seed workload, ~2,950 samples per sampler; `benchmarks/nodetime_spread.py
+# --same-exec`, results/nodetime_spread_same_exec-20261207.txt): the two methods differ on a
 # node by up to OFFSET_PP on average (nested_loop's Aggregate -2.1, count_star's -2.6),
 # from process to process by about RUN_PP more than binomial sampling explains (1.5), and
 # each share is a binomial count of its sampler's samples. A node may differ by OFFSET_PP

@@ -54,7 +54,8 @@ PARAMS: dict[str, dict[str, object]] = {
     # flagged none of them. At 15 the least-flagged upper bound was -0.24 and the best of
     # the three at most -1.09 (seeds 8-10), in the same ~10 s (cluster set-up dominates)
     # MIN_SAMPLES: the notebook's own 1,000 (500 before 2026-12-07): its same-execution
-    # check's bound is derived from the sample counts, about 12 points at 1,000, 14 at 500
+    # check's bound is derived from the sample counts: 11.0-11.9 points at 1,000, 13.2-14.7
+    # at 500 (benchmarks/results/nodetime_spread_same_exec-20261207.txt)
     "08_time_per_node.py": {"SCALE": 0.02, "MIN_SAMPLES": 1000, "RECORDINGS": 3,
                             "EXECUTIONS": 15},
 }
