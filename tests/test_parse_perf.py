@@ -430,6 +430,11 @@ def test_lines_without_a_count_are_refused_or_collected(tmp_path: Path) -> None:
     assert read_folded_or_diff(io.StringIO("a;b 1 2\noops\na;c 3 4\n"), invalid=invalid) == (
         {"a;b": 2.0, "a;c": 4.0}, {"a;b": 1.0, "a;c": 3.0})
     assert invalid == [(2, "oops")]
+    # a BEFORE count that is no finite number ("1e999 5") is such a line too, not an error
+    invalid = InvalidLines()
+    assert read_folded_or_diff(io.StringIO("a;b 1 2\na;c 1e999 5\n"), invalid=invalid) == (
+        {"a;b": 2.0}, {"a;b": 1.0})
+    assert invalid == [(2, "a;c 1e999 5")]
     # many: all counted, the first InvalidLines.KEEP kept, each cut at 200 characters
     invalid = InvalidLines()
     many = "".join(f"s;{i} {i}\n" + "x" * 300 + "\n" for i in range(1, 1001))

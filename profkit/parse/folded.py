@@ -294,15 +294,15 @@ def _records(source: Source, *, strict: bool, invalid: InvalidLines | None = Non
                     raise ParseError(f"{name}, line {lineno}: expected 'frame;frame;leaf "
                                      f"COUNT', got {_show(line)}")
                 count = _count(count_s, name, lineno)
+                first: float | None = None
+                rest, sep2, first_s = stack.rstrip().rpartition(b" ")
+                if sep2 and rest.strip() and _is_count(first_s):  # BEFORE AFTER
+                    first, stack = _count(first_s, name, lineno), rest
             except ParseError:
                 if invalid is None:
                     raise
                 invalid.note(lineno, line[:200].decode("utf-8", "backslashreplace"))
                 continue
-            first: float | None = None
-            rest, sep2, first_s = stack.rstrip().rpartition(b" ")
-            if sep2 and rest.strip() and _is_count(first_s):
-                first, stack = _count(first_s, name, lineno), rest
             yield name, lineno, stack.rstrip().decode("utf-8", "surrogateescape"), first, count
     finally:
         if to_close is not None:
