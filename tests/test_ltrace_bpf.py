@@ -151,7 +151,8 @@ def test_bpftrace_gives_the_same_counts(join_sum_conn, prediction, tmp_path):
     assert (merged["clock_reads"] == merged["clock_calls_predicted"]).all()
     # counts only (no node stack): the same total
     flat = bpf.probe_query(join_sum_conn, WL.query("analyze_timing"), tool="bpftrace",
-                           functions=["clock_gettime"], per_node=False)
+                           functions=["clock_gettime"], per_node=False,
+                           out_dir=tmp_path / "bt-flat")
     assert flat.calls("clock_gettime") == pr.totals["clock_reads"] and flat.nodes.empty
     assert not children_named("bpftrace"), "bpftrace left running"
 
@@ -223,14 +224,14 @@ def test_two_processes_on_an_empty_cache_share_one_header_tree(tmp_path):
 
 @pytest.mark.pg
 @BPFTRACE_ALONE
-def test_falls_back_to_bpftrace_when_bcc_is_missing(join_sum_conn, monkeypatch):
+def test_falls_back_to_bpftrace_when_bcc_is_missing(join_sum_conn, monkeypatch, tmp_path):
     # bcc is installed here, so its absence is simulated (the only mock in this file)
     def no_bcc():
         raise kheaders.BccUnavailable("the bcc Python package is not installed (simulated)")
 
     monkeypatch.setattr(kheaders, "import_bcc", no_bcc)
     res = bpf.probe_query(join_sum_conn, WL.query("analyze_notiming"),
-                          functions=["ExecProcNodeInstr", "clock_gettime"])
+                          functions=["ExecProcNodeInstr", "clock_gettime"], out_dir=tmp_path)
     assert res.tool == "bpftrace"
     assert "bcc unavailable, used bpftrace instead" in res.fallback_reason
     assert res.calls("ExecProcNodeInstr") == 20_045
