@@ -244,7 +244,33 @@ class _PrivateApt:
                 "archive in /etc/apt and the network, or use a tarball/git source")
         stamp.touch()
 
+    def _lists_signature(self) -> list[list]:
+        """The deb-src index files' names, sizes and mtimes: what apt-cache answers from."""
+        return sorted([p.name, st.st_size, st.st_mtime_ns]
+                      for p in (self.root / "lists").glob("*_Sources*")
+                      for st in (p.stat(),))
+
     def newest_version(self, package: str) -> str:
+        """The newest version of source *package* in the index.  Kept in ``versions.json``
+        beside the index, for as long as the index files are the ones it was read from:
+        a build's name resolves its source on every command (apt-cache showsrc took 50 ms
+        of CPU, ~310 times in a make test)."""
+        memo = self.root / "versions.json"
+        sig = self._lists_signature()
+        try:
+            kept = json.loads(memo.read_text())
+            if kept.get("lists") == sig and isinstance(kept["versions"].get(package), str):
+                return kept["versions"][package]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            kept = {}
+        version = self._newest_version(package)
+        versions = kept.get("versions", {}) if kept.get("lists") == sig else {}
+        tmp = memo.with_name(f".versions-{os.getpid()}.json")
+        tmp.write_text(json.dumps({"lists": sig, "versions": {**versions, package: version}}))
+        os.replace(tmp, memo)
+        return version
+
+    def _newest_version(self, package: str) -> str:
         cp = run(["apt-cache", *self.opts, "showsrc", package], timeout=60, check=False)
         versions = re.findall(r"^Version:\s*(\S+)", cp.stdout, flags=re.MULTILINE)
         if not versions:
