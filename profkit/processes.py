@@ -20,6 +20,7 @@ import logging
 import os
 import shlex
 import shutil
+import stat
 import signal
 import subprocess
 import threading
@@ -110,7 +111,27 @@ def child_env(extra: Mapping[str, str] | None = None, user: OSUser | None = None
         env.update(extra)
     if user is not None and os.geteuid() == 0:
         env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+        # a TMPDIR of root's own (pam_tmpdir's /tmp/user/0, mode 0700) is no place for
+        # the user's files: valgrind, as the clusters' user, could not start there. The
+        # child gets the system's default instead, unless the folder is the user's own
+        # or shared as /tmp is (writable by all, sticky)
+        if "TMPDIR" in env and not _temp_dir_for(env["TMPDIR"], user.uid):
+            del env["TMPDIR"]
     return env
+
+
+def _temp_dir_for(path: str, uid: int) -> bool:
+    """Whether user *uid* may make files in folder *path* as in a temp folder."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IWUSR)
+    shared = stat.S_IWOTH | stat.S_IXOTH | stat.S_ISVTX
+    return st.st_mode & shared == shared
 
 
 def _tail(text: str, lines: int = 30) -> str:

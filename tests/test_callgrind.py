@@ -740,3 +740,38 @@ def test_perf_stat_mechanism_on_a_backend(cg_cluster, tmp_path):
         ms = perf_stat.perf_stat_instructions(pid, lambda: conn.execute(sql).fetchall(),
                                         out_path=tmp_path / "perf-stat.csv", event="task-clock")
     assert ms > 1.0  # the query ran ~10+ ms of CPU in that backend
+
+
+def test_a_child_run_as_another_user_keeps_only_a_temp_folder_it_can_use(tmp_path,
+                                                                         monkeypatch):
+    """root's own TMPDIR (pam_tmpdir's /tmp/user/0, 0700) does not reach a child run as
+    the clusters' user; a shared one (1777, as /tmp) or the user's own does."""
+    from profkit.processes import OSUser, child_env
+
+    if os.geteuid() != 0:
+        pytest.fail("runs as root, as make test does (the children change user)")
+    user = OSUser("nobody", 65534, 65534, "/nonexistent")
+    private, shared, own = (tmp_path / n for n in ("private", "shared", "own"))
+    for d, mode in ((private, 0o700), (shared, 0o1777), (own, 0o700)):
+        d.mkdir()
+        os.chmod(d, mode)
+    os.chown(own, 65534, 65534)
+    for d, kept in ((private, False), (shared, True), (own, True),
+                    (tmp_path / "missing", False)):
+        monkeypatch.setenv("TMPDIR", str(d))
+        assert ("TMPDIR" in child_env(user=user)) == kept, d
+        assert child_env()["TMPDIR"] == str(d)  # a child that stays root keeps it
+
+
+@pytest.mark.pg
+def test_callgrind_under_a_private_temp_folder(cg_cluster, tmp_path, monkeypatch):
+    """valgrind, as the clusters' user, once failed to start ("Can't create client cmdline
+    file") when the caller's TMPDIR was root's own."""
+    private = tmp_path / "private-tmp"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(private))
+    s = cgc.collect_callgrind_cluster(cg_cluster, {"plain": "SELECT 1"}, tmp_path / "cg",
+                                      timeout=300)
+    t = cgp.instr_counts_from_session(s, build="vanilla", workload="select1")
+    assert list(t["mode"]) == ["plain"] and int(t["instructions"].iloc[0]) > 0
+    assert sorted(p.name for p in private.iterdir()) == []
