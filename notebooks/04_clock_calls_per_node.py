@@ -36,6 +36,8 @@ REPS = 5                   # benchmark repetitions for the correction model
 RUN_DIR = None             # an earlier plan_nodes run (profiles/<id>) to show instead
 
 # %%
+import tempfile
+
 import pandas as pd
 from IPython.display import display
 
@@ -71,7 +73,10 @@ else:
         explain = conn.execute(wl.query("analyze_timing", fmt="json")).fetchone()[0]
         pred = P.predict(explain, P.context_from_conn(conn, "analyze_timing"))
         probe = bpf.probe_query(conn, sql)
-        lt = ltrace.count_calls(conn, sql, functions=("clock_gettime",))
+        # ltrace's summary is parsed here and saved with the run (ltrace.csv); its raw
+        # folder is this cell's own, removed afterwards (none left in /tmp per run)
+        with tempfile.TemporaryDirectory(prefix="profkit-nb04-ltrace-") as raw:
+            lt = ltrace.count_calls(conn, sql, functions=("clock_gettime",), out_dir=raw)
     lt_df = parse_ltrace_summary(lt.summary_text)
     nodes = P.plan_nodes_table(pred, build=BUILD, query=WORKLOAD, measured=probe.nodes)
     totals = {
@@ -89,7 +94,7 @@ else:
     display(constants[~constants["term"].str.startswith("node ")])
     run = nb.save_run("clock_calls",
                       {"plan_nodes": nodes.drop(columns=["exact_reason"], errors="ignore"),
-                       "totals": pd.DataFrame([totals])},
+                       "totals": pd.DataFrame([totals]), "ltrace": lt_df},
                       builds=[BUILD], workload=WORKLOAD, scale=SCALE, explain=explain,
                       bpf_tool=probe.tool, fallback_reason=probe.fallback_reason)
     print(f"collected and saved to {run.path}")

@@ -194,12 +194,25 @@ def test_notebook_runs_and_asserts(name, profiles):
 
     nb = load(name)
     inject_parameters(nb, PARAMS[name])
+    # the kernel's own temp folder (readable by the clusters' user, as /tmp is): what the
+    # notebook's collectors write there must be gone when it ends (04's ltrace once left
+    # a /tmp/profkit-ltrace-* folder behind on every make test)
+    import shutil
+    import tempfile
+
+    temp = Path(tempfile.mkdtemp(prefix="profkit-nbtemp-"))
+    os.chmod(temp, 0o755)
     env = {"PROFKIT_PROFILES": str(profiles / name.removesuffix(".py")),
-           "PROFKIT_FLAMEGRAPHS": str(profiles / "flamegraphs")}
+           "PROFKIT_FLAMEGRAPHS": str(profiles / "flamegraphs"), "TMPDIR": str(temp)}
     try:
-        seconds = execute(nb, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S), env)
-    except CellExecutionError as e:
-        pytest.fail(f"{name}: a cell failed:\n{str(e)[-4000:]}")
+        try:
+            seconds = execute(nb, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S), env)
+        except CellExecutionError as e:
+            pytest.fail(f"{name}: a cell failed:\n{str(e)[-4000:]}")
+        left = sorted(p.name for p in temp.iterdir())
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert left == [], f"{name} left {left} in its temp folder"
     print(f"{name}: {seconds:.1f} s")
     text = outputs_text(nb)
     assert "Traceback" not in text
@@ -211,7 +224,8 @@ def test_notebook_runs_and_asserts(name, profiles):
         # a second execution finds that run in profiles/ and does not collect again
         again = load(name)
         inject_parameters(again, PARAMS[name])
-        seconds2 = execute(again, DEFAULT_TIMEOUT_S, env)
+        seconds2 = execute(again, DEFAULT_TIMEOUT_S,
+                           {k: v for k, v in env.items() if k != "TMPDIR"})
         text2 = outputs_text(again)
         assert "read an earlier run from disk" in text2, text2[-2000:]
         assert seconds2 < seconds
