@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -187,19 +188,26 @@ def main() -> int:
              f" > {tmp}/probe.out 2>&1; echo $? > {tmp}/probe.rc; "
              f"{PROFKIT} cluster stop cases-psql >/dev/null; exit $rc", True),
         ]
+    try:
+        report(cases, tmp, summaries, args.pg)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the cases' inputs and outputs
+    return 0
+
+
+def report(cases, tmp: Path, summaries, pg: bool) -> None:
     print("| case | exit | first line of output | seconds |")
     print("|---|---|---|---|")
     for name, argv, shell in cases:
         rc, first, secs = run(argv, shell=shell, cwd=tmp, summarize=summaries.get(name))
         first = first.replace("|", "\\|")[:160]
         print(f"| {name} | {rc} | {first} | {secs:.2f} |", flush=True)
-    if args.pg:  # the probe ran on the psql case's cluster
+    if pg:  # the probe ran on the psql case's cluster
         text = (tmp / "probe.out").read_text().strip().splitlines()
         rc = (tmp / "probe.rc").read_text().strip()
         first = next((ln for ln in text if ln.startswith("profkit:")), text[-1] if text else "")
         print(f"| probe --sql on a missing table | {rc} | {first.replace('|', chr(92) + '|')[:160]}"
               f" | |")
-    return 0
 
 
 if __name__ == "__main__":
