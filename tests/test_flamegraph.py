@@ -535,10 +535,19 @@ _frame_name = st.text(alphabet=st.characters(blacklist_characters=";\x00",
                       min_size=1, max_size=12).filter(lambda s: s.strip() == s and s != "")
 
 
+def _two_counts(stack: str) -> bool:
+    from profkit.parse.folded import _is_count
+
+    rest, sep, last = stack.rpartition(" ")
+    return bool(sep and rest.strip() and _is_count(last.encode("utf-8", "surrogateescape")))
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.dictionaries(st.lists(_frame_name, min_size=1, max_size=6).map(";".join)
-                       # a line starting with "#" is a comment in folded files
-                       .filter(lambda s: not s.startswith("#")),
+                       # a line starting with "#" is a comment in folded files; a stack
+                       # ending in " <number>" ("0 0" with count 1 is "0 0 1") reads as a
+                       # differential line, as in flamegraph.pl: no format can tell them apart
+                       .filter(lambda s: not s.startswith("#") and not _two_counts(s)),
                        st.integers(1, 1000), min_size=1, max_size=25))
 def test_round_trip_folded_render_parse_back(counts: dict[str, int]) -> None:
     """folded → write → read → render → parse the SVG back: the same counts."""
