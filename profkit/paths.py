@@ -132,6 +132,29 @@ def spread_subfolders(p: Path) -> bool:
     return bool(_topdir(p, add=True))
 
 
+def reachable_by_all(folder: Path) -> bool:
+    """Whether every user may pass through *folder* and each folder above it (o+x)."""
+    import stat
+
+    try:
+        return all(os.stat(p).st_mode & stat.S_IXOTH
+                   for p in (folder.resolve(), *folder.resolve().parents))
+    except OSError:
+        return False
+
+
+def scratch_for_another_user(prefix: str) -> Path:
+    """A new private folder (the caller removes it, and gives it to the user) where a
+    process run as another user (the clusters' user) can reach it: in the temp folder
+    when that is open to all, as /tmp is; else in the cache's ``tmp/`` (a TMPDIR of the
+    caller's own, pam_tmpdir's /tmp/user/0 at 0700, is closed to that user)."""
+    import tempfile
+
+    temp = Path(tempfile.gettempdir())
+    where = temp if reachable_by_all(temp) else sub("tmp")
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+
+
 def empty_cache(prefix: str) -> Path:
     """A new, empty build cache beside this one (for a cold build): readable by the
     cluster's unprivileged user, sharing only this cache's source downloads and apt lists

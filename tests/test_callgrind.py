@@ -765,11 +765,16 @@ def test_a_child_run_as_another_user_keeps_only_a_temp_folder_it_can_use(tmp_pat
 
 @pytest.mark.pg
 def test_callgrind_under_a_private_temp_folder(cg_cluster, tmp_path, monkeypatch):
-    """valgrind, as the clusters' user, once failed to start ("Can't create client cmdline
-    file") when the caller's TMPDIR was root's own."""
+    """valgrind, as the clusters' user, once failed to start when the caller's TMPDIR was
+    root's own ("Can't create client cmdline file"; "Cannot create log file" in profkit's
+    scratch folder there): it now gets neither that TMPDIR nor a scratch folder in it."""
+    import tempfile
+
     private = tmp_path / "private-tmp"
     private.mkdir(mode=0o700)
     monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    assert tempfile.gettempdir() == str(private)
     s = cgc.collect_callgrind_cluster(cg_cluster, {"plain": "SELECT 1"}, tmp_path / "cg",
                                       timeout=300)
     t = cgp.instr_counts_from_session(s, build="vanilla", workload="select1")

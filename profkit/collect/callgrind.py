@@ -69,7 +69,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import tempfile
 import termios
 import time
 from collections.abc import Iterator, Mapping
@@ -78,6 +77,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from profkit import paths
 from profkit.errors import ClusterError, CommandFailed, ProbeError, ToolNotFound
 from profkit.processes import Background, OSUser, format_argv, run, which
 
@@ -251,7 +251,7 @@ def collect_callgrind(
     sets = {**DEFAULT_SETTINGS, **(settings or {})}
     # valgrind runs as the unprivileged user: it writes into a private scratch
     # directory the user owns; results are moved into *out_dir* afterwards.
-    scratch = Path(tempfile.mkdtemp(prefix="profkit-callgrind-"))
+    scratch = paths.scratch_for_another_user("profkit-callgrind-")
     try:
         if os.geteuid() == 0:
             os.chown(scratch, os_user.uid, os_user.gid)
