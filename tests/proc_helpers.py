@@ -54,3 +54,17 @@ def perf_bpf_fds() -> int:
             continue
         n += "perf_event" in target or "bpf" in target
     return n
+
+
+def remove_chromium_singleton(profile: Path) -> None:
+    """Remove the folder of Chromium's SingletonSocket, which a stopped headless Chromium
+    leaves in its TMPDIR (``org.chromium.Chromium.XXXXXX``; 172 had piled up in /tmp from
+    the tests' runs).  The profile's ``SingletonSocket`` link names it."""
+    import shutil
+
+    try:
+        target = Path(os.readlink(profile / "SingletonSocket"))
+    except OSError:
+        return
+    if target.parent.name.startswith("org.chromium.Chromium."):
+        shutil.rmtree(target.parent, ignore_errors=True)

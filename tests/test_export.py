@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from proc_helpers import remove_chromium_singleton
 
 from profkit.export import (
     ExportError,
@@ -378,6 +379,7 @@ class _Chromium:
              f"--user-data-dir={profile}", "--remote-debugging-port=0",
              "--remote-allow-origins=*", "--window-size=1400,900", "about:blank"],
             stop_signal=signal.SIGTERM, stop_timeout=10, what="chromium")
+        self.profile = profile
         self.bg.start()
         try:
             port_file = profile / "DevToolsActivePort"
@@ -393,6 +395,7 @@ class _Chromium:
                                                   suppress_origin=True)
         except BaseException:
             self.bg.stop()
+            remove_chromium_singleton(self.profile)
             raise
         self._id = 0
 
@@ -431,6 +434,7 @@ class _Chromium:
             self.ws.close()
         finally:
             self.bg.stop()
+            remove_chromium_singleton(self.profile)
 
 
 _ROW = re.compile(r"^(\d+) \([^)]*\)\n\t(\d+) \([^)]*\)\n\t(.+)$", re.M)

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from proc_helpers import remove_chromium_singleton
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -326,6 +327,7 @@ class Browser:
              "--remote-debugging-port=0", "--remote-allow-origins=*",
              f"--window-size={size[0]},{size[1]}", "about:blank"],
             stop_signal=signal.SIGTERM, stop_timeout=10, what="chromium")
+        self.profile = profile_dir
         self.bg.start()
         try:
             port_file = profile_dir / "DevToolsActivePort"
@@ -341,6 +343,7 @@ class Browser:
                                                   suppress_origin=True)
         except BaseException:
             self.bg.stop()
+            remove_chromium_singleton(self.profile)
             raise
         self._id = 0
         self.call("Page.enable")
@@ -385,6 +388,7 @@ class Browser:
             self.ws.close()
         finally:
             self.bg.stop()
+            remove_chromium_singleton(self.profile)
 
 
 @pytest.fixture(scope="module")
@@ -393,10 +397,13 @@ def browser(tmp_path_factory: pytest.TempPathFactory):
         pytest.fail("chromium is not installed: run scripts/setup-system.sh")
     import websocket  # noqa: F401  (dev extra: websocket-client)
     b = Browser(tmp_path_factory.mktemp("chromium-profile"))
+    singleton = Path(os.readlink(b.profile / "SingletonSocket")).parent
+    assert singleton.is_dir() and singleton.name.startswith("org.chromium.Chromium.")
     try:
         yield b
     finally:
         b.close()
+    assert not singleton.exists(), f"Chromium's {singleton} was left behind"
 
 
 def _center(b: Browser, elem_js: str) -> tuple[float, float]:

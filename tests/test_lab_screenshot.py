@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from proc_helpers import remove_chromium_singleton
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -113,8 +114,11 @@ def screenshot(url: str, png: Path, profile_dir: Path) -> subprocess.CompletedPr
             "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile_dir}",
             "--window-size=1400,900", "--virtual-time-budget=20000", f"--screenshot={png}",
             url]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False,
-                          stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        remove_chromium_singleton(profile_dir)
 
 
 def test_lab_renders_a_notebook(lab, tmp_path):
