@@ -10,8 +10,8 @@ one by one and count under their own names.  Only tasks started after the probe 
 count (a kernel worker that ran for hours and exits meanwhile would book all its hours);
 a task still running when the command ends is not counted (`make test` leaves none).
 Unlike ``benchmarks/suite_cpu.py``, which books CPU to the test that spent it, this says
-which program spent it: valgrind, postgres, the compilers, Python.  Prints CPU seconds, share and task count per name,
-with the total beside the command's wall time.
+which program spent it: valgrind, postgres, the compilers, Python.  Prints CPU seconds,
+share and task count per name, with the total beside the command's wall time.
 """
 from __future__ import annotations
 
