@@ -20,8 +20,8 @@ import logging
 import os
 import shlex
 import shutil
-import stat
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -121,12 +121,14 @@ def child_env(extra: Mapping[str, str] | None = None, user: OSUser | None = None
 
 
 def _temp_dir_for(path: str, uid: int) -> bool:
-    """Whether user *uid* may make files in folder *path* as in a temp folder."""
+    """Whether user *uid* may make files in folder *path* as in a temp folder (and reach
+    it: every folder above it open to all)."""
     try:
         st = os.stat(path)
+        above = [os.stat(p).st_mode for p in Path(path).resolve().parents]
     except OSError:
         return False
-    if not stat.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(st.st_mode) or not all(m & stat.S_IXOTH for m in above):
         return False
     if st.st_uid == uid:
         return bool(st.st_mode & stat.S_IWUSR)

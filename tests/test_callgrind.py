@@ -750,17 +750,27 @@ def test_a_child_run_as_another_user_keeps_only_a_temp_folder_it_can_use(tmp_pat
 
     if os.geteuid() != 0:
         pytest.fail("runs as root, as make test does (the children change user)")
+    import tempfile
+
     user = OSUser("nobody", 65534, 65534, "/nonexistent")
-    private, shared, own = (tmp_path / n for n in ("private", "shared", "own"))
-    for d, mode in ((private, 0o700), (shared, 0o1777), (own, 0o700)):
-        d.mkdir()
-        os.chmod(d, mode)
-    os.chown(own, 65534, 65534)
-    for d, kept in ((private, False), (shared, True), (own, True),
-                    (tmp_path / "missing", False)):
-        monkeypatch.setenv("TMPDIR", str(d))
-        assert ("TMPDIR" in child_env(user=user)) == kept, d
-        assert child_env()["TMPDIR"] == str(d)  # a child that stays root keeps it
+    base = Path(tempfile.mkdtemp(prefix="profkit-tmpdir-rule-"))  # open to all, as /tmp
+    try:
+        os.chmod(base, 0o755)
+        private, shared, own = (base / n for n in ("private", "shared", "own"))
+        for d, mode in ((private, 0o700), (shared, 0o1777), (own, 0o700)):
+            d.mkdir()
+            os.chmod(d, mode)
+        os.chown(own, 65534, 65534)
+        hidden = private / "own"  # the user's own, but inside root's private folder
+        hidden.mkdir()
+        os.chown(hidden, 65534, 65534)
+        for d, kept in ((private, False), (shared, True), (own, True), (hidden, False),
+                        (base / "missing", False)):
+            monkeypatch.setenv("TMPDIR", str(d))
+            assert ("TMPDIR" in child_env(user=user)) == kept, d
+            assert child_env()["TMPDIR"] == str(d)  # a child that stays root keeps it
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.pg
