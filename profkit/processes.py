@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from profkit import paths
 from profkit.errors import CommandFailed, ToolNotFound
 
 log = logging.getLogger("profkit.processes")
@@ -125,10 +126,9 @@ def _temp_dir_for(path: str, uid: int) -> bool:
     it: every folder above it open to all)."""
     try:
         st = os.stat(path)
-        above = [os.stat(p).st_mode for p in Path(path).resolve().parents]
     except OSError:
         return False
-    if not stat.S_ISDIR(st.st_mode) or not all(m & stat.S_IXOTH for m in above):
+    if not stat.S_ISDIR(st.st_mode) or not paths.reachable_by_all(Path(path).resolve().parent):
         return False
     if st.st_uid == uid:
         return bool(st.st_mode & stat.S_IWUSR)

@@ -16,10 +16,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from proc_helpers import remove_chromium_singleton
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from proc_helpers import remove_chromium_singleton
 
 from profkit.parse.folded import format_folded, read_folded
 from profkit.parse.perf_script import fold_perf_script
