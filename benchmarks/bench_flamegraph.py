@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import shutil
@@ -152,11 +153,17 @@ def main() -> int:
                 print(f"{case:6s} ratio (before / this)       {w2 / w1:8.1f}x {r2 / r1:11.1f}x")
             if args.chromium and shutil.which("chromium"):
                 png = work / f"{case}.png"
+                # a profile and a TMPDIR of its own under the work folder: Chromium leaves
+                # its SingletonSocket folder (org.chromium.Chromium.*) in TMPDIR
+                chrome = work / f"chromium-{case}"
+                (chrome / "tmp").mkdir(parents=True, exist_ok=True)
                 t0 = time.perf_counter()
                 subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                                f"--user-data-dir={chrome / 'profile'}",
                                 "--window-size=1220,900", f"--screenshot={png}",
                                 (work / f"{case}.svg").resolve().as_uri()],
-                               capture_output=True, timeout=600)
+                               capture_output=True, timeout=600,
+                               env={**os.environ, "TMPDIR": str(chrome / "tmp")})
                 print(f"{case:6s} headless Chromium screenshot of the SVG: "
                       f"{time.perf_counter() - t0:.1f} s ({png})")
         if args.workdir:
