@@ -46,6 +46,16 @@ class ParseError(ProfkitError):
     pass
 
 
+class NoStackCounts(ParseError):
+    """Input that holds no stack with a count above 0: an empty or foreign file, a
+    truncated recording.  flamegraph.pl refuses it too ("No stack counts found")."""
+
+    def __init__(self, where: str, nothing_to: str) -> None:
+        super().__init__(f"{where}: no stack counts found (no line 'frame;frame COUNT' with a "
+                         "count above 0, no perf script sample with a stack): nothing to "
+                         f"{nothing_to}; is it the right file?")
+
+
 class ProbeError(ProfkitError):
     pass
 

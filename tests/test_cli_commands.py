@@ -225,6 +225,19 @@ def test_export_command(tmp_path: Path) -> None:
     rd = new_run("bench", base=tmp_path / "profiles")
     assert "holds no stacks" in message(profkit("export", rd.run_id, "-f", "speedscope",
                                                 env=env, code=1))
+    # nothing to export: an empty file, a file of no known format, a run whose stacks are
+    # empty; refused before -o is written (an earlier export there is left as it was)
+    out.write_bytes(b"earlier")
+    empty, foreign = tmp_path / "empty.folded", tmp_path / "notes.txt"
+    empty.write_bytes(b"")
+    foreign.write_text("this is not a profile\nnor is this line\n")
+    rd2 = new_run("perf", base=tmp_path / "profiles")
+    rd2.file("stacks.folded").write_bytes(b"")
+    for src, where in ((empty, str(empty)), (foreign, str(foreign)), (rd2.run_id, str(rd2.path))):
+        for fmt in ("pprof", "speedscope", "collapsed"):
+            m = message(profkit("export", str(src), "-f", fmt, "-o", str(out), env=env, code=1))
+            assert f"{where}: no stack counts found" in m and "nothing to export" in m, m
+            assert out.read_bytes() == b"earlier"
     assert "'svg' is not one of" in message(profkit("export", str(folded), "-f", "svg",
                                                     code=2))
     assert "--freq must be a positive number" in message(

@@ -597,6 +597,11 @@ def test_profkit_export_line_magic(tmp_path: Path, capsys: pytest.CaptureFixture
     # errors: one line, the kernel lives on
     assert ip.run_line_magic("profkit_export", f"{tmp_path / 'none'} -f pprof") is None
     assert "no such file or run" in capsys.readouterr().err
+    empty = tmp_path / "empty.folded"
+    empty.write_bytes(b"")
+    assert ip.run_line_magic("profkit_export", f"{empty} -f pprof -o {out}") is None
+    assert f"{empty}: no stack counts found" in capsys.readouterr().err
+    assert out.read_bytes() == export_run(run_dir, "pprof")  # the earlier export stays
     assert ip.run_line_magic("profkit_export", f"{run_dir} -f svg") is None
     assert "invalid choice: 'svg'" in capsys.readouterr().err
     assert ip.run_line_magic("profkit_export", "--help") is None

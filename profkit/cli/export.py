@@ -49,7 +49,7 @@ def export_cmd(runs: tuple[str, ...], fmt: str, output: str | None, unit: str | 
         raise _Failed(f"--freq must be a positive number of samples per second, got {freq:g}")
     if output is None and fmt == "pprof" and sys.stdout.isatty():
         raise _Failed("a pprof file is binary: give -o FILE, or redirect standard output")
-    srcs = [load_source(r) for r in runs]
+    srcs = [load_source(r).require_stacks() for r in runs]
     data = export_run(srcs, fmt, unit=unit, freq_hz=freq, binary=binary)
     if output:
         Path(output).write_bytes(data)

@@ -16,7 +16,7 @@ import click
 
 from profkit.cli.common import Failed as _Failed
 from profkit.cli.common import friendly as _friendly
-from profkit.errors import ParseError
+from profkit.errors import NoStackCounts
 from profkit.paths import flamegraphs_dir
 
 
@@ -210,7 +210,5 @@ def _load_one(path: str, perf_kwargs: dict[str, Any], *, diff: bool = True
                    f"{'s' if invalid.total != 1 else ''} that are not 'frame;frame COUNT' "
                    f"({shown}{more}); the graph leaves them out", err=True)
     if not any(v > 0 for v in counts.values()):
-        raise ParseError(f"{where}: no stack counts found (no line 'frame;frame COUNT' with "
-                         "a count above 0, no perf script sample with a stack): nothing to "
-                         "draw; is it the right file?")
+        raise NoStackCounts(where, "draw")
     return counts, before

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit import paths
+from profkit.errors import NoStackCounts
 from profkit.export.model import ExportError, ProfileFacts
 from profkit.parse import detect_stack_format
 from profkit.parse.folded import read_folded
@@ -39,6 +40,14 @@ class ExportSource:
     origin: str
     folded_bytes: bytes | None = None
     comments: tuple[str, ...] = field(default_factory=tuple)
+
+    def require_stacks(self) -> ExportSource:
+        """*self*, or :class:`NoStackCounts` when no stack has a count above 0: what the
+        front doors (``profkit export``, ``%profkit_export``) refuse before writing, where
+        an empty profile would be written with success and nothing said."""
+        if not any(v > 0 for v in self.counts.values()):
+            raise NoStackCounts(self.origin, "export")
+        return self
 
 
 def _ns(iso: Any) -> int | None:

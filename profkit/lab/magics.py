@@ -266,7 +266,7 @@ def export_line(line: str) -> Path:
     if ns.freq is not None and not 0 < ns.freq < float("inf"):
         raise MagicUsageError(f"--freq must be a positive number of samples per second, "
                               f"got {ns.freq:g}")
-    src = load_source(ns.run)
+    src = load_source(ns.run).require_stacks()
     data = export_run(src, ns.fmt, unit=ns.unit, freq_hz=ns.freq, binary=ns.binary)
     stem = Path(src.origin).name
     for suffix in (".gz", ".txt", ".folded"):
