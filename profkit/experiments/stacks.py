@@ -14,7 +14,7 @@ from typing import Any
 
 from profkit.parse import detect_stack_format, load_stacks
 from profkit.parse.folded import InvalidLines, read_folded_or_diff
-from profkit.parse.perf_script import VdsoSymbols
+from profkit.parse.perf_script import VdsoSymbols, fold_perf_script
 
 __all__ = ["InvalidLines", "perf_reading", "read_stacks", "read_stacks_or_diff"]
 
@@ -48,7 +48,8 @@ def read_stacks_or_diff(path: str, reading: dict[str, Any],
     with _spooled(path) as name:
         if detect_stack_format(name) == "folded":
             return read_folded_or_diff(name, invalid=invalid)
-        return load_stacks(name, **reading), None
+        # sniffed once: load_stacks would read the head again
+        return fold_perf_script(name, **reading).counts, None
 
 
 @contextlib.contextmanager
