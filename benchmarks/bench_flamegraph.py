@@ -153,8 +153,8 @@ def main() -> int:
                 print(f"{case:6s} ratio (before / this)       {w2 / w1:8.1f}x {r2 / r1:11.1f}x")
             if args.chromium and shutil.which("chromium"):
                 png = work / f"{case}.png"
-                # a profile and a TMPDIR of its own under the work folder: Chromium leaves
-                # its SingletonSocket folder (org.chromium.Chromium.*) in TMPDIR
+                # a profile and a TMPDIR of its own under the work folder: without a
+                # profile, Debian's chromium wrapper makes ~/.config/chromium-headless
                 chrome = work / f"chromium-{case}"
                 (chrome / "tmp").mkdir(parents=True, exist_ok=True)
                 t0 = time.perf_counter()

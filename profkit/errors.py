@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 
 class ProfkitError(Exception):
@@ -54,6 +55,12 @@ class NoStackCounts(ParseError):
         super().__init__(f"{where}: no stack counts found (no line 'frame;frame COUNT' with a "
                          "count above 0, no perf script sample with a stack): nothing to "
                          f"{nothing_to}; is it the right file?")
+
+    @classmethod
+    def unless_any(cls, counts: Mapping[str, float], where: str, nothing_to: str) -> None:
+        """Raise unless some stack of *counts* has a count above 0."""
+        if not any(v > 0 for v in counts.values()):
+            raise cls(where, nothing_to)
 
 
 class ProbeError(ProfkitError):

@@ -750,10 +750,11 @@ def test_a_child_run_as_another_user_keeps_only_a_temp_folder_it_can_use(tmp_pat
 
     if os.geteuid() != 0:
         pytest.fail("runs as root, as make test does (the children change user)")
-    import tempfile
+    from profkit import paths
 
     user = OSUser("nobody", 65534, 65534, "/nonexistent")
-    base = Path(tempfile.mkdtemp(prefix="profkit-tmpdir-rule-"))  # open to all, as /tmp
+    # reachable by all, as /tmp is, also under a private TMPDIR (pam_tmpdir's 0700 one)
+    base = paths.scratch_for_another_user("profkit-tmpdir-rule-")
     try:
         os.chmod(base, 0o755)
         private, shared, own = (base / n for n in ("private", "shared", "own"))

@@ -209,6 +209,5 @@ def _load_one(path: str, perf_kwargs: dict[str, Any], *, diff: bool = True
         click.echo(f"profkit: {where}: ignored {invalid.total} line"
                    f"{'s' if invalid.total != 1 else ''} that are not 'frame;frame COUNT' "
                    f"({shown}{more}); the graph leaves them out", err=True)
-    if not any(v > 0 for v in counts.values()):
-        raise NoStackCounts(where, "draw")
+    NoStackCounts.unless_any(counts, where, "draw")
     return counts, before

@@ -45,8 +45,7 @@ class ExportSource:
         """*self*, or :class:`NoStackCounts` when no stack has a count above 0: what the
         front doors (``profkit export``, ``%profkit_export``) refuse before writing, where
         an empty profile would be written with success and nothing said."""
-        if not any(v > 0 for v in self.counts.values()):
-            raise NoStackCounts(self.origin, "export")
+        NoStackCounts.unless_any(self.counts, self.origin, "export")
         return self
 
 
