@@ -36,7 +36,11 @@ left out.
 
 With --speedscope-samples (the ``sample/profiles`` folder of
 https://github.com/jlfwong/speedscope): its callgrind files (``callgrind/*.log``) as above,
-its ``perf script`` texts (``linux-perf/*.txt``) folded against stackcollapse-perf.pl.
+and their self cost per function against speedscope's own test snapshot of them
+(``src/import/__snapshots__/callgrind.test.ts.snap`` of the same checkout, where it is
+there: speedscope scales a ``Time_(10ns)`` event to ns, and builds a function's self
+weight from its callers' inclusive costs where the file's own cost lines say less); its
+``perf script`` texts (``linux-perf/*.txt``) folded against stackcollapse-perf.pl.
 
 A file profkit refuses is listed with profkit's message: a refusal is right only when the
 file is not what it claims to be (cut, no header); the message must say so.
@@ -111,8 +115,12 @@ def callgrind_row(path: Path) -> str:
     mine: dict[str, float] = {}
     for r in prof.functions.itertuples():
         mine[r.function] = mine.get(r.function, 0) + r.self
-    with open(path, encoding="utf-8", errors="replace") as f:
-        theirs_prof = gprof2dot.CallgrindParser(f).parse()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            theirs_prof = gprof2dot.CallgrindParser(f).parse()
+    except Exception as e:  # noqa: BLE001 - the peer's failure is a finding, not ours
+        return (f"event {prof.event}, {len(mine)} functions, total {prof.totals:,}; "
+                f"gprof2dot cannot read it ({type(e).__name__}: {e})")
     theirs: dict[str, float] = {}
     for fn in theirs_prof.functions.values():
         k = _REC.sub("", fn.name)
@@ -127,6 +135,34 @@ def callgrind_row(path: Path) -> str:
     return (f"event {prof.event}, {len(mine)} functions, total {prof.totals:,}; "
             f"self cost differs from gprof2dot for {len(differ)}; {len(edges)} call arcs, "
             f"calls differ from gprof2dot's for {_count_differ(edges, peer)}, {by_annotate}")
+
+
+def speedscope_selfs(snapshot: Path) -> dict[str, list[dict[str, int]]]:
+    """Self weight per function of each profile in speedscope's own test snapshot of its
+    callgrind importer (src/import/__snapshots__/callgrind.test.ts.snap): file name ->
+    one dict per event, in the file's order of events."""
+    out: dict[str, list[dict[str, int]]] = {}
+    for block in snapshot.read_text().split("exports[`")[1:]:
+        head = re.search(r'^  "name": "(.+?) -- ', block, re.M)
+        if head:
+            frames = re.findall(r'"name": "([^"]*)",\s*"selfWeight": (\d+)', block)
+            out.setdefault(head.group(1), []).append({n: int(w) for n, w in frames})
+    return out
+
+
+def speedscope_callgrind_row(path: Path, snapshot: dict[str, list[dict[str, int]]]) -> str:
+    """callgrind_row, and profkit's self cost per function against speedscope's snapshot
+    of the same file (the event profkit reads)."""
+    line = callgrind_row(path)
+    prof = _ours(parse_callgrind_file, path)
+    profiles = snapshot.get(path.name)
+    if isinstance(prof, str) or not profiles:
+        return line + ("" if profiles else "; not in speedscope's snapshot")
+    theirs = profiles[prof.events.index(prof.event)]
+    mine = {r.function: int(r.self) for r in prof.functions.itertuples()}
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return line + (f"; self cost per function against speedscope's snapshot: differs for "
+                   f"{len(differ)} of {len(theirs)}" + (f" ({', '.join(differ)})" if differ else ""))
 
 
 def edge_calls(call_edges: pd.DataFrame) -> dict[tuple[str, str], int]:
@@ -280,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         roots += [i, i, i]
     if a.speedscope_samples is not None:
         sp = a.speedscope_samples
-        groups += (("speedscope callgrind", sorted(sp.glob("callgrind/*.log")), callgrind_row),
+        snap = sp.parent.parent / "src" / "import" / "__snapshots__" / "callgrind.test.ts.snap"
+        selfs = speedscope_selfs(snap) if snap.is_file() else {}
+        groups += (("speedscope callgrind", sorted(sp.glob("callgrind/*.log")),
+                    lambda p: speedscope_callgrind_row(p, selfs)),
                    ("speedscope perf script", sorted(sp.glob("linux-perf/*.txt")),
                     lambda p: perf_row(p, suite)))
         roots += [sp, sp]

@@ -174,17 +174,35 @@ def test_undefined_compressed_name_is_an_error():
         cgp.parse_callgrind(text)
 
 
-def test_relative_positions_read_and_relative_costs_refused():
-    """Positions may be '*', '+N', '-N' (valgrind's subposition compression); a cost may
-    not: a file with one (speedscope's sample has '* *') is refused, naming the line,
-    where callgrind_annotate and gprof2dot misread it."""
+def test_relative_positions_and_costs_read_as_speedscope_reads_them():
+    """Positions may be '*', '+N', '-N' (valgrind's subposition compression).  valgrind
+    writes costs as plain numbers, but speedscope's sample compresses them the same way,
+    relative to the cost line before (any function's): read so, as speedscope reads it,
+    its self costs sum to main's inclusive 820 (speedscope's snapshot: main 20, func1
+    100, func2 700).  A relative cost with no cost line before it, or one that goes below
+    0, is an error naming the line."""
     head = "# callgrind format\nevents: Ir\nfl=a.c\nfn=main\n16 20\ncfn=f\ncalls=3 20\n"
     prof = cgp.parse_callgrind(head + "* 400\n+4 7\n-2 3\nfn=f\n* 400\n")
     assert prof.totals == 430  # the call line's 400 is inclusive: f's own 400 counts once
     assert prof.functions.set_index("function")["self"].to_dict() == {"main": 30, "f": 400}
-    for cost in ("*", "+3", "-300"):
-        with pytest.raises(ParseError, match=rf"line 9: event cost '\{cost[0]}\d*' is relative"):
-            cgp.parse_callgrind(head + f"* 400\n* {cost}\n")
+    # speedscope's sample/profiles/callgrind/callgrind.subposition-compression.log
+    sample = ("# callgrind format\nevents: Instructions\n\nfl=file1.c\nfn=main\n16 20\n"
+              "cfn=func1\ncalls=1 50\n* 400\ncfi=file2.c\ncfn=func2\ncalls=3 20\n* *\n\n"
+              "fn=func1\n+35 -300\ncfi=file2.c\ncfn=func2\ncalls=2 20\n* 300\n\n"
+              "fl=file2.c\nfn=func2\n-31 +400")
+    prof = cgp.parse_callgrind(sample)
+    assert prof.event == "Instructions" and prof.totals == 820
+    got = prof.functions.set_index("function")[["self", "total"]].astype(int)
+    assert got.to_dict("index") == {"main": {"self": 20, "total": 820},
+                                    "func1": {"self": 100, "total": 400},
+                                    "func2": {"self": 700, "total": 700}}
+    arcs = {(r.caller, r.callee): int(r.calls) for r in prof.call_edges.itertuples()}
+    assert arcs == {("main", "func1"): 1, ("main", "func2"): 3, ("func1", "func2"): 2}
+    for cost in ("*", "+3", "-3"):
+        with pytest.raises(ParseError, match=r"line 5: event cost .* there is none"):
+            cgp.parse_callgrind(f"# callgrind format\nevents: Ir\nfl=a.c\nfn=main\n16 {cost}\n")
+    with pytest.raises(ParseError, match=r"line 9: event cost '-500' takes .* 400 below 0"):
+        cgp.parse_callgrind(head + "* 400\n* -500\n")
 
 
 def test_zero_totals_profile_is_empty_table():

@@ -214,21 +214,31 @@ def _body(lines: Iterable[tuple[int, str]], *, run_id: str, build: str, event: s
     # (caller object, caller raw name) -> list of (callee object, callee raw, calls, cost)
     arcs: list[tuple[tuple[str, str], tuple[str, str], int, int]] = []
 
+    prev_cost: int | None = None  # the event's cost on the cost line before
+
     def costs_of(tokens: list[str], lineno: int) -> int:
+        nonlocal prev_cost
         # Trailing zero costs may be omitted (spec); missing event column = 0.
         vals = tokens[npos:]
-        if ev_idx < len(vals):
-            tok = vals[ev_idx]
-            if tok == "*" or tok[:1] in "+-":
-                # speedscope's sample writes costs relative to the line before; valgrind
-                # compresses positions only (its format), and callgrind_annotate and
-                # gprof2dot misread such a file: refused, not guessed
+        tok = vals[ev_idx] if ev_idx < len(vals) else "0"
+        if tok == "*" or tok[:1] in "+-":
+            # valgrind compresses positions only (its format), but speedscope's sample
+            # compresses costs the same way: '*' the cost line before's cost, '+N'/'-N'
+            # that plus or minus N.  speedscope reads them so, and only so do that file's
+            # costs add up (its self costs sum to main's inclusive cost)
+            if prev_cost is None:
                 raise ParseError(
-                    f"callgrind output line {lineno}: event cost {tok!r} is relative; in "
-                    "callgrind's format only positions may be '*', '+N' or '-N' (costs are "
-                    "plain numbers): was the file written by valgrind?")
-            return _int(tok, lineno)
-        return 0
+                    f"callgrind output line {lineno}: event cost {tok!r} is relative to the "
+                    "cost line before it, and there is none: was the file cut at its start?")
+            cost = prev_cost if tok == "*" else prev_cost + _int(tok, lineno)
+            if cost < 0:
+                raise ParseError(
+                    f"callgrind output line {lineno}: event cost {tok!r} takes the cost line "
+                    f"before's {prev_cost} below 0: the file is corrupt")
+        else:
+            cost = _int(tok, lineno)
+        prev_cost = cost
+        return cost
 
     for lineno, raw in lines:
         line = raw.rstrip()
