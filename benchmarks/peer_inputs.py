@@ -40,7 +40,9 @@ and their self cost per function against speedscope's own test snapshot of them
 (``src/import/__snapshots__/callgrind.test.ts.snap`` of the same checkout, where it is
 there: speedscope scales a ``Time_(10ns)`` event to ns, and builds a function's self
 weight from its callers' inclusive costs where the file's own cost lines say less); its
-``perf script`` texts (``linux-perf/*.txt``) folded against stackcollapse-perf.pl.
+``perf script`` texts (``linux-perf/*.txt``) folded against stackcollapse-perf.pl; its folded
+files (``stackcollapse/*.txt``) as inferno's above, and against speedscope's snapshot of
+them (``bg-flamegraph.test.ts.snap``).
 
 A file profkit refuses is listed with profkit's message: a refusal is right only when the
 file is not what it claims to be (cut, no header); the message must say so.
@@ -163,6 +165,38 @@ def speedscope_callgrind_row(path: Path, snapshot: dict[str, list[dict[str, int]
     differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     return line + (f"; self cost per function against speedscope's snapshot: differs for "
                    f"{len(differ)} of {len(theirs)}" + (f" ({', '.join(differ)})" if differ else ""))
+
+
+def speedscope_stacks(snapshot: Path) -> dict[str, dict[str, float]]:
+    """Weight per stack of each profile in speedscope's test snapshot of its folded-stacks
+    importer (src/import/__snapshots__/bg-flamegraph.test.ts.snap): file name -> stacks
+    (its list of ``stack WEIGHT`` lines, summed per stack)."""
+    out: dict[str, dict[str, float]] = {}
+    for block in snapshot.read_text().split("exports[`")[1:]:
+        head = re.search(r'^  "name": "(.+?)",', block, re.M)
+        body = re.search(r'"stacks": \[(.*?)\]', block, re.S)
+        if head and body:
+            stacks = out.setdefault(head.group(1), {})
+            for stack, weight in re.findall(r'"(.*) (\d+(?:\.\d+)?)",', body.group(1)):
+                stacks[stack] = stacks.get(stack, 0) + float(weight)
+    return out
+
+
+def speedscope_folded_row(path: Path, snapshot: dict[str, dict[str, float]]) -> str:
+    """folded_row, and profkit's stacks against speedscope's snapshot of the same file."""
+    from profkit.experiments.stacks import perf_reading, read_stacks_or_diff
+    from profkit.parse.folded import InvalidLines
+
+    line = folded_row(path)
+    theirs = snapshot.get(path.name)
+    if theirs is None:
+        return line + "; not in speedscope's snapshot"
+    mine = _ours(lambda p: read_stacks_or_diff(str(p), perf_reading(), InvalidLines())[0], path)
+    if isinstance(mine, str):
+        return line
+    same = mine == theirs
+    return line + (f"; speedscope's snapshot: {len(theirs)} stacks, total "
+                   f"{sum(theirs.values()):g}: {'the same' if same else 'DIFFERENT'}")
 
 
 def edge_calls(call_edges: pd.DataFrame) -> dict[tuple[str, str], int]:
@@ -318,11 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         sp = a.speedscope_samples
         snap = sp.parent.parent / "src" / "import" / "__snapshots__" / "callgrind.test.ts.snap"
         selfs = speedscope_selfs(snap) if snap.is_file() else {}
+        snap = snap.with_name("bg-flamegraph.test.ts.snap")
+        stacks = speedscope_stacks(snap) if snap.is_file() else {}
         groups += (("speedscope callgrind", sorted(sp.glob("callgrind/*.log")),
                     lambda p: speedscope_callgrind_row(p, selfs)),
+                   ("speedscope folded", sorted(sp.glob("stackcollapse/*.txt")),
+                    lambda p: speedscope_folded_row(p, stacks)),
                    ("speedscope perf script", sorted(sp.glob("linux-perf/*.txt")),
                     lambda p: perf_row(p, suite)))
-        roots += [sp, sp]
+        roots += [sp, sp, sp]
     refused = 0
     for (kind, files, row), root in zip(groups, roots, strict=True):
         print(f"## {kind}: {len(files)} files")

@@ -1,6 +1,7 @@
 """perf script folding, on recorded outputs of this machine (tests/fixtures/perf/README.md)."""
 from __future__ import annotations
 
+import gzip
 import io
 import re
 import tracemalloc
@@ -405,6 +406,26 @@ def test_read_folded_last_line_without_newline(tmp_path: Path) -> None:
     with pytest.raises(ParseError, match=rf"folded stacks {f}, line 2: expected a newline "
                                          r"after the count"):
         read_folded(f, strict=True)
+
+
+def test_folded_file_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """A folded file written as UTF-16 with a byte-order mark, either order, CRLF line
+    ends (PowerShell's ``>``; speedscope's samples simple-utf16-le/-be.txt are such
+    files), or with a UTF-8 byte-order mark: the same stacks as the plain file, in
+    read_folded, load_stacks (which sniffs it) and the gzip of it; before, the UTF-16 ones
+    gave no stack at all."""
+    text = "a;b;c 1\r\na;b;c 1\r\na;b;d 4\r\na;b;c 3\r\nä;b 5\r\n"
+    want = {"a;b;c": 5.0, "a;b;d": 4.0, "ä;b": 5.0}
+    for enc in ("utf-16-le", "utf-16-be", "utf-8"):
+        bom = {"utf-16-le": b"\xff\xfe", "utf-16-be": b"\xfe\xff", "utf-8": b"\xef\xbb\xbf"}
+        f = tmp_path / f"{enc}.folded"
+        f.write_bytes(bom[enc] + text.encode(enc))
+        assert read_folded(f, strict=True) == want, enc
+        assert detect_stack_format(f) == "folded"
+        assert load_stacks(f) == want, enc
+        gz = tmp_path / f"{enc}.folded.gz"
+        gz.write_bytes(gzip.compress(f.read_bytes()))
+        assert read_folded(gz) == want, enc
 
 
 def test_lines_without_a_count_are_refused_or_collected(tmp_path: Path) -> None:

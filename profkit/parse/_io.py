@@ -83,7 +83,11 @@ def _open_path(path: Path) -> IO[bytes]:
         f.close()
         raise parse_error(path, None, f"cannot read it: {e.strerror or e}") from None
     if head[:2] == _GZIP_MAGIC or path.suffix == ".gz":
-        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+        f = gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[assignment]
+        try:  # a byte-order mark inside the compressed text counts as well
+            head = f.peek(4)[:4]
+        except (OSError, EOFError, zlib.error):
+            return f  # a broken stream: the first read says so, naming the line
     if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) and head != codecs.BOM_UTF32_LE:
         # Windows PowerShell's `gprof prog.exe gmon.out > report.txt` writes UTF-16 with a
         # byte-order mark: decoded as such (lines keep their "\r\n")

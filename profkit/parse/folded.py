@@ -14,7 +14,6 @@ helpers here read and write it, diff two of them, and turn one into the
 from __future__ import annotations
 
 import functools
-import gzip
 import io
 import math
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from profkit.errors import ParseError
+from profkit.parse._io import _open_path
 
 if TYPE_CHECKING:  # pandas loads lazily: folding from the command line never needs it
     import pandas as pd
@@ -94,20 +94,15 @@ MAX_LINE = 1 << 20  # bytes; a longer line is refused (no profiler writes one)
 def open_lines(source: Source) -> tuple[Iterable[bytes | str], IO | None]:
     """Return an iterable of lines for *source* and the file to close (or None).
 
-    A path opens in binary mode (``.gz`` transparently) so lines stream without decoding
-    the whole text; file objects and iterables of lines are used as they are. Lines from
-    files are read at most ``MAX_LINE + 2`` bytes at a time, so one huge line cannot
-    exhaust memory (the caller refuses it).
+    A path opens in binary mode (gzip transparently) so lines stream without decoding
+    the whole text, as every parser opens it (:mod:`profkit.parse._io`): a file with a
+    UTF-16 byte-order mark (PowerShell's ``>``; speedscope's samples have both byte
+    orders) is decoded, a UTF-8 one dropped.  File objects and iterables of lines are
+    used as they are. Lines from files are read at most ``MAX_LINE + 2`` bytes at a time,
+    so one huge line cannot exhaust memory (the caller refuses it).
     """
     if isinstance(source, str | os.PathLike):
-        path = Path(source)
-        try:
-            if path.suffix == ".gz":
-                f: IO[bytes] = gzip.open(path, "rb")  # noqa: SIM115 - caller closes
-            else:
-                f = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - caller closes
-        except OSError as e:
-            raise ParseError(f"cannot read {path}: {e.strerror}") from None
+        f = _open_path(Path(source))
         return _bounded(f), f
     if hasattr(source, "readline"):
         return _bounded(source), None  # type: ignore[arg-type]
