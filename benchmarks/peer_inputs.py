@@ -3,6 +3,7 @@ and by gprof2dot (the pip package, an independent implementation), compared.
 
     python benchmarks/peer_inputs.py GPROF2DOT_TESTS_DIR [--inferno-tests DIR]
                                      [--speedscope-samples DIR] [--flamegraph-suite DIR]
+                                     [--pev2-tests DIR]
 
 GPROF2DOT_TESTS_DIR is the ``tests`` folder of a gprof2dot checkout
 (https://github.com/jrfonseca/gprof2dot): gprof reports (``prof/*.prof``), callgrind files
@@ -44,6 +45,12 @@ weight from its callers' inclusive costs where the file's own cost lines say les
 files (``stackcollapse/*.txt``) as inferno's above, and against speedscope's snapshot of
 them (``bg-flamegraph.test.ts.snap``).
 
+With --pev2-tests (the ``src/services/__tests__`` folder of https://github.com/dalibo/pev2,
+a plan visualiser): its EXPLAIN plans in the text format (``from-text/*-plan``,
+``12-line-wrapped-plans/*-plan``: from psql, pgAdmin, wrapped by terminals, from
+PostgreSQL 8 to 17) read by profkit.parse.explain_text, against pev2's expected JSON of each
+(``*-expect``): every node key both give, and the tree's shape.
+
 A file profkit refuses is listed with profkit's message: a refusal is right only when the
 file is not what it claims to be (cut, no header); the message must say so.
 """
@@ -64,6 +71,7 @@ import gprof2dot  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from profkit.errors import ParseError  # noqa: E402
+from profkit.parse.explain import explain_order  # noqa: E402
 from profkit.parse._io import read_text  # noqa: E402
 from profkit.parse.callgrind import parse_callgrind_file  # noqa: E402
 from profkit.parse.gprof import parse_gprof  # noqa: E402
@@ -199,6 +207,70 @@ def speedscope_folded_row(path: Path, snapshot: dict[str, dict[str, float]]) -> 
                    f"{sum(theirs.values()):g}: {'the same' if same else 'DIFFERENT'}")
 
 
+#: the node keys EXPLAIN's text names, compared where pev2's expected JSON has them
+_PLAN_KEYS = ("Node Type", "Relation Name", "Alias", "Index Name", "Startup Cost", "Total Cost",
+              "Plan Rows", "Plan Width", "Actual Startup Time", "Actual Total Time",
+              "Actual Rows", "Actual Loops", "Join Type", "Strategy", "Parent Relationship",
+              "Subplan Name", "Scan Direction", "Partial Mode", "CTE Name", "Function Name",
+              "Workers Planned", "Workers Launched", "Operation", "Command")
+
+
+def _pev2_type(t: str) -> str:
+    """pev2 keeps the text's words as the node type ("Nested Loop Join", "HashAggregate",
+    "Merge"); PostgreSQL's JSON says "Nested Loop", "Aggregate", "ModifyTable"."""
+    from profkit.parse.explain_text import _describe
+
+    return "ModifyTable" if t in ("Insert", "Update", "Delete", "Merge") else \
+        _describe(t)["Node Type"]
+
+
+def _pev2_name(name: str) -> str:
+    """pev2 keeps a name as the text prints it (``public."my t"``); PostgreSQL's JSON gives
+    it unquoted, its schema apart (``my t``)."""
+    from profkit.parse.explain_text import _PART, _unquote
+
+    return _unquote(re.findall(_PART, name)[-1]) if name else name
+
+
+def _plan_differs(mine: dict, theirs: dict, where: str) -> list[str]:
+    off = []
+    for k in _PLAN_KEYS:
+        want = theirs.get(k)
+        if k == "Node Type" and k in theirs:
+            want = _pev2_type(want)
+        elif k in ("Relation Name", "Index Name") and isinstance(want, str):
+            want = _pev2_name(want)
+        if k in theirs and mine.get(k) != want:
+            off.append(f"{where}: {k} {mine.get(k)!r}, pev2 {want!r}")
+    if "Plans" in theirs:
+        a, b = mine.get("Plans", []), theirs["Plans"]
+        if len(a) != len(b):
+            return [*off, f"{where}: {len(a)} children, pev2 {len(b)}"]
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            off += _plan_differs(x, y, f"{where}>{i}")
+    return off
+
+
+def explain_text_row(path: Path) -> str:
+    """profkit's reading of one of pev2's text plans (``NAME-plan``) against pev2's
+    expected JSON of it (``NAME-expect``): the node keys both have, the tree's shape."""
+    import json
+
+    from profkit.parse.explain_text import parse_text_explain
+
+    expect = path.with_name(path.name.removesuffix("plan") + "expect")
+    theirs = json.loads(expect.read_text())
+    mine = _ours(lambda p: parse_text_explain(p.read_text(encoding="utf-8")), path)
+    if isinstance(mine, str):
+        return mine
+    off = _plan_differs(mine["Plan"], theirs["Plan"], "Plan")
+    off += [f"{k} {mine.get(k)!r}, pev2 {theirs[k]!r}" for k in ("Planning Time",
+            "Execution Time") if k in theirs and mine.get(k) != theirs[k]]
+    nodes = len(explain_order(mine["Plan"]))
+    return (f"{nodes} nodes; pev2's expected JSON: "
+            + ("the same" if not off else f"DIFFERENT ({'; '.join(off[:3])})"))
+
+
 def edge_calls(call_edges: pd.DataFrame) -> dict[tuple[str, str], int]:
     """Calls per (caller, callee) of a profkit call_edges table (a pair listed twice, as
     gprof lists cycle members or callgrind the same name in two objects, summed; rows
@@ -329,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("tests_dir", type=Path)
     ap.add_argument("--inferno-tests", type=Path, default=None)
     ap.add_argument("--speedscope-samples", type=Path, default=None)
+    ap.add_argument("--pev2-tests", type=Path, default=None)
     ap.add_argument("--flamegraph-suite", type=Path,
                     default=ROOT.parent / "shared" / "flamegraph-suite")
     a = ap.parse_args(argv)
@@ -361,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
                    ("speedscope perf script", sorted(sp.glob("linux-perf/*.txt")),
                     lambda p: perf_row(p, suite)))
         roots += [sp, sp, sp]
+    if a.pev2_tests is not None:
+        pv = a.pev2_tests
+        groups += (("pev2 text plans", sorted(pv.glob("from-text/*plan"))
+                    + sorted(pv.glob("12-line-wrapped-plans/*plan")), explain_text_row),)
+        roots += [pv]
     refused = 0
     for (kind, files, row), root in zip(groups, roots, strict=True):
         print(f"## {kind}: {len(files)} files")

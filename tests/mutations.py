@@ -117,6 +117,12 @@ def _explain(p: Path) -> object:
     return flatten_plan(p.read_bytes())
 
 
+def _explain_text(p: Path) -> object:
+    from profkit.parse.explain import flatten_plan
+
+    return flatten_plan(p.read_bytes().decode("utf-8", "replace"))
+
+
 TARGETS: dict[str, Target] = {
     "gprof": Target("gprof", _gprof, (FIX / "gprof" / "cycles.gprof.txt",
                                       FIX / "gprof" / "cycles.brief.gprof.txt"),
@@ -131,6 +137,9 @@ TARGETS: dict[str, Target] = {
     "explain_json": Target("explain_json", _explain, (FIX / "plans" / "subplans.json",
                                                       FIX / "plans" / "nestloop_limit.json"),
                            suffix=".json"),
+    "explain_text": Target("explain_text", _explain_text,
+                           (FIX / "plans" / "text" / "initplan_subplan.psql.txt",
+                            FIX / "plans" / "text" / "cte.psql.txt")),
 }
 
 

@@ -9,6 +9,7 @@ Commands that need a cluster share one detached cluster of the vanilla build
 """
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import click
+import pandas as pd
 import pytest
 from conftest import kept_counts
 
@@ -132,6 +134,7 @@ README_COMMANDS = {
     "flamegraph": "test_flamegraph_and_parse",
     "parse perf-script": "test_flamegraph_and_parse", "parse gprof": "test_parse_gprof_cmd",
     "parse callgrind": "test_parse_callgrind_cmd",
+    "parse explain": "test_parse_explain_cmd (more: tests/test_explain_text.py)",
     "clock-cost": "test_clock_cost", "probe": "test_cluster_psql_load_probe",
     "clock-calls": "test_cluster_psql_load_probe", "observers": "test_observers",
     "correction": "test_correction", "timing-accuracy": "test_timing_accuracy",
@@ -268,6 +271,38 @@ def test_parse_gprof_cmd(tmp_path: Path) -> None:
     assert cp.returncode == 1 and "Traceback" not in cp.stderr, cp.stderr
     assert cp.stderr.strip() == ("profkit: cannot write to standard output: No space left on "
                                  "device"), cp.stderr
+
+
+def test_parse_explain_cmd(tmp_path: Path) -> None:
+    """A recorded EXPLAIN ANALYZE (join_sum at scale 0.02, JSON): per node the calls and
+    clock reads bcc counted during that execution (tests/fixtures/plans/); the same plan
+    in the text format gives the same table (tests/test_explain_text.py: real psql)."""
+    plan = FIX / "plans" / "join_sum_0.02.json"
+    cp = profkit("parse", "explain", str(plan))
+    rows = cp.stdout.splitlines()
+    assert rows[0] == ("node_id,parent_id,node_type,relation,rows,loops,exec_proc_node_instr,"
+                       "instr_start_node,clock_reads,exact")
+    got = pd.read_csv(io.StringIO(cp.stdout))
+    meas = pd.read_csv(FIX / "plans" / "join_sum_0.02.measured.csv")
+    assert got["node_type"].tolist() == ["Aggregate", "Hash Join", "Seq Scan", "Hash", "Seq Scan"]
+    assert got["exact"].all()
+    assert got["clock_reads"].tolist() == meas["clock_reads"].tolist()
+    assert got["exec_proc_node_instr"].tolist() == meas["exec_calls"].tolist()
+    # 2N + 4M + K: the per-query constants (pg_stat_statements not loaded: none of its)
+    assert f"clock reads ({meas['clock_reads'].sum():,} in the plan nodes" in cp.stderr
+    off = json.loads(profkit("parse", "explain", "--mode", "analyze_notiming", "--json", "-",
+                             stdin=plan.read_text()).stdout)
+    # TIMING off: no clock read in the nodes; the query's own (Execution Time...) remain
+    assert off["mode"] == "analyze_notiming" and off["totals"]["clock_reads_nodes"] == 0
+    assert {n["clock_reads"] for n in off["nodes"]} == {0} and off["totals"]["clock_reads"] > 0
+    assert [n["exec_proc_node_instr"] for n in off["nodes"]] == meas["exec_calls"].tolist()
+    text = tmp_path / "plan.txt"
+    text.write_text("Seq Scan on t  (cost=0.00..1.10 rows=10 width=4)\n")
+    assert "no Actual Rows/Loops: run EXPLAIN ANALYZE" in message(profkit(
+        "parse", "explain", str(text), code=1))
+    text.write_text("hello\n")
+    assert "pass EXPLAIN's output (FORMAT JSON or TEXT)" in message(profkit(
+        "parse", "explain", str(text), code=1))
 
 
 def test_parse_callgrind_cmd(tmp_path: Path) -> None:

@@ -115,6 +115,9 @@ FRONT_DOOR_EXCEPTIONS: dict[str, dict[str, str]] = {
         "profkit.parse.perf_script": "the parse commands' job is parsing files",
         "profkit.parse.gprof": "the parse commands' job is parsing files",
         "profkit.parse.callgrind": "the parse commands' job is parsing files",
+        "profkit.parse.explain": "the parse commands' job is parsing files",
+        "profkit.analyze.predict": "`parse explain` prints what a pasted plan predicts "
+                                   "(arithmetic on the plan: no experiment runs)",
     },
     "profkit.cli.build": {"profkit.pg.build": "the build command's job is the build itself"},
     "profkit.cli.cluster": {
@@ -202,7 +205,7 @@ def test_front_door_exceptions_are_still_needed():
 #: - collect/: bpf's handle on profkit.processes (its `run` name is taken by the function).
 #: experiments/ has none. The ceilings are today's counts: lower one when you move an
 #: import to the top.
-FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 51, "collect": 1, "parse": 3}
+FUNCTION_IMPORT_CEILING = {"(top)": 7, "cli": 53, "collect": 1, "parse": 3}
 
 
 def _counter() -> Any:

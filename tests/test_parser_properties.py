@@ -1,5 +1,5 @@
 """Property-based tests (Hypothesis) of the gprof, callgrind, ltrace, perf stat and
-EXPLAIN JSON parsers on mutations of their real fixtures (tests/mutations.py): every
+EXPLAIN (JSON and text) parsers on mutations of their real fixtures (tests/mutations.py): every
 mutated input gives a result or one ParseError naming the file — never another
 exception, never a hang — within a time proportional to the input's size. Plus the
 regressions issue 14 listed, each on the real fixture it was found with.
@@ -54,7 +54,7 @@ def _check(name: str, data: bytes, *, gz: bool = False) -> None:
             t.parse(path)
         except ParseError as e:
             # one line naming the input (EXPLAIN JSON is parsed from bytes: no file name)
-            assert name == "explain_json" or str(path) in str(e), str(e)
+            assert name in ("explain_json", "explain_text") or str(path) in str(e), str(e)
         elapsed = time.perf_counter() - t0
     # Linear: a generous multiple of the parser's own rate on its fixture, plus a fixed
     # allowance for start-up (pandas tables) and a shared 2-core machine. A quadratic
@@ -117,7 +117,7 @@ def _tmp(tmp_path: Path, name: str, data: bytes) -> Path:
     return p
 
 
-@pytest.mark.parametrize("name", sorted(set(TARGETS) - {"explain_json"}))  # JSON: from bytes
+@pytest.mark.parametrize("name", sorted(set(TARGETS) - {"explain_json", "explain_text"}))  # from bytes
 def test_unreadable_inputs_are_one_parse_error(name: str, tmp_path: Path) -> None:
     parse = TARGETS[name].parse
     raw = read_input(TARGETS[name].fixtures[0])

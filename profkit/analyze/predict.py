@@ -124,6 +124,7 @@ of the nodes; profkit's clusters set max_parallel_workers_per_gather = 0.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +246,11 @@ def query_constants(ctx: PredictContext) -> list[Constant]:
 # Prediction
 
 
+def _unknown(v: Any) -> bool:
+    """Whether a plan value is missing (None or NaN), not given as True or False."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def _exactness(df: pd.DataFrame) -> list[tuple[bool, str]]:
     """(exact, reason) per node: False where a loop may end without the NULL call."""
     by_id = df.set_index("node_id")
@@ -268,6 +274,10 @@ def _exactness(df: pd.DataFrame) -> list[tuple[bool, str]]:
         elif pt == "Nested Loop" and rel == "Inner" and (
                 p["join_type"] in ("Semi", "Anti") or p["inner_unique"] is True):
             res[nid] = (False, f"inner of {p['join_type']} nested loop (stops at first match)")
+        elif pt == "Nested Loop" and rel == "Inner" and _unknown(p["inner_unique"]):
+            # EXPLAIN's text prints Inner Unique under VERBOSE only: it may stop early
+            res[nid] = (False, "inner of nested loop (the plan does not say whether it is "
+                               "unique: EXPLAIN VERBOSE or FORMAT JSON does)")
         elif pt == "Merge Join":
             res[nid] = (False, "merge join side (stops when the other side ends)")
         elif pt == "Hash Join" and rel == "Outer":
@@ -347,7 +357,7 @@ def predict(explain: Any, ctx: PredictContext | None = None) -> Prediction:
     ctx = ctx or PredictContext()
     nodes = flatten_plan(explain)
     if not nodes["analyzed"].any():
-        raise ParseError("the plan has no Actual Rows/Loops: run EXPLAIN (ANALYZE, FORMAT JSON)")
+        raise ParseError("the plan has no Actual Rows/Loops: run EXPLAIN ANALYZE (text or FORMAT JSON)")
     nodes = predict_nodes(nodes, ctx)
     consts = tuple(query_constants(ctx))
     node_reads = int(nodes["clock_calls_predicted"].sum())

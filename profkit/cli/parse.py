@@ -1,4 +1,4 @@
-"""CLI: ``profkit parse perf-script|gprof|callgrind``: profiler output from files into tables.
+"""CLI: ``profkit parse perf-script|gprof|callgrind|explain``: files into tables.
 
 They read files from any machine: nothing here needs PostgreSQL.
 """
@@ -210,6 +210,53 @@ def callgrind_cmd(file: str, event: str | None, call_graph: bool, no_strict: boo
     else:
         text = df.to_csv(index=False, lineterminator="\n")
     _emit(text, output)
+
+
+@parse_group.command("explain")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--mode", type=click.Choice(["analyze_timing", "analyze_notiming", "plain"]),
+              default="analyze_timing", show_default=True,
+              help="What to predict the calls of: EXPLAIN ANALYZE (TIMING on or off), or the "
+                   "plain query.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
+@json_option
+@_friendly
+def explain_cmd(file: str, mode: str, output: str | None, as_json: bool) -> None:
+    """Print, per plan node of an EXPLAIN ANALYZE output (text as psql or pgAdmin shows
+    it, or FORMAT JSON), the instrumentation calls its execution makes as CSV:
+    node_id,parent_id,node_type,relation,rows,loops,exec_proc_node_instr,instr_start_node,
+    clock_reads,exact. The totals, with the per-query constants, go to stderr (in the
+    document with --json). FILE may be `-` (stdin)."""
+    from profkit.analyze.predict import PredictContext, predict
+    from profkit.parse.explain import read_explain
+
+    pred = predict([read_explain(_source(file))], PredictContext(mode=mode))
+    n = pred.nodes
+    df = n[["node_id", "parent_id", "node_type", "relation", "rows", "loops"]].copy()
+    df["rows"] = df["rows"].round().astype("Int64")
+    df["loops"] = df["loops"].round().astype("Int64")
+    df["exec_proc_node_instr"] = n["exec_calls_predicted"]
+    df["instr_start_node"] = n["instr_start_predicted"]
+    df["clock_reads"] = n["clock_calls_predicted"]
+    df["exact"] = n["exact"]
+    t = pred.totals
+    if as_json:
+        import json
+
+        doc = {"file": file, "mode": mode, "nodes": records(df),
+               "totals": {k: t[k] for k in ("clock_reads", "clock_reads_nodes",
+                                            "exec_proc_node_instr", "instr_start_node",
+                                            "exact")}}
+        _emit(json.dumps(doc, indent=1, allow_nan=False) + "\n", output)
+        return
+    _emit(df.to_csv(index=False, lineterminator="\n"), output)
+    click.echo(f"{mode}: {t['clock_reads']:,} clock reads ({t['clock_reads_nodes']:,} in the "
+               f"plan nodes, {t['clock_reads'] - t['clock_reads_nodes']:,} per query), "
+               f"{t['exec_proc_node_instr']:,} ExecProcNodeInstr and "
+               f"{t['instr_start_node']:,} InstrStartNode calls"
+               + ("" if t["exact"] else "; some nodes' counts are estimates (exact=False)"),
+               err=True)
 
 
 def _emit(text: str, output: str | None) -> None:

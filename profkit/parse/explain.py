@@ -20,6 +20,8 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import ParseError
+from profkit.parse._io import read_text
+from profkit.parse.explain_text import looks_like_text_explain, parse_text_explain
 
 #: Node types whose children's plan_node_ids can skip numbers (flattened or pruned).
 GAP_TYPES = frozenset({"Subquery Scan", "Append", "Merge Append"})
@@ -81,8 +83,16 @@ def load_explain(explain: Any) -> dict[str, Any]:
         try:
             explain = json.loads(explain)
         except json.JSONDecodeError as e:
+            text = explain if isinstance(explain, str) else bytes(explain).decode(
+                "utf-8", "replace")
+            if looks_like_text_explain(text):
+                # EXPLAIN's default text format (pasted from psql or pgAdmin)
+                top = parse_text_explain(text)
+                _check_plan(top["Plan"])
+                return top
             raise ParseError(f"EXPLAIN output, line {e.lineno} column {e.colno}: not JSON "
-                             f"({e.msg}); use EXPLAIN (FORMAT JSON)") from None
+                             f"({e.msg}), and no plan line of EXPLAIN's text format; pass "
+                             "EXPLAIN's output (FORMAT JSON or TEXT)") from None
         except ValueError as e:  # bytes that are not UTF-8/16/32
             raise ParseError(f"EXPLAIN output is not JSON text ({e}); use EXPLAIN "
                              "(FORMAT JSON)") from None
@@ -98,6 +108,12 @@ def load_explain(explain: Any) -> dict[str, Any]:
         raise ParseError("not an EXPLAIN (FORMAT JSON) result: expected [{'Plan': ...}]")
     _check_plan(explain["Plan"])
     return dict(explain)
+
+
+def read_explain(source: Any) -> dict[str, Any]:
+    """:func:`load_explain` of a file (a path, ``.gz`` too, or a binary file object such
+    as stdin's buffer) holding EXPLAIN's output in either format."""
+    return load_explain(read_text(source))
 
 
 _NUMERIC_KEYS = ("Actual Rows", "Actual Loops", "Plan Rows", "Startup Cost", "Total Cost")
