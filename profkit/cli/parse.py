@@ -20,6 +20,12 @@ def _source(path: str) -> Any:
     return sys.stdin.buffer if path == "-" else path
 
 
+def _output_option(f: Any) -> Any:
+    """``-o/--output FILE``: every parse command writes its table there instead of stdout."""
+    return click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+                        help="Write here instead of stdout.")(f)
+
+
 @click.group("parse")
 def parse_group() -> None:
     """Parse profiler output from files (any machine, any PostgreSQL version)."""
@@ -51,8 +57,7 @@ def parse_group() -> None:
               help="profkit: refuse truncated or garbled input (the Perl script skips it).")
 @click.option("--functions", "functions", is_flag=True,
               help="Print the functions table (self/total) as CSV instead.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write here instead of stdout.")
+@_output_option
 @_friendly
 def perf_script_cmd(file: str, pid: bool, tid: bool, kernel: bool, jit: bool, all_: bool,
                     addrs: bool, event_filter: str | None, inline: bool, context: bool,
@@ -129,8 +134,7 @@ def _emit_bytes(data: bytes, output: str | None) -> None:
 @click.option("--no-strict", is_flag=True,
               help="Accept a report trimmed by hand or `gprof -b -p` output (a flat profile "
                    "that ends at its last row).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write here instead of stdout.")
+@_output_option
 @json_option
 @_friendly
 def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
@@ -173,8 +177,7 @@ def gprof_cmd(file: str, call_graph: bool, no_strict: bool, output: str | None,
                    "--tree=caller counts them.")
 @click.option("--no-strict", is_flag=True,
               help="Read a file valgrind did not finish (no 'totals:' line): the costs written.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write here instead of stdout.")
+@_output_option
 @json_option
 @_friendly
 def callgrind_cmd(file: str, event: str | None, call_graph: bool, no_strict: bool,
@@ -218,8 +221,7 @@ def callgrind_cmd(file: str, event: str | None, call_graph: bool, no_strict: boo
               default="analyze_timing", show_default=True,
               help="What to predict the calls of: EXPLAIN ANALYZE (TIMING on or off), or the "
                    "plain query.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write here instead of stdout.")
+@_output_option
 @json_option
 @_friendly
 def explain_cmd(file: str, mode: str, output: str | None, as_json: bool) -> None:
