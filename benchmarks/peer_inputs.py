@@ -72,6 +72,7 @@ import pandas as pd  # noqa: E402
 
 from profkit.errors import ParseError  # noqa: E402
 from profkit.parse.explain import explain_order  # noqa: E402
+from profkit.parse.folded import InvalidLines  # noqa: E402
 from profkit.parse._io import read_text  # noqa: E402
 from profkit.parse.callgrind import parse_callgrind_file  # noqa: E402
 from profkit.parse.gprof import parse_gprof  # noqa: E402
@@ -118,8 +119,9 @@ def _ours(parse, path: Path):
         return f"refused: {e}"
 
 
-def callgrind_row(path: Path) -> str:
-    prof = _ours(parse_callgrind_file, path)
+def callgrind_row(path: Path, prof: object = None) -> str:
+    """The row of *path*; *prof*: profkit's reading of it when the caller has it."""
+    prof = _ours(parse_callgrind_file, path) if prof is None else prof
     if isinstance(prof, str):
         return prof
     mine: dict[str, float] = {}
@@ -163,8 +165,8 @@ def speedscope_selfs(snapshot: Path) -> dict[str, list[dict[str, int]]]:
 def speedscope_callgrind_row(path: Path, snapshot: dict[str, list[dict[str, int]]]) -> str:
     """callgrind_row, and profkit's self cost per function against speedscope's snapshot
     of the same file (the event profkit reads)."""
-    line = callgrind_row(path)
     prof = _ours(parse_callgrind_file, path)
+    line = callgrind_row(path, prof)
     profiles = snapshot.get(path.name)
     if isinstance(prof, str) or not profiles:
         return line + ("" if profiles else "; not in speedscope's snapshot")
@@ -192,14 +194,12 @@ def speedscope_stacks(snapshot: Path) -> dict[str, dict[str, float]]:
 
 def speedscope_folded_row(path: Path, snapshot: dict[str, dict[str, float]]) -> str:
     """folded_row, and profkit's stacks against speedscope's snapshot of the same file."""
-    from profkit.experiments.stacks import perf_reading, read_stacks_or_diff
-    from profkit.parse.folded import InvalidLines
-
-    line = folded_row(path)
+    read = _read_folded_as_flamegraph(path)
+    line = folded_row(path, read)
     theirs = snapshot.get(path.name)
     if theirs is None:
         return line + "; not in speedscope's snapshot"
-    mine = _ours(lambda p: read_stacks_or_diff(str(p), perf_reading(), InvalidLines())[0], path)
+    mine = read[0]
     if isinstance(mine, str):
         return line
     same = mine == theirs
@@ -335,9 +335,20 @@ def perf_row(path: Path, suite: Path | None) -> str:
 _FLAMEGRAPH_PL_LINE = re.compile(rb"^(.*)\s+?(\d+(?:\.\d*)?)$")
 
 
-def folded_row(path: Path) -> str:
+def _read_folded_as_flamegraph(path: Path) -> tuple[dict[str, float] | str, InvalidLines]:
+    """What ``profkit flamegraph FILE`` draws of *path* (the format sniffed, a differential
+    file's AFTER, the lines that are not 'stack COUNT' left out and counted), or the
+    refusal's line; and those lines."""
     from profkit.experiments.stacks import perf_reading, read_stacks_or_diff
-    from profkit.parse.folded import InvalidLines
+
+    invalid = InvalidLines()
+    return _ours(lambda p: read_stacks_or_diff(str(p), perf_reading(), invalid)[0],
+                 path), invalid
+
+
+def folded_row(path: Path, read: tuple | None = None) -> str:
+    """The row of *path*; *read*: :func:`_read_folded_as_flamegraph`'s, when the caller
+    has it."""
 
     theirs: dict[bytes, float] = {}
     bad = differential = 0
@@ -357,10 +368,7 @@ def folded_row(path: Path) -> str:
     what = (f"flamegraph.pl's pattern: {len(theirs)} stacks, total {sum(theirs.values()):g}"
             + (f", {bad} lines it ignores" if bad else "")
             + (f", {differential} differential lines" if differential else ""))
-    # what profkit flamegraph FILE draws: the format sniffed, a differential file's AFTER
-    # (against BEFORE), the lines that are not 'stack COUNT' left out and counted
-    invalid = InvalidLines()
-    mine = _ours(lambda p: read_stacks_or_diff(str(p), perf_reading(), invalid)[0], path)
+    mine, invalid = read or _read_folded_as_flamegraph(path)
     if isinstance(mine, str):
         return f"{mine} ({what})"
     if not any(v > 0 for v in mine.values()) and not theirs:
