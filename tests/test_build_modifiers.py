@@ -39,6 +39,26 @@ def test_modifiers_resolve_on_any_preset():
     assert B.resolve_spec("step5@gcc") == B.resolve_spec("step5")
 
 
+def test_server_only_flags_leave_configure_as_the_plain_build_has_it():
+    """-pg and -ffunction-sections reach the server's code only (make's COPT): configure
+    sees what the build without them sees, so every other object is a ccache hit."""
+    plain = B.resolve_spec("step3")
+    for name, copt in (("gprof", "-pg -DPROFILE_PID_DIR"),
+                       ("step3+gprof", "-pg -DPROFILE_PID_DIR"),
+                       ("step3@layout2", "-ffunction-sections"),
+                       ("step3+gprof@layout1", "-pg -DPROFILE_PID_DIR -ffunction-sections")):
+        opts, cflags, got = B.server_only_flags(B.resolve_spec(name))
+        assert got == copt, name
+        assert "--enable-profiling" not in opts and "-ffunction-sections" not in cflags
+        assert (opts, cflags) == (plain.configure_opts, plain.cflags), name
+    # a build with neither: configure gets its options and CFLAGS unchanged, no COPT
+    clang = B.resolve_spec("step5@clang")
+    assert B.server_only_flags(clang) == (clang.configure_opts, clang.cflags, "")
+    # the spec (cache key, provenance) keeps saying what the build is
+    assert "--enable-profiling" in B.resolve_spec("gprof").configure_opts
+    assert "-ffunction-sections" in B.resolve_spec("vanilla@layout1").cflags
+
+
 def test_modified_names_are_known_wherever_presets_are_checked():
     known = B.presets()
     for name in ("vanilla@layout7", "pg19/step5@clang", "tsc_clock@clang@layout1"):

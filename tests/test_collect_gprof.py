@@ -239,6 +239,31 @@ def test_truncated_and_garbled_gmon(foreign_gmon, tmp_path) -> None:
         gprof.read_gmon(bad)
 
 
+def _calls_mcount(path: Path) -> bool:
+    """True if *path* (a program or shared library) calls mcount: compiled with -pg."""
+    out = subprocess.run(["nm", "-D", "-u", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return any(line.split()[-1].split("@")[0] in ("mcount", "_mcount")
+               for line in out.splitlines() if line.strip())
+
+
+def test_only_the_server_is_compiled_with_pg(gprof_cluster, vanilla_build) -> None:
+    """-pg goes to the server's code only (build.server_only_flags): the postgres
+    executable calls mcount, the programs and libraries around it do not (they are
+    vanilla's objects, ccache hits, and write no gmon.out of their own)."""
+    b = gprof_cluster.build
+    assert b.timings["server_copt"] == "-pg -DPROFILE_PID_DIR"
+    # configured as vanilla: the pg_config.h every file includes is vanilla's
+    # (--enable-profiling would define PROFILE_PID_DIR there; ipc.c got it from COPT)
+    h = [x.dir / "build" / "src" / "include" / "pg_config.h" for x in (b, vanilla_build)]
+    assert h[0].read_bytes() == h[1].read_bytes()
+    assert _calls_mcount(b.postgres)
+    plain = [b.bindir / p for p in ("psql", "initdb", "pg_ctl", "pg_config")]
+    plain += [b.libdir / "libpq.so", b.libdir / "pg_stat_statements.so",
+              b.libdir / "plpgsql.so"]
+    assert [p.name for p in plain if _calls_mcount(p)] == []
+
+
 def test_build_without_pg(pg_cluster, tmp_path) -> None:
     with pytest.raises(gprof.GprofError, match=r"get_build\('gprof'\)"):
         prof_exp.gprof_on_cluster(pg_cluster, "SELECT 1", base=tmp_path)

@@ -50,10 +50,23 @@ def test_layouts_are_cached_builds_with_their_seed_in_provenance(layouts):
         assert "-ffunction-sections" in prov["cflags"]
         assert json.loads((b.dir / "build.json").read_text())["spec"]["layout"] == seed
         # pg_config reports what the binary was linked with: the seed went to make as
-        # LDFLAGS_EX (PostgreSQL's link flags for its executables), not to configure
+        # LDFLAGS_EX (PostgreSQL's link flags for its executables), not to configure, and
+        # so did the linker that reads it
         assert f"--shuffle-sections=.text*={seed}" in b.pg_config.get("LDFLAGS_EX", "")
+        assert "-fuse-ld=lld" in b.pg_config.get("LDFLAGS_EX", "")
         assert "--shuffle-sections" not in b.pg_config.get("LDFLAGS", "")
-        assert "-fuse-ld=lld" in b.pg_config.get("LDFLAGS", "")
+        assert "-fuse-ld=lld" not in b.pg_config.get("LDFLAGS", "")
+        # -ffunction-sections went to the server's code only, as make's COPT
+        assert b.timings["server_copt"] == "-ffunction-sections"
+
+
+def test_a_layout_is_configured_as_its_build_without_it(layouts, vanilla_build):
+    """configure saw vanilla's options (build.server_only_flags, split_link_flags): the
+    same pg_config.h, which every file includes, so every object outside the server's
+    code is vanilla's, a ccache hit."""
+    plain = (vanilla_build.dir / "build" / "src" / "include" / "pg_config.h").read_bytes()
+    for b in layouts:
+        assert (b.dir / "build" / "src" / "include" / "pg_config.h").read_bytes() == plain
 
 
 def test_the_seed_leaves_the_compiled_objects_alone(layouts):

@@ -80,6 +80,16 @@ BUILD_DIRS = (
     "src/bin/pg_config",
     "src/bin/pg_test_timing",
 )
+
+
+def _build_order(server_copt: str) -> tuple[str, ...]:
+    """BUILD_DIRS; with a server COPT, src/backend before src/timezone: src/backend's
+    make makes src/timezone's objects (the server's) with its COPT."""
+    if not server_copt:
+        return BUILD_DIRS
+    return ("src/backend", *(d for d in BUILD_DIRS if d != "src/backend"))
+
+
 # installed as well, nothing to compile: the server's headers (pg_config --includedir-server)
 INSTALL_ONLY_DIRS = ("src/include",)
 
@@ -100,8 +110,8 @@ class BuildSpec:
     #: the C compiler, run through ccache: "gcc" (default) or "clang" (name suffix @clang)
     cc: str = "gcc"
     #: code layout: 0 = the linker's own function order; N > 0 = the same code with every
-    #: function in its own section (-ffunction-sections) placed in an order shuffled by
-    #: lld with seed N (name suffix @layoutN)
+    #: function of the server in its own section (-ffunction-sections) placed in an order
+    #: shuffled by lld with seed N (name suffix @layoutN)
     layout: int = 0
 
 
@@ -291,18 +301,23 @@ def layout_ldflags(seed: int) -> str:
 
 # configure writes its arguments, LDFLAGS too, into pg_config.h (CONFIGURE_ARGS), which
 # every file includes: a seed given to configure would make vanilla@layout2 miss every
-# object vanilla@layout1 left in ccache (1,016 of 1,233 in a cold make test).  The seed
-# goes to make instead, as LDFLAGS_EX: the flags PostgreSQL links its executables
-# (postgres, initdb, psql ...) with, which pg_config still reports.
+# object vanilla@layout1 left in ccache (1,016 of 1,233 in a cold make test), and lld
+# named there would make a layout miss every object of the build without it.  Both go to
+# make instead, as LDFLAGS_EX: the flags PostgreSQL links its executables (postgres,
+# initdb, psql ...) with, which pg_config still reports.  (Its shared libraries are linked
+# by the default linker, unshuffled: a layout is the executable's.)
 _SHUFFLE = re.compile(r"^-Wl,--shuffle-sections=")
+_LLD = "-fuse-ld=lld"
 
 
 def split_link_flags(ldflags: str) -> tuple[str, str]:
-    """(configure's LDFLAGS, make's LDFLAGS_EX): the layout's --shuffle-sections seed
-    moved out of what configure sees."""
+    """(configure's LDFLAGS, make's LDFLAGS_EX): the layout's --shuffle-sections seed and
+    the linker that reads it moved out of what configure sees."""
     words = ldflags.split()
-    return (" ".join(w for w in words if not _SHUFFLE.match(w)),
-            " ".join(w for w in words if _SHUFFLE.match(w)))
+    if not any(_SHUFFLE.match(w) for w in words):
+        return " ".join(words), ""
+    to_make = [w for w in words if _SHUFFLE.match(w) or w == _LLD]
+    return " ".join(w for w in words if w not in to_make), " ".join(to_make)
 
 
 def link_make_vars(ldflags: str) -> list[str]:
@@ -310,6 +325,37 @@ def link_make_vars(ldflags: str) -> list[str]:
     the build has a code layout)."""
     ex = split_link_flags(ldflags)[1]
     return [f"LDFLAGS_EX={ex}"] if ex else []
+
+
+# Two kinds of flags matter only in the server, and go to its own code only: -pg
+# (--enable-profiling: gprof profiles the postgres executable; its loadable modules' arcs
+# land outside the text it profiles, and a -pg psql or initdb writes a gmon.out of its own
+# into whatever folder it exits in) and -ffunction-sections (a code layout: lld shuffles
+# the sections of the executables it links).  configure sees the options and CFLAGS of the
+# same build without them, and make gets them as COPT in SERVER_DIRS and for the server's
+# copies of src/port and src/common (SERVER_LIBS): every other object is the one the build
+# without them compiles, a ccache hit.  PROFILE_PID_DIR is what --enable-profiling defines
+# in pg_config.h (every backend writes $PGDATA/gprof/<pid>/gmon.out); only ipc.c reads it.
+PROFILING_COPT = "-pg -DPROFILE_PID_DIR"
+PROFILING_OPT = "--enable-profiling"
+SERVER_DIRS = ("src/backend", "src/timezone")
+# (folder, its client programs' library, the server's): the server's objects (x_srv.o)
+# depend on the client's (x.o), which must be made first, without COPT
+SERVER_LIBS = (("src/port", "libpgport.a", "libpgport_srv.a"),
+               ("src/common", "libpgcommon.a", "libpgcommon_srv.a"))
+
+
+def server_only_flags(spec: BuildSpec) -> tuple[tuple[str, ...], str, str]:
+    """(configure's options, configure's CFLAGS, make's COPT for the server's code): the
+    flags that matter only in the server moved out of what configure sees."""
+    opts, words, copt = spec.configure_opts, spec.cflags.split(), []
+    if PROFILING_OPT in opts:
+        opts = tuple(o for o in opts if o != PROFILING_OPT)
+        copt.append(PROFILING_COPT)
+    if LAYOUT_CFLAGS in words:
+        words = [w for w in words if w != LAYOUT_CFLAGS]
+        copt.append(LAYOUT_CFLAGS)
+    return opts, " ".join(words), " ".join(copt)
 
 
 def split_modifiers(name: str) -> tuple[str, str | None, int | None]:
@@ -605,6 +651,10 @@ def cache_key(spec: BuildSpec, source: Source, patch_files: Sequence[Path], comp
     if spec.layout:
         # layout-seed-at-make: the seed is given to make, not configure (split_link_flags)
         h.update(f"layout={spec.layout};layout-seed-at-make".encode() + b"\0")
+    if server_only_flags(spec)[2]:
+        # -pg and -ffunction-sections in the server's code only (server_only_flags); the
+        # builds made before had them everywhere
+        h.update(b"server-copt\0")
     for pf in patch_files:
         h.update(patch_body(pf.read_bytes()) + b"\0")
     return h.hexdigest()
@@ -976,14 +1026,17 @@ def _do_build(
             turn.turns.wait(step, turn.index)
         conf_ldflags = split_link_flags(spec.ldflags)[0]
         make_vars = link_make_vars(spec.ldflags)
+        conf_opts, conf_cflags, server_copt = server_only_flags(spec)
+        server_vars = [*make_vars, f"COPT={server_copt}"] if server_copt else make_vars
+        timings["server_copt"] = server_copt
         (d / "build").mkdir()
         say(f"{spec.name}: configure")
         configure = [
             str(d / "src" / "configure"),
             f"--prefix={CONFIGURED_PREFIX}",
             *BASE_CONFIGURE,
-            *spec.configure_opts,
-            f"CFLAGS={spec.cflags}",
+            *conf_opts,
+            f"CFLAGS={conf_cflags}",
             f"LDFLAGS={conf_ldflags}",
             f"CC=ccache {spec.cc}",
         ]
@@ -1021,8 +1074,24 @@ def _do_build(
             # DIR` does not).
             in_tree(["make", "-s", "-C", "src/backend", "generated-headers", *make_vars],
                     1800, "make generated-headers")
-            for sub in (*BUILD_DIRS, *(f"contrib/{c}" for c in CONTRIB)):
-                in_tree(["make", f"-j{jobs}", "-s", "-C", sub, *make_vars], 3 * 3600,
+            if server_copt:
+                # make passes its command line's variables down to the makes it starts:
+                # src/backend's own make of src/port and src/common (all their libraries)
+                # must find them made, the server's copies with COPT, the rest without;
+                # and zic (src/timezone) is a program, made before src/backend's make of
+                # that folder's objects
+                for sub, client_lib, server_lib in SERVER_LIBS:
+                    in_tree(["make", f"-j{jobs}", "-s", "-C", sub, client_lib, *make_vars],
+                            3600, f"make -C {sub} {client_lib}")
+                    in_tree(["make", f"-j{jobs}", "-s", "-C", sub, server_lib, *server_vars],
+                            3600, f"make -C {sub} {server_lib}")
+                    in_tree(["make", f"-j{jobs}", "-s", "-C", sub, *make_vars], 3600,
+                            f"make -C {sub}")
+                in_tree(["make", "-s", "-C", "src/timezone", "zic", *make_vars], 1800,
+                        "make -C src/timezone zic")
+            for sub in (*_build_order(server_copt), *(f"contrib/{c}" for c in CONTRIB)):
+                in_tree(["make", f"-j{jobs}", "-s", "-C", sub,
+                         *(server_vars if sub in SERVER_DIRS else make_vars)], 3 * 3600,
                         f"make -C {sub}")
             timings["make_s"] = time.monotonic() - t0
             timings["make_ended_at"] = time.time()
@@ -1033,7 +1102,8 @@ def _do_build(
         t0 = time.monotonic()
         env["DESTDIR"] = str(d / "install")
         for sub in (*BUILD_DIRS, *INSTALL_ONLY_DIRS, *(f"contrib/{c}" for c in CONTRIB)):
-            in_tree(["make", "-s", "-C", sub, "install", *make_vars], 1800,
+            in_tree(["make", "-s", "-C", sub, "install",
+                     *(server_vars if sub in SERVER_DIRS else make_vars)], 1800,
                     f"make -C {sub} install")
         timings["install_s"] = time.monotonic() - t0
         timings["ended_at"] = time.time()
