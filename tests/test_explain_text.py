@@ -57,6 +57,10 @@ QUERIES = {
                      "WHERE c > 1",
     "nested_left": "SELECT count(*) FROM xt_a a LEFT JOIN xt_b b ON b.a_id = a.id "
                    "WHERE a.id < 50",
+    # a parenthesis inside a literal is not one the line leaves open: the Filter line
+    # must not swallow the lines after it (its Rows Removed, the SubPlan under it)
+    "literal_parens": "SELECT id, (SELECT count(*) FROM xt_b b WHERE b.a_id = a.id) "
+                      "FROM xt_a a WHERE a.v <> 'x(' AND a.v <> 'it''s (' AND a.id < 20",
 }
 NO_HASH_OR_MERGE = ["SET enable_hashjoin = off", "SET enable_mergejoin = off"]
 SETTINGS = {"memoize_nested_loop": NO_HASH_OR_MERGE, "nested_left": NO_HASH_OR_MERGE,
@@ -199,6 +203,10 @@ def test_what_people_paste():
     wrapped.append("(6 rows)")
     for text in (quoted, "\n".join(wrapped), plain.replace("\n", "\r\n")):
         assert parse_text_explain(text) == want, text
+    # a parenthesis after an apostrophe in a comment is not left open: the plan after it
+    # is not taken for that line's continuation
+    remark = "\n".join(["-- don't count the Sort (it is not here", *wrapped[2:]])
+    assert parse_text_explain(remark) == want
 
 
 def test_not_a_plan():

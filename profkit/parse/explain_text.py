@@ -188,6 +188,27 @@ def _plan_lines(text: str) -> list[tuple[int, str]]:
     return kept[i:]
 
 
+def _paren_depth(text: str, quote: str) -> tuple[int, str]:
+    """How many parentheses *text* leaves open, outside SQL's quoted literals and
+    identifiers ('x(', "a(b"); *quote* is the quote a previous part left open ("" for
+    none), and the second value the one this part leaves open.  A doubled quote inside a
+    literal ('it''s') closes and reopens it: the same count.  An open quote alone does not
+    make a line wrapped (a comment pasted above the plan: "-- don't"): it is carried into
+    the next part only of a line joined for its parentheses."""
+    depth = 0
+    for ch in text:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+    return depth, quote
+
+
 class _Line:
     """One line of the plan as the terminal may have wrapped it over several: its parts,
     whether its parentheses are left open, whether it has its costs or actuals yet (kept
@@ -195,7 +216,7 @@ class _Line:
 
     def __init__(self, lineno: int, text: str) -> None:
         self.lineno, self.parts = lineno, [text]
-        self.depth = text.count("(") - text.count(")")
+        self.depth, self.quote = _paren_depth(text, "")
         self.node = text.lstrip().startswith("->")
         self.numbers = bool(_NUMBERS.search(text))
 
@@ -203,7 +224,8 @@ class _Line:
         seam = self.parts[-1][-20:] + text[:20]  # "(co" + "st=1.0" across the cut
         self.numbers = self.numbers or bool(_NUMBERS.search(seam) or _NUMBERS.search(text))
         self.parts.append(text)
-        self.depth += text.count("(") - text.count(")")
+        depth, self.quote = _paren_depth(text, self.quote)
+        self.depth += depth
 
     def cut(self, numbers: bool) -> bool:
         """Whether a terminal cut it short: a parenthesis left open, or a node line
