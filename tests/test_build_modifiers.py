@@ -54,6 +54,9 @@ def test_server_only_flags_leave_configure_as_the_plain_build_has_it():
     # a build with neither: configure gets its options and CFLAGS unchanged, no COPT
     clang = B.resolve_spec("step5@clang")
     assert B.server_only_flags(clang) == (clang.configure_opts, clang.cflags, "")
+    # -ffunction-sections in a build's own CFLAGS (no layout) is the user's: kept whole
+    own = B.BuildSpec("mine", cflags=f"{B.BASE_CFLAGS} -ffunction-sections")
+    assert B.server_only_flags(own) == ((), own.cflags, "")
     # the spec (cache key, provenance) keeps saying what the build is
     assert "--enable-profiling" in B.resolve_spec("gprof").configure_opts
     assert "-ffunction-sections" in B.resolve_spec("vanilla@layout1").cflags

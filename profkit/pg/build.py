@@ -352,7 +352,7 @@ def server_only_flags(spec: BuildSpec) -> tuple[tuple[str, ...], str, str]:
     if PROFILING_OPT in opts:
         opts = tuple(o for o in opts if o != PROFILING_OPT)
         copt.append(PROFILING_COPT)
-    if LAYOUT_CFLAGS in words:
+    if spec.layout and LAYOUT_CFLAGS in words:  # a layout's, not the user's own CFLAGS
         words = [w for w in words if w != LAYOUT_CFLAGS]
         copt.append(LAYOUT_CFLAGS)
     return opts, " ".join(words), " ".join(copt)
