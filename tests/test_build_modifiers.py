@@ -39,7 +39,7 @@ def test_modifiers_resolve_on_any_preset():
     assert B.resolve_spec("step5@gcc") == B.resolve_spec("step5")
 
 
-def test_server_only_flags_leave_configure_as_the_plain_build_has_it():
+def test_make_flags_leave_configure_as_the_plain_build_has_it():
     """-pg and -ffunction-sections reach the server's code only (make's COPT): configure
     sees what the build without them sees, so every other object is a ccache hit."""
     plain = B.resolve_spec("step3")
@@ -47,16 +47,26 @@ def test_server_only_flags_leave_configure_as_the_plain_build_has_it():
                        ("step3+gprof", "-pg -DPROFILE_PID_DIR"),
                        ("step3@layout2", "-ffunction-sections"),
                        ("step3+gprof@layout1", "-pg -DPROFILE_PID_DIR -ffunction-sections")):
-        opts, cflags, got = B.server_only_flags(B.resolve_spec(name))
+        f = B.make_flags(B.resolve_spec(name))
+        opts, cflags, got = f.configure_opts, f.cflags, f.server_copt
         assert got == copt, name
+        assert f.server_vars == [*f.make_vars, f"COPT={copt}"], name
         assert "--enable-profiling" not in opts and "-ffunction-sections" not in cflags
         assert (opts, cflags) == (plain.configure_opts, plain.cflags), name
     # a build with neither: configure gets its options and CFLAGS unchanged, no COPT
     clang = B.resolve_spec("step5@clang")
-    assert B.server_only_flags(clang) == (clang.configure_opts, clang.cflags, "")
+    assert B.make_flags(clang) == (clang.configure_opts, clang.cflags, clang.ldflags, [], [],
+                                   "")
     # -ffunction-sections in a build's own CFLAGS (no layout) is the user's: kept whole
     own = B.BuildSpec("mine", cflags=f"{B.BASE_CFLAGS} -ffunction-sections")
-    assert B.server_only_flags(own) == ((), own.cflags, "")
+    assert B.make_flags(own)[:3] == ((), own.cflags, own.ldflags)
+    assert B.make_flags(own).server_copt == ""
+    # a layout: its seed and lld go to every make (LDFLAGS_EX), never to configure
+    lay = B.make_flags(B.resolve_spec("vanilla@layout3"))
+    assert "--shuffle-sections" not in lay.ldflags and "-fuse-ld=lld" not in lay.ldflags
+    (ex,) = lay.make_vars
+    assert ex.startswith("LDFLAGS_EX=") and "-fuse-ld=lld" in ex and "=3" in ex
+    assert lay.server_vars == [ex, "COPT=-ffunction-sections"]
     # the spec (cache key, provenance) keeps saying what the build is
     assert "--enable-profiling" in B.resolve_spec("gprof").configure_opts
     assert "-ffunction-sections" in B.resolve_spec("vanilla@layout1").cflags

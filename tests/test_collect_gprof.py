@@ -248,7 +248,7 @@ def _calls_mcount(path: Path) -> bool:
 
 
 def test_only_the_server_is_compiled_with_pg(gprof_cluster, vanilla_build) -> None:
-    """-pg goes to the server's code only (build.server_only_flags): the postgres
+    """-pg goes to the server's code only (build.make_flags): the postgres
     executable calls mcount, the programs and libraries around it do not (they are
     vanilla's objects, ccache hits, and write no gmon.out of their own)."""
     b = gprof_cluster.build

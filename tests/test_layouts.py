@@ -61,7 +61,7 @@ def test_layouts_are_cached_builds_with_their_seed_in_provenance(layouts):
 
 
 def test_a_layout_is_configured_as_its_build_without_it(layouts, vanilla_build):
-    """configure saw vanilla's options (build.server_only_flags, split_link_flags): the
+    """configure saw vanilla's options (build.make_flags): the
     same pg_config.h, which every file includes, so every object outside the server's
     code is vanilla's, a ccache hit."""
     plain = (vanilla_build.dir / "build" / "src" / "include" / "pg_config.h").read_bytes()

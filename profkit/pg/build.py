@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from profkit import paths, patches
 from profkit.errors import BuildError, CommandFailed, PatchError
@@ -67,9 +68,12 @@ CONTRIB = ("pg_stat_statements", "auto_explain", "postgres_fdw")
 #   conversion_procs, snowball, plpgsql: initdb creates their functions (C functions are
 #     loaded when created), so their libraries must be installed
 #   pg_config: profkit reads the build's configuration; pg_test_timing: `clock-cost`
+#   src/backend comes first (after src/port, src/common and zic, made before these):
+#     its make also compiles src/timezone's objects (the server's), with the server's
+#     COPT when the build has one (see make_flags)
 BUILD_DIRS = (
-    "src/timezone",
     "src/backend",
+    "src/timezone",
     "src/backend/utils/mb/conversion_procs",
     "src/backend/snowball",
     "src/pl/plpgsql",
@@ -80,14 +84,6 @@ BUILD_DIRS = (
     "src/bin/pg_config",
     "src/bin/pg_test_timing",
 )
-
-
-def _build_order(server_copt: str) -> tuple[str, ...]:
-    """BUILD_DIRS; with a server COPT, src/backend before src/timezone: src/backend's
-    make makes src/timezone's objects (the server's) with its COPT."""
-    if not server_copt:
-        return BUILD_DIRS
-    return ("src/backend", *(d for d in BUILD_DIRS if d != "src/backend"))
 
 
 # installed as well, nothing to compile: the server's headers (pg_config --includedir-server)
@@ -345,9 +341,22 @@ SERVER_LIBS = (("src/port", "libpgport.a", "libpgport_srv.a"),
                ("src/common", "libpgcommon.a", "libpgcommon_srv.a"))
 
 
-def server_only_flags(spec: BuildSpec) -> tuple[tuple[str, ...], str, str]:
-    """(configure's options, configure's CFLAGS, make's COPT for the server's code): the
-    flags that matter only in the server moved out of what configure sees."""
+class ConfigureAndMake(NamedTuple):
+    """A build's flags split by who may see them: configure's options, CFLAGS and LDFLAGS
+    (what pg_config.h records, so what every object depends on), the variables every make
+    in the tree gets, and those the server's folders get (the same plus COPT)."""
+    configure_opts: tuple[str, ...]
+    cflags: str
+    ldflags: str
+    make_vars: list[str]
+    server_vars: list[str]
+    server_copt: str
+
+
+def make_flags(spec: BuildSpec) -> ConfigureAndMake:
+    """What configure must not see moved to make: the layout's link flags (LDFLAGS_EX,
+    every executable) and the flags that matter only in the server (COPT, SERVER_DIRS and
+    SERVER_LIBS)."""
     opts, words, copt = spec.configure_opts, spec.cflags.split(), []
     if PROFILING_OPT in opts:
         opts = tuple(o for o in opts if o != PROFILING_OPT)
@@ -355,7 +364,12 @@ def server_only_flags(spec: BuildSpec) -> tuple[tuple[str, ...], str, str]:
     if spec.layout and LAYOUT_CFLAGS in words:  # a layout's, not the user's own CFLAGS
         words = [w for w in words if w != LAYOUT_CFLAGS]
         copt.append(LAYOUT_CFLAGS)
-    return opts, " ".join(words), " ".join(copt)
+    conf_ldflags = split_link_flags(spec.ldflags)[0]
+    make_vars = link_make_vars(spec.ldflags)
+    server_copt = " ".join(copt)
+    server_vars = [*make_vars, f"COPT={server_copt}"] if server_copt else make_vars
+    return ConfigureAndMake(opts, " ".join(words), conf_ldflags, make_vars, server_vars,
+                            server_copt)
 
 
 def split_modifiers(name: str) -> tuple[str, str | None, int | None]:
@@ -651,8 +665,8 @@ def cache_key(spec: BuildSpec, source: Source, patch_files: Sequence[Path], comp
     if spec.layout:
         # layout-seed-at-make: the seed is given to make, not configure (split_link_flags)
         h.update(f"layout={spec.layout};layout-seed-at-make".encode() + b"\0")
-    if server_only_flags(spec)[2]:
-        # -pg and -ffunction-sections in the server's code only (server_only_flags); the
+    if make_flags(spec).server_copt:
+        # -pg and -ffunction-sections in the server's code only (make_flags); the
         # builds made before had them everywhere
         h.update(b"server-copt\0")
     for pf in patch_files:
@@ -1024,10 +1038,8 @@ def _do_build(
         step = "configure"
         if turn is not None:
             turn.turns.wait(step, turn.index)
-        conf_ldflags = split_link_flags(spec.ldflags)[0]
-        make_vars = link_make_vars(spec.ldflags)
-        conf_opts, conf_cflags, server_copt = server_only_flags(spec)
-        server_vars = [*make_vars, f"COPT={server_copt}"] if server_copt else make_vars
+        flags = make_flags(spec)
+        make_vars, server_vars, server_copt = flags.make_vars, flags.server_vars, flags.server_copt
         timings["server_copt"] = server_copt
         (d / "build").mkdir()
         say(f"{spec.name}: configure")
@@ -1035,9 +1047,9 @@ def _do_build(
             str(d / "src" / "configure"),
             f"--prefix={CONFIGURED_PREFIX}",
             *BASE_CONFIGURE,
-            *conf_opts,
-            f"CFLAGS={conf_cflags}",
-            f"LDFLAGS={conf_ldflags}",
+            *flags.configure_opts,
+            f"CFLAGS={flags.cflags}",
+            f"LDFLAGS={flags.ldflags}",
             f"CC=ccache {spec.cc}",
         ]
         # autoconf's cache, shared by builds with the same options and compiler (a private
@@ -1074,22 +1086,22 @@ def _do_build(
             # DIR` does not).
             in_tree(["make", "-s", "-C", "src/backend", "generated-headers", *make_vars],
                     1800, "make generated-headers")
-            if server_copt:
-                # make passes its command line's variables down to the makes it starts:
-                # src/backend's own make of src/port and src/common (all their libraries)
-                # must find them made, the server's copies with COPT, the rest without;
-                # and zic (src/timezone) is a program, made before src/backend's make of
-                # that folder's objects
-                for sub, client_lib, server_lib in SERVER_LIBS:
-                    in_tree(["make", f"-j{jobs}", "-s", "-C", sub, client_lib, *make_vars],
-                            3600, f"make -C {sub} {client_lib}")
-                    in_tree(["make", f"-j{jobs}", "-s", "-C", sub, server_lib, *server_vars],
-                            3600, f"make -C {sub} {server_lib}")
-                    in_tree(["make", f"-j{jobs}", "-s", "-C", sub, *make_vars], 3600,
-                            f"make -C {sub}")
-                in_tree(["make", "-s", "-C", "src/timezone", "zic", *make_vars], 1800,
-                        "make -C src/timezone zic")
-            for sub in (*_build_order(server_copt), *(f"contrib/{c}" for c in CONTRIB)):
+            # src/port and src/common, then zic, before src/backend: make passes its
+            # command line's variables down to the makes it starts, so src/backend's own
+            # make of those folders (all their libraries) must find them made, the
+            # server's copies (x_srv.o, which depend on the client's x.o) with COPT when
+            # the build has one, the rest without; zic (src/timezone) is a program, made
+            # before src/backend's make of that folder's objects
+            for sub, client_lib, server_lib in SERVER_LIBS:
+                in_tree(["make", f"-j{jobs}", "-s", "-C", sub, client_lib, *make_vars],
+                        3600, f"make -C {sub} {client_lib}")
+                in_tree(["make", f"-j{jobs}", "-s", "-C", sub, server_lib, *server_vars],
+                        3600, f"make -C {sub} {server_lib}")
+                in_tree(["make", f"-j{jobs}", "-s", "-C", sub, *make_vars], 3600,
+                        f"make -C {sub}")
+            in_tree(["make", "-s", "-C", "src/timezone", "zic", *make_vars], 1800,
+                    "make -C src/timezone zic")
+            for sub in (*BUILD_DIRS, *(f"contrib/{c}" for c in CONTRIB)):
                 in_tree(["make", f"-j{jobs}", "-s", "-C", sub,
                          *(server_vars if sub in SERVER_DIRS else make_vars)], 3 * 3600,
                         f"make -C {sub}")
