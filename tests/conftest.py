@@ -278,7 +278,22 @@ def pytest_sessionfinish(session, exitstatus):
 _OWN_TEMP: list[Path] = []
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config):
+    # SIGTERM (a CI job's time limit, `timeout`, `kill`) ends the run as Ctrl-C does: the
+    # test running is interrupted, no other starts, the fixtures' teardowns and the
+    # clean-up below run.  Python's default dies at once, leaving clusters and folders
+    # behind; profkit's own handler (set later, it calls this one after stopping what
+    # profkit started) alone would fail one test and go on to the next.
+    import signal
+    import threading
+
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _terminated)
     # Tests never write into the clone's profiles/ or flamegraphs/: a run that
     # does not choose its own folder lands in a temporary one (an xdist worker inherits
     # its controller's, and the controller removes it at the end).

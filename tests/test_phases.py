@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 
 from conftest import _shared_by_workers, headline_module
 
@@ -139,3 +141,80 @@ def test_a_run_leaves_nothing_in_the_temp_directory(tmp_path):
                         timeout=600)
     assert cp.returncode == 0, cp.stdout[-3000:]
     assert sorted(p.name for p in temp.iterdir()) == [], list(temp.iterdir())
+
+
+INNER = '''
+import os, time
+from pathlib import Path
+import pytest
+from profkit.processes import Background
+
+OUT = Path(os.environ["INNER_OUT"])
+
+
+@pytest.fixture(scope="module")
+def held():
+    yield
+    (OUT / "teardown").write_text("ran")
+
+
+def test_first(held):
+    bg = Background(["sleep", "600"]).start()
+    (OUT / "sleep.pid").write_text(str(bg.pid))
+    (OUT / "profiles").write_text(os.environ["PROFKIT_PROFILES"])
+    (OUT / "ready").write_text("1")
+    time.sleep(600)
+
+
+def test_second():
+    (OUT / "second").write_text("ran")
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().split()
+    except FileNotFoundError:
+        return False
+    return stat[2] != "Z"
+
+
+@pytest.mark.parametrize("workers,whom", [(0, "group"), (2, "group"), (2, "leader")])
+def test_a_terminated_run_stops_cleans_up_and_runs_nothing_more(tmp_path, workers, whom):
+    """SIGTERM (a CI job's time limit, `timeout`, `kill`) to the run's process group ends
+    the run as Ctrl-C does: the test running is interrupted, no other test starts, the
+    fixtures' teardowns run, what the tests started is stopped by pid and the run's
+    temporary folder is removed; sent to the whole group (every xdist worker gets it) or
+    to pytest alone (the controller stops its workers).  Before, profkit's own handler
+    failed the running test and the run went on to the next (Python's default would have
+    died at once: no teardown, no clean-up)."""
+    (tmp_path / "test_inner.py").write_text(INNER)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PROFKIT_PROFILES", "PROFKIT_FLAMEGRAPHS", "PYTEST_"))}
+    env.update(INNER_OUT=str(out), PYTHONPATH=str(ROOT / "tests"))
+    argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
+            *(["-n", str(workers), "--dist", "loadfile"] if workers else []),
+            "test_inner.py"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        sleeper = int((out / "sleep.pid").read_text())
+        profiles = Path((out / "profiles").read_text())
+        assert profiles.parent.name.startswith("profkit-tests-") and profiles.parent.is_dir()
+        (os.killpg if whom == "group" else os.kill)(proc.pid, signal.SIGTERM)
+        text = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, text
+    assert (out / "teardown").read_text() == "ran", text
+    assert not (out / "second").exists(), text
+    assert not _alive(sleeper), text
+    assert not profiles.parent.exists(), text
