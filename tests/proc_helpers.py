@@ -5,16 +5,29 @@ import os
 from pathlib import Path
 
 
-def alive(pid: int) -> bool:
-    """True while *pid* exists and is not a zombie (a zombie is dead for our purposes)."""
+def start_ticks(pid: int) -> int | None:
+    """When *pid* started (clock ticks since boot, /proc/PID/stat), or None once it is
+    gone: with a pid, it names one process (pids are reused: this machine's pid_max is
+    32,768, and a parallel build goes through thousands of pids a second)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, start: int | None = None) -> bool:
+    """True while *pid* exists and is not a zombie (a zombie is dead for our purposes);
+    with *start* (:func:`start_ticks` taken while it ran), only while it is that process,
+    not another that got its pid since."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return False
+    return fields[0] != "Z" and (start is None or int(fields[19]) == start)
 
 
 def proc_text(pid: int, name: str) -> str:

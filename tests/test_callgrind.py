@@ -711,7 +711,7 @@ def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path
     import sys
     import time
 
-    from proc_helpers import alive, proc_text
+    from proc_helpers import alive, proc_text, start_ticks
 
     u = cg_cluster.os_user
     with cgc.postmaster_stopped(cg_cluster) as datadir:
@@ -731,7 +731,8 @@ def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path
             # the child's own error, when it ended before starting valgrind
             assert vg, ("valgrind did not start", p.poll() is not None and p.communicate()[1])
             time.sleep(3)  # start-up done: the backend sleeps in its warm-up
-            assert alive(vg[0]) and p.poll() is None
+            vg_start = start_ticks(vg[0])
+            assert alive(vg[0], vg_start) and p.poll() is None
             p.send_signal(signal.SIGINT)
             _out, err = p.communicate(timeout=60)
         finally:
@@ -739,9 +740,9 @@ def test_ctrl_c_in_the_uninstrumented_warmup_stops_valgrind(cg_cluster, tmp_path
                 p.kill()
         assert p.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
         deadline = time.monotonic() + 10
-        while alive(vg[0]) and time.monotonic() < deadline:
+        while alive(vg[0], vg_start) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not alive(vg[0])
+        assert not alive(vg[0], vg_start)
     with cg_cluster.connect() as conn:
         assert conn.execute("SELECT 1").fetchone()[0] == 1
 

@@ -4,11 +4,12 @@ real vanilla cluster and returns the query's rows; %profkit_stop stops the clust
 by pid."""
 from __future__ import annotations
 
-import os
 import re
 
 import pandas as pd
 import pytest
+
+from proc_helpers import alive, start_ticks
 
 from profkit.experiments.profile import instrumentation_arcs
 from profkit.lab import magics
@@ -90,7 +91,8 @@ def test_good_cell_returns_the_count_on_vanilla(ip, capsys, vanilla_build):
     assert "loaded nested_loop at scale 0.01" in capsys.readouterr().out
     sess = magics.REGISTRY.get("vanilla")
     pid = sess.cluster.pid
-    assert os.path.exists(f"/proc/{pid}")
+    start = start_ticks(pid)
+    assert alive(pid, start)
 
     # the cluster and its tables are reused: an empty cell runs the workload's query
     # in EXPLAIN ANALYZE (TIMING off)
@@ -109,7 +111,7 @@ def test_good_cell_returns_the_count_on_vanilla(ip, capsys, vanilla_build):
     ip.run_line_magic("profkit_stop", "vanilla")
     assert "stopped vanilla" in capsys.readouterr().out
     assert magics.REGISTRY.names() == []
-    assert not _alive(pid)
+    assert not alive(pid, start)
     ip.run_line_magic("profkit_stop", "vanilla")
     assert "no %%profkit cluster for vanilla" in capsys.readouterr().err
 
@@ -128,14 +130,6 @@ def test_ltrace_collector_counts_clock_reads(ip, capsys, vanilla_build):
     assert calls_on > 2000
     assert calls_off < 100
     magics.REGISTRY.stop()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.pg

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import alive, start_ticks
 
 from conftest import _shared_by_workers, headline_module
 
@@ -171,14 +172,6 @@ def test_second():
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text().split()
-    except FileNotFoundError:
-        return False
-    return stat[2] != "Z"
-
-
 @pytest.mark.parametrize("workers,whom", [(0, "group"), (2, "group"), (2, "leader")])
 def test_a_terminated_run_stops_cleans_up_and_runs_nothing_more(tmp_path, workers, whom):
     """SIGTERM (a CI job's time limit, `timeout`, `kill`) to the run's process group ends
@@ -205,6 +198,8 @@ def test_a_terminated_run_stops_cleans_up_and_runs_nothing_more(tmp_path, worker
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.2)
         sleeper = int((out / "sleep.pid").read_text())
+        start = start_ticks(sleeper)
+        assert alive(sleeper, start)
         profiles = Path((out / "profiles").read_text())
         assert profiles.parent.name.startswith("profkit-tests-") and profiles.parent.is_dir()
         (os.killpg if whom == "group" else os.kill)(proc.pid, signal.SIGTERM)
@@ -216,5 +211,5 @@ def test_a_terminated_run_stops_cleans_up_and_runs_nothing_more(tmp_path, worker
     assert proc.returncode != 0, text
     assert (out / "teardown").read_text() == "ran", text
     assert not (out / "second").exists(), text
-    assert not _alive(sleeper), text
+    assert not alive(sleeper, start), text
     assert not profiles.parent.exists(), text

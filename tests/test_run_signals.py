@@ -2,14 +2,13 @@
 on Ctrl-C the whole process group goes, not only its leader."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from proc_helpers import alive, start_ticks
 
 SCRIPT = """
 import sys
@@ -17,16 +16,6 @@ from profkit.processes import run
 # a leader with a grandchild in its group, like make -j2 with its compilers
 run(["sh", "-c", "sleep 300 & echo $! > {pidfile}; wait"], timeout=600)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is gone for our purpose
-    stat = Path(f"/proc/{pid}/stat").read_text().split()
-    return stat[2] != "Z"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -40,10 +29,11 @@ def test_foreground_group_dies_with_profkit(tmp_path, sig):
         assert time.monotonic() < deadline, "the child never started"
         time.sleep(0.05)
     grandchild = int(pidfile.read_text())
-    assert _alive(grandchild)
+    start = start_ticks(grandchild)
+    assert alive(grandchild, start)
     proc.send_signal(sig)
     proc.wait(30)
     deadline = time.monotonic() + 10
-    while _alive(grandchild) and time.monotonic() < deadline:
+    while alive(grandchild, start) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(grandchild), f"sleep {grandchild} outlived profkit after {sig.name}"
+    assert not alive(grandchild, start), f"sleep {grandchild} outlived profkit after {sig.name}"
