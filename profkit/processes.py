@@ -377,6 +377,12 @@ class Background:
             if self.proc.poll() is None:
                 for sig, t in ((self.stop_signal, timeout), (signal.SIGTERM, 5.0),
                                (signal.SIGKILL, 5.0)):
+                    if sig != signal.SIGKILL and _ignores(self.proc.pid, sig):
+                        # inherited: a child of a background job or of a CI runner
+                        # ignores SIGINT; waiting for it to act on one is a lost timeout
+                        log.info("%s (pid %d) ignores signal %d: the next one", self.what,
+                                 self.pid, sig)
+                        continue
                     try:
                         if sig == signal.SIGKILL:
                             os.killpg(self.proc.pid, sig)
@@ -428,6 +434,18 @@ class Background:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _ignores(pid: int, sig: int) -> bool:
+    """True when *pid* ignores *sig* (SigIgn in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _kill_group_quietly(pgid: int) -> None:

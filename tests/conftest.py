@@ -291,9 +291,16 @@ def pytest_configure(config):
     import signal
     import threading
 
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, _terminated)
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminated)
+        # A background job (`make test &`, nohup, some CI runners) starts with SIGINT
+        # ignored, and an xdist worker then ignores the interruption its controller sends
+        # when it stops (execnet's interrupt_main does nothing to an ignored SIGINT): the
+        # worker is killed after 10 s, its teardowns never run.  Ctrl-C's KeyboardInterrupt
+        # is pytest's own way to stop; the tests' children get SIGINT's default again.
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     # Tests never write into the clone's profiles/ or flamegraphs/: a run that
     # does not choose its own folder lands in a temporary one (an xdist worker inherits
     # its controller's, and the controller removes it at the end).

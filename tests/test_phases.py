@@ -178,7 +178,8 @@ def test_a_terminated_run_stops_cleans_up_and_runs_nothing_more(tmp_path, worker
     the run as Ctrl-C does: the test running is interrupted, no other test starts, the
     fixtures' teardowns run, what the tests started is stopped by pid and the run's
     temporary folder is removed; sent to the whole group (every xdist worker gets it) or
-    to pytest alone (the controller stops its workers).  Before, profkit's own handler
+    to pytest alone (the controller stops its workers), also when the run started with
+    SIGINT ignored, as a background job does.  Before, profkit's own handler
     failed the running test and the run went on to the next (Python's default would have
     died at once: no teardown, no clean-up)."""
     (tmp_path / "test_inner.py").write_text(INNER)
@@ -190,8 +191,11 @@ def test_a_terminated_run_stops_cleans_up_and_runs_nothing_more(tmp_path, worker
     argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
             *(["-n", str(workers), "--dist", "loadfile"] if workers else []),
             "test_inner.py"]
+    # started as a background job starts (`make test &`, nohup, some CI runners): with
+    # SIGINT ignored, which xdist's workers must not keep (conftest)
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 120
         while not (out / "ready").exists():

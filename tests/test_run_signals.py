@@ -37,3 +37,23 @@ def test_foreground_group_dies_with_profkit(tmp_path, sig):
     while alive(grandchild, start) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(grandchild, start), f"sleep {grandchild} outlived profkit after {sig.name}"
+
+
+def test_a_child_that_ignores_the_stop_signal_is_stopped_at_once():
+    """A child of a background job or a CI runner inherits an ignored SIGINT; Background's
+    stop sends SIGINT first (perf finalises its file on it) and used to wait the whole
+    timeout for it before SIGTERM. An ignored signal is now skipped (SigIgn in
+    /proc/PID/status)."""
+    from profkit.processes import Background
+
+    prev = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the child inherits
+    try:
+        bg = Background(["sleep", "600"]).start()
+    finally:
+        signal.signal(signal.SIGINT, prev)
+    start = start_ticks(bg.pid)
+    assert alive(bg.pid, start)
+    t0 = time.monotonic()
+    bg.stop(timeout=20)
+    assert time.monotonic() - t0 < 5
+    assert not alive(bg.pid, start)
