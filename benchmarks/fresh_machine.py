@@ -12,6 +12,9 @@ With --machine-cache the clones use the machine's own build cache and ccache (pr
 default, ``/var/cache/profkit`` for root), which must be empty: on a fresh machine this is
 the cold path a new user meets, and it leaves the cache warm for the next `make test` (CI).
 Goals: cold `make demo` <= 15 min; cold `make test` after it <= 30 min; warm <= 10 min.
+Then it checks what the runs left (it exits 1 on any): a named build the tests defined among
+the user's in `profkit build --list`, a cluster or temporary folder in the cache, a process
+running from the cache or the root, a profkit folder in the temporary directory.
 """
 from __future__ import annotations
 
@@ -77,6 +80,58 @@ def pytest_summary(log: Path) -> str:
     return " + ".join(m) if m else "(no pytest summary line)"
 
 
+def leftovers(clone: Path, env: dict[str, str], cache: Path, root: Path,
+              since: float) -> list[str]:
+    """What the runs left that the suite must have removed: a named build the tests
+    defined among the user's (`profkit build --list` marks the user's "(yours)"), a cluster
+    or temporary folder in the cache, a process still running from the cache, the root or
+    a profkit temporary folder, and such a folder made since *since* (a time.time())."""
+    import tempfile
+
+    found: list[str] = []
+    cp = subprocess.run([str(clone / ".venv" / "bin" / "profkit"), "build", "--list"], cwd=clone,
+                        env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if cp.returncode != 0:
+        found.append(f"profkit build --list failed (exit {cp.returncode}): {cp.stderr.strip()[-300:]}")
+    yours = [ln.split()[0] for ln in cp.stdout.splitlines() if ln.rstrip().endswith("(yours)")]
+    if yours:
+        found.append(f"named builds in profkit build --list: {', '.join(yours)}")
+    for sub in ("clusters", "tmp"):
+        d = cache / sub
+        if d.is_dir() and any(d.iterdir()):
+            found.append(f"{d}: {', '.join(sorted(x.name for x in d.iterdir()))}")
+    tmp = Path(tempfile.gettempdir())
+    marks = [str(cache), str(root), f"{tmp}/profkit-"]
+    mine = _ancestors()  # this script and what started it name the root too
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(proc.name) not in mine and any(m in argv for m in marks):
+            found.append(f"process {proc.name} still running: {argv.strip()[:200]}")
+    for d in sorted(tmp.glob("profkit-*")):
+        try:
+            if d.stat().st_mtime >= since:
+                found.append(f"{d} left")
+        except OSError:
+            pass
+    return found
+
+
+def _ancestors() -> set[int]:
+    """This process and its parents, up to init."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return pids
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path("/var/tmp/profkit-fresh"))
@@ -117,6 +172,7 @@ def main() -> int:
         ccache.mkdir()
         env.update(PROFKIT_CACHE=str(cache), CCACHE_DIR=str(ccache))
     results: list[tuple[str, float, int]] = []
+    started = time.time()
 
     a = root / "clone-a"
     clone(a)
@@ -158,7 +214,12 @@ def main() -> int:
         if p.exists():
             skipped = sum(map(int, re.findall(r"(\d+) skipped", pytest_summary(p))))
             print(f"{log}: {pytest_summary(p)}; skipped: {skipped}")
-    return 0 if all(rc == 0 for _, _, rc in results) else 1
+    last = b if not args.skip_warm and not args.skip_test else a
+    left = leftovers(last, env, cache, root, started)
+    print("left behind after the runs: " + ("; ".join(left) if left else "nothing (no named "
+          "build the tests defined in profkit build --list, no cluster, process or "
+          "temporary folder)"))
+    return 0 if all(rc == 0 for _, _, rc in results) and not left else 1
 
 
 if __name__ == "__main__":
