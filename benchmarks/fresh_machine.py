@@ -200,8 +200,10 @@ def main() -> int:
     print("\n| phase | wall | goal | met | exit |\n|---|---|---|---|---|")
     for name, s, rc in results:
         goal = GOALS_S[name]
-        print(f"| {name} | {s / 60:.1f} min ({s:.0f} s) | {goal / 60:.0f} min | "
-              f"{'yes' if s <= goal and rc == 0 else 'no'} | {rc} |")
+        # a selection of the tests (--pytest-args) is not what the goal is about
+        met = ("-" if args.pytest_args and name != "cold make demo"
+               else "yes" if s <= goal and rc == 0 else "no")
+        print(f"| {name} | {s / 60:.1f} min ({s:.0f} s) | {goal / 60:.0f} min | {met} | {rc} |")
     print("\n| build | made by | copy+patch s | configure s | make s | install s | objects | "
           "ccache hits | misses |\n|---|---|---|---|---|---|---|---|---|")
     for r in builds_table(cache):
