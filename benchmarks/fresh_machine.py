@@ -89,13 +89,16 @@ def leftovers(clone: Path, env: dict[str, str], cache: Path, root: Path,
     import tempfile
 
     found: list[str] = []
-    cp = subprocess.run([str(clone / ".venv" / "bin" / "profkit"), "build", "--list"], cwd=clone,
-                        env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if cp.returncode != 0:
-        found.append(f"profkit build --list failed (exit {cp.returncode}): {cp.stderr.strip()[-300:]}")
-    yours = [ln.split()[0] for ln in cp.stdout.splitlines() if ln.rstrip().endswith("(yours)")]
-    if yours:
-        found.append(f"named builds in profkit build --list: {', '.join(yours)}")
+    profkit = clone / ".venv" / "bin" / "profkit"
+    if profkit.exists():  # (no run made the venv: nothing ran that could define a build)
+        cp = subprocess.run([str(profkit), "build", "--list"], cwd=clone, env=env,
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if cp.returncode != 0:
+            found.append(f"profkit build --list failed (exit {cp.returncode}): "
+                         f"{cp.stderr.strip()[-300:]}")
+        yours = [ln.split()[0] for ln in cp.stdout.splitlines() if ln.rstrip().endswith("(yours)")]
+        if yours:
+            found.append(f"named builds in profkit build --list: {', '.join(yours)}")
     for sub in ("clusters", "tmp"):
         d = cache / sub
         if d.is_dir() and any(d.iterdir()):
